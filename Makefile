@@ -1,0 +1,32 @@
+# Two commands on a fresh machine: `make run` and `make test`. Both build the
+# virtual environment on first use, so nothing has to be installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m channel_server
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check ingest_sdk channel_server flush tests bench
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

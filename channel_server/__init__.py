@@ -1,0 +1,1 @@
+"""Channel service (aiohttp): catalog, channel lifecycle, buffering. Built in issue 3."""

@@ -1,0 +1,75 @@
+"""ON_ERROR modes and the per-row validation report returned by every insert."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["InsertError", "InsertValidationResponse", "OnErrorOption"]
+
+
+class OnErrorOption(enum.Enum):
+    """What an insert does with the rest of a batch when some rows are bad."""
+
+    #: Insert the good rows; report every bad one.
+    CONTINUE = "CONTINUE"
+    #: Insert nothing if any row is bad; report every bad one.
+    SKIP_BATCH = "SKIP_BATCH"
+    #: Insert nothing and raise on the first bad row (the default).
+    ABORT = "ABORT"
+
+    @classmethod
+    def parse(cls, value: OnErrorOption | str) -> OnErrorOption:
+        """Accept the enum or its name in any case (``"continue"``)."""
+        if isinstance(value, OnErrorOption):
+            return value
+        try:
+            return cls[str(value).strip().upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown ON_ERROR option {value!r}; use CONTINUE, SKIP_BATCH or ABORT"
+            ) from None
+
+
+@dataclass(slots=True)
+class InsertError:
+    """Everything wrong with one row.
+
+    Attributes:
+        row_index: index of the row in the batch given to the insert call.
+        message: all problems of the row, each naming the column, value and fix.
+        extra_col_names: row keys that match no column.
+        missing_not_null_col_names: NOT NULL columns the row does not mention.
+        null_value_for_not_null_col_names: NOT NULL columns given a NULL.
+        exception: the first exception behind the problems (a conversion error
+            for bad values).
+    """
+
+    row_index: int
+    message: str
+    extra_col_names: list[str] = field(default_factory=list)
+    missing_not_null_col_names: list[str] = field(default_factory=list)
+    null_value_for_not_null_col_names: list[str] = field(default_factory=list)
+    exception: Exception | None = None
+
+
+@dataclass(slots=True)
+class InsertValidationResponse:
+    """The outcome of validating one batch: which rows failed and why.
+
+    Attributes:
+        insert_errors: one entry per bad row, in row order.
+        row_count: rows in the batch as given.
+        inserted_row_count: rows that went into the converted batch.
+    """
+
+    insert_errors: list[InsertError] = field(default_factory=list)
+    row_count: int = 0
+    inserted_row_count: int = 0
+
+    def has_errors(self) -> bool:
+        return bool(self.insert_errors)
+
+    @property
+    def error_row_count(self) -> int:
+        return len(self.insert_errors)
