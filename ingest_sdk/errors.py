@@ -108,6 +108,8 @@ class ValueConversionError(IngestError, ValueError):
         where = f"Row {row_index}"
         if column is not None:
             where += f', column "{column}" ({column_type})'
+        elif column_type is not None:
+            where += f" ({column_type})"
         message = f"{where}: {self.kind} error: {self.reason}; got {describe_value(value)}"
         if accepted:
             message += f". Fix: send {accepted}"

@@ -64,15 +64,12 @@ def parse_json(text: str) -> Any:
 
 def _default(value: Any) -> Any:
     """orjson hook for the types it does not write itself."""
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise TypeError("NaN or infinity")
+    # orjson replaces the message of what this raises; _prepare gives the precise one.
+    if isinstance(value, Decimal) and value.is_finite():
         return orjson.Fragment(_plain_number_text(value))
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value).hex()
-    if isinstance(value, (set, frozenset)):
-        raise TypeError("a set has no JSON form; send a list")
-    raise TypeError(f"a {type(value).__name__} has no JSON form")
+    raise TypeError(type(value).__name__)
 
 
 def _prepare(value: Any, depth: int = 0) -> Any:
@@ -87,6 +84,10 @@ def _prepare(value: Any, depth: int = 0) -> Any:
         if not math.isfinite(value):
             raise InvalidValueError("NaN and infinity have no JSON form")
         return value
+    if isinstance(value, Decimal) and not value.is_finite():
+        raise InvalidValueError("NaN and infinity have no JSON form")
+    if isinstance(value, (set, frozenset)):
+        raise InvalidValueError("a set has no JSON form; send a list")
     if isinstance(value, int) and not isinstance(value, bool):
         return value if _INT64_MIN <= value <= _INT64_MAX else orjson.Fragment(str(value))
     if isinstance(value, Mapping):

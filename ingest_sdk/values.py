@@ -136,7 +136,12 @@ class NumberConverter(ValueConverter):
             low, high = bounds["min"].as_py(), bounds["max"].as_py()
             if low is not None and (low <= -self.limit or high >= self.limit):
                 return None
-        return array if self.int64_storage else array.cast(self.arrow_type)
+        if self.int64_storage:
+            return array
+        if self.scale == 0:
+            return array.cast(self.arrow_type)  # int64 always fits 19+ digits
+        # Arrow refuses int64 -> decimal(p, s>0) casts by type, whatever the values.
+        return pa.array(values, self.arrow_type)
 
     def _out_of_range(self) -> InvalidValueError:
         return InvalidValueError(

@@ -1,0 +1,49 @@
+"""Spark access to Delta tables without Delta jars.
+
+Spark here has no Delta connector, so a table version is read as the Parquet
+files that delta-rs resolves for it (see ARCHITECTURE.md, "Key decisions").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["read_delta", "spark_session"]
+
+
+def spark_session(master: str | None = None, app_name: str = "streaming-ingest") -> SparkSession:
+    """A Spark session configured for our tables (UTC session zone, proleptic dates).
+
+    ``master`` defaults to ``$SPARK_MASTER`` or ``local[*]``.
+    """
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        # Files are written by Arrow in the proleptic Gregorian calendar: never rebase.
+        .config("spark.sql.parquet.datetimeRebaseModeInRead", "CORRECTED")
+        .config("spark.sql.parquet.int96RebaseModeInRead", "CORRECTED")
+        .getOrCreate()
+    )
+
+
+def read_delta(spark: SparkSession, table_uri: str, version: int | None = None) -> DataFrame:
+    """A DataFrame over one version of a Delta table (the newest by default)."""
+    table = DeltaTable(table_uri, version=version)
+    files = table.file_uris()
+    schema = table.schema().to_arrow()
+    if not files:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return spark.createDataFrame([], from_arrow_schema(schema))
+    return spark.read.parquet(*files)
