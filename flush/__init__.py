@@ -1,1 +1,1 @@
-"""Intermediate Parquet writing, the Delta commit protocol and Spark compaction. Built in issues 3-4."""
+"""Intermediate Parquet writing, the Delta commit protocol and Spark compaction (issues 3-4)."""

@@ -225,9 +225,7 @@ def _build(name: str, kind: TypeKind, params: list[str], text: str) -> ColumnTyp
     if kind is TypeKind.VARCHAR:
         expect_at_most(1)
         default = 1 if name in _CHAR_DEFAULT_ONE else MAX_VARCHAR_LENGTH
-        length = (
-            _int_param(params[0], "length", text, 1, MAX_VARCHAR_LENGTH) if params else default
-        )
+        length = _int_param(params[0], "length", text, 1, MAX_VARCHAR_LENGTH) if params else default
         return ColumnType(kind, length=length)
     if kind is TypeKind.BINARY:
         expect_at_most(1)
@@ -237,7 +235,12 @@ def _build(name: str, kind: TypeKind, params: list[str], text: str) -> ColumnTyp
             else MAX_BINARY_LENGTH
         )
         return ColumnType(kind, length=length)
-    if kind in (TypeKind.TIME, TypeKind.TIMESTAMP_NTZ, TypeKind.TIMESTAMP_LTZ, TypeKind.TIMESTAMP_TZ):
+    if kind in (
+        TypeKind.TIME,
+        TypeKind.TIMESTAMP_NTZ,
+        TypeKind.TIMESTAMP_LTZ,
+        TypeKind.TIMESTAMP_TZ,
+    ):
         expect_at_most(1)
         precision = (
             _int_param(params[0], "precision", text, 0, MAX_FRACTION_PRECISION)

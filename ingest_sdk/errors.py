@@ -138,8 +138,6 @@ class InsertValidationError(IngestError):
     """
 
     def __init__(self, insert_error: InsertError) -> None:
-        super().__init__(
-            f"Batch aborted (ON_ERROR=ABORT), no row inserted: {insert_error.message}"
-        )
+        super().__init__(f"Batch aborted (ON_ERROR=ABORT), no row inserted: {insert_error.message}")
         self.row_index = insert_error.row_index
         self.insert_error = insert_error

@@ -25,7 +25,6 @@ from ingest_sdk.errors import (
     InsertValidationError,
     InvalidTypeError,
     InvalidValueError,
-    ValueConversionError,
 )
 from ingest_sdk.schema import Column, TableSchema, normalize_identifier
 from ingest_sdk.semi_structured import SemiStructuredConverter
@@ -79,7 +78,9 @@ DEFAULT_OPTIONS = ConversionOptions()
 
 
 @functools.lru_cache(maxsize=1024)
-def converter_for(column_type: ColumnType, default_timezone: str = DEFAULT_TIMEZONE) -> ValueConverter:
+def converter_for(
+    column_type: ColumnType, default_timezone: str = DEFAULT_TIMEZONE
+) -> ValueConverter:
     """The (cached, stateless) converter of a column type."""
     kind = column_type.kind
     if kind is TypeKind.NUMBER:
@@ -202,8 +203,13 @@ class _BatchConverter:
                 problems = self.problem(row_index)
                 error = InvalidTypeError("a row must be a dict of column name to value")
                 problems.exceptions.append(
-                    error.locate(row_index=row_index, column=None, column_type=None, value=row,
-                                 accepted="each row as a dict such as {'ID': 1}")
+                    error.locate(
+                        row_index=row_index,
+                        column=None,
+                        column_type=None,
+                        value=row,
+                        accepted="each row as a dict such as {'ID': 1}",
+                    )
                 )
                 problems.messages.append(str(error))
                 self.not_rows.add(row_index)
@@ -225,7 +231,9 @@ class _BatchConverter:
             present: list[list[bool] | bool] = []
             for position in range(width):
                 key = plan.keys_by_column.get(position)
-                values.append(list(map(itemgetter(key), rows)) if key is not None else [None] * count)
+                values.append(
+                    list(map(itemgetter(key), rows)) if key is not None else [None] * count
+                )
                 present.append(key is not None)
             return values, present
         values = [[None] * count for _ in range(width)]

@@ -54,12 +54,19 @@ _NOT_NULL_RE = re.compile(r"NOT\s+NULL\b", re.I)
 _NULL_RE = re.compile(r"NULL\b", re.I)
 _DEFAULT_RE = re.compile(r"DEFAULT\s+(NULL\b|'(?:[^']|'')*'|\S+)", re.I)
 _UNSUPPORTED_CLAUSES = (
-    (re.compile(r"(AUTOINCREMENT|AUTO_INCREMENT|IDENTITY)\b(\s*\([^)]*\))?(\s+START\s+\S+)?"
-                r"(\s+INCREMENT\s+\S+)?(\s+(NO)?ORDER\b)?", re.I),
-     "AUTOINCREMENT/IDENTITY columns are not supported by streaming ingest; "
-     "generate the value in the producer"),
-    (re.compile(r"COLLATE\s+'[^']*'", re.I),
-     "collations are not supported by streaming ingest; declare the column without COLLATE"),
+    (
+        re.compile(
+            r"(AUTOINCREMENT|AUTO_INCREMENT|IDENTITY)\b(\s*\([^)]*\))?(\s+START\s+\S+)?"
+            r"(\s+INCREMENT\s+\S+)?(\s+(NO)?ORDER\b)?",
+            re.I,
+        ),
+        "AUTOINCREMENT/IDENTITY columns are not supported by streaming ingest; "
+        "generate the value in the producer",
+    ),
+    (
+        re.compile(r"COLLATE\s+'[^']*'", re.I),
+        "collations are not supported by streaming ingest; declare the column without COLLATE",
+    ),
 )
 
 

@@ -144,8 +144,10 @@ class SemiStructuredConverter(ValueConverter):
                     return None  # an empty or blank string is SQL NULL for VARIANT
                 raise InvalidValueError(f"an empty string is not a JSON {self._shape()}")
             document = parse_json(text)
-        elif isinstance(value, (Mapping, list, tuple, int, float, Decimal, bytes, bytearray,
-                                memoryview, date, time)):
+        elif isinstance(
+            value,
+            (Mapping, list, tuple, int, float, Decimal, bytes, bytearray, memoryview, date, time),
+        ):
             document = value
         else:
             raise InvalidTypeError(

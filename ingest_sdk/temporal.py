@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, timezone, tzinfo
+from datetime import UTC, date, datetime, timedelta, tzinfo
 
 from ingest_sdk.errors import InvalidValueError
 
@@ -31,7 +31,7 @@ __all__ = [
 NANOS_PER_SECOND = 1_000_000_000
 NANOS_PER_DAY = 86_400 * NANOS_PER_SECOND
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
-_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_UTC_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # Magnitude bounds of integer-stored values (about year 2969 in each unit).
 _SECONDS_BOUND = 31_536_000_000
@@ -193,7 +193,7 @@ def local_to_utc_nanos(days: int, nanos_of_day: int, zone: tzinfo) -> int:
 
     On a daylight-saving gap or overlap the earlier offset (``fold=0``) is used.
     """
-    seconds, rest = divmod(nanos_of_day, NANOS_PER_SECOND)
+    seconds = nanos_of_day // NANOS_PER_SECOND
     wall = datetime.fromordinal(days + _EPOCH_ORDINAL) + timedelta(seconds=seconds)
     offset = wall.replace(tzinfo=zone).utcoffset() or timedelta(0)
     return days * NANOS_PER_DAY + nanos_of_day - (offset // timedelta(microseconds=1)) * 1000

@@ -75,7 +75,9 @@ class DateConverter(ValueConverter):
         if isinstance(value, datetime):
             return datetime_wall_nanos(value) // NANOS_PER_DAY
         if isinstance(value, date):
-            return datetime_wall_nanos(datetime(value.year, value.month, value.day)) // NANOS_PER_DAY
+            return (
+                datetime_wall_nanos(datetime(value.year, value.month, value.day)) // NANOS_PER_DAY
+            )
         if isinstance(value, str):
             value = value.strip()
         elif isinstance(value, bool) or not isinstance(value, int):
@@ -110,10 +112,9 @@ class TimeConverter(ValueConverter):
     def convert(self, value: Any) -> Any:
         if isinstance(value, (time, datetime)):
             nanos = (
-                (value.hour * 3600 + value.minute * 60 + value.second) * NANOS_PER_SECOND
-                + value.microsecond * 1000
-            )
-        elif isinstance(value, date) or isinstance(value, bool):
+                value.hour * 3600 + value.minute * 60 + value.second
+            ) * NANOS_PER_SECOND + value.microsecond * 1000
+        elif isinstance(value, (date, bool)):
             raise self.type_error(value)
         elif isinstance(value, (str, int)):
             text = value.strip() if isinstance(value, str) else value

@@ -15,7 +15,7 @@ import math
 import numbers
 import re
 from collections.abc import Sequence
-from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -98,6 +98,11 @@ def convert_column(
     return converter.build(out), errors
 
 
+def _longest(lengths: pa.Array) -> int:
+    """The largest of a column's value lengths (0 when all are null or there are none)."""
+    return pc.max(lengths).as_py() or 0
+
+
 def _plain_number_text(value: Decimal) -> str:
     """Plain decimal text without exponent or trailing zeros (``1.50E+2`` -> ``150``)."""
     if not value.is_finite():
@@ -145,9 +150,9 @@ class NumberConverter(ValueConverter):
 
     def _out_of_range(self) -> InvalidValueError:
         return InvalidValueError(
-            f"the number is out of range for {self.column_type.declared}: its absolute value must be "
-            f"below 10^{self.integer_digits} (at most {self.integer_digits} digit(s) before the "
-            "decimal point)"
+            f"the number is out of range for {self.column_type.declared}: its absolute value "
+            f"must be below 10^{self.integer_digits} (at most {self.integer_digits} digit(s) "
+            "before the decimal point)"
         )
 
     def convert(self, value: Any) -> Any:
@@ -252,11 +257,7 @@ class TextConverter(ValueConverter):
             array = pa.array(values, pa.string())
         except (UnicodeError, pa.ArrowException):
             return None  # lone surrogates: the per-value path names the row
-        if len(array) and array.null_count < len(array):
-            longest = pc.max(pc.utf8_length(array)).as_py()
-            if longest > self.length:
-                return None
-        return array
+        return None if _longest(pc.utf8_length(array)) > self.length else array
 
     def convert(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -304,10 +305,7 @@ class BinaryConverter(ValueConverter):
 
     def fast_array(self, values: Sequence[Any]) -> pa.Array | None:
         array = pa.array(values, pa.binary())
-        if len(array) and array.null_count < len(array):
-            if pc.max(pc.binary_length(array)).as_py() > self.length:
-                return None
-        return array
+        return None if _longest(pc.binary_length(array)) > self.length else array
 
     def convert(self, value: Any) -> Any:
         if isinstance(value, (bytes, bytearray, memoryview)):

@@ -10,9 +10,14 @@ def check_case(column_type, value, expected, **options):
     from ingest_sdk import ConversionOptions
 
     opts = ConversionOptions(**options)
-    if isinstance(expected, tuple) and expected and expected[0] in (
-        InvalidTypeError,
-        InvalidValueError,
+    if (
+        isinstance(expected, tuple)
+        and expected
+        and expected[0]
+        in (
+            InvalidTypeError,
+            InvalidValueError,
+        )
     ):
         error, fragment = expected
         with pytest.raises(error) as info:

@@ -1,6 +1,6 @@
 """convert_rows: row-level errors, ON_ERROR modes, batches and the fast path."""
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pyarrow as pa
@@ -46,7 +46,10 @@ def test_continue_keeps_good_rows_in_order_and_reports_every_bad_one():
     assert response.error_row_count == 2 and response.inserted_row_count == 2
     value_error, type_error = response.insert_errors
     assert isinstance(value_error.exception, InvalidValueError)
-    assert 'Row 1, column "NAME" (VARCHAR(5)): value error: the text is too long' in value_error.message
+    assert (
+        'Row 1, column "NAME" (VARCHAR(5)): value error: the text is too long'
+        in value_error.message
+    )
     assert "'toolong'" in value_error.message and "Fix:" in value_error.message
     assert isinstance(type_error.exception, InvalidTypeError)
     assert type_error.exception.row_index == 3 and type_error.exception.column == "AMOUNT"
@@ -91,7 +94,10 @@ def test_row_level_error_kinds_are_separate():
     extra, missing, null, duplicate = response.insert_errors
     assert extra.extra_col_names == ["extra", "Other"]
     assert 'unknown column(s) "extra", "Other"' in extra.message
-    assert missing.missing_not_null_col_names == ["ID"] and not missing.null_value_for_not_null_col_names
+    assert (
+        missing.missing_not_null_col_names == ["ID"]
+        and not missing.null_value_for_not_null_col_names
+    )
     assert 'NOT NULL column "ID" is missing' in missing.message
     assert null.null_value_for_not_null_col_names == ["ID"] and not null.missing_not_null_col_names
     assert 'NULL given for NOT NULL column "ID"' in null.message
@@ -170,7 +176,7 @@ FAST_PATH_COLUMNS = [
     ("DATE", [date(2013, 4, 28), None, date(1, 1, 1)]),
     ("TIMESTAMP_NTZ", [datetime(2013, 4, 28, 1, 2, 3, 4), None]),
     ("TIMESTAMP_NTZ(0)", [datetime(2013, 4, 28, 1, 2, 3, 999999)]),
-    ("TIMESTAMP_LTZ", [datetime(2013, 4, 28, 1, 2, 3, tzinfo=timezone.utc), None]),
+    ("TIMESTAMP_LTZ", [datetime(2013, 4, 28, 1, 2, 3, tzinfo=UTC), None]),
 ]
 
 
@@ -193,7 +199,7 @@ def test_fast_path_gives_the_same_array_as_the_per_value_rules(declared, values)
         ("VARCHAR(2)", ["ab", "abc"], 1),
         ("VARCHAR(9)", ["ok", "bad\ud800"], 1),
         ("BINARY(1)", [b"a", b"ab"], 1),
-        ("TIMESTAMP_NTZ", [datetime(2020, 1, 1), datetime(2020, 1, 1, tzinfo=timezone.utc)], None),
+        ("TIMESTAMP_NTZ", [datetime(2020, 1, 1), datetime(2020, 1, 1, tzinfo=UTC)], None),
     ],
 )
 def test_fast_path_declines_values_that_need_the_rules(declared, values, bad_row):
@@ -206,24 +212,54 @@ def test_fast_path_declines_values_that_need_the_rules(declared, values, bad_row
 def test_every_type_lands_in_one_batch():
     schema = TableSchema.parse(
         {
-            "N": "NUMBER(10,2)", "I": "INT", "F": "FLOAT", "S": "STRING", "B": "BINARY",
-            "L": "BOOLEAN", "D": "DATE", "T": "TIME(3)", "NTZ": "TIMESTAMP_NTZ",
-            "LTZ": "TIMESTAMP_LTZ", "TZ": "TIMESTAMP_TZ", "V": "VARIANT", "O": "OBJECT",
+            "N": "NUMBER(10,2)",
+            "I": "INT",
+            "F": "FLOAT",
+            "S": "STRING",
+            "B": "BINARY",
+            "L": "BOOLEAN",
+            "D": "DATE",
+            "T": "TIME(3)",
+            "NTZ": "TIMESTAMP_NTZ",
+            "LTZ": "TIMESTAMP_LTZ",
+            "TZ": "TIMESTAMP_TZ",
+            "V": "VARIANT",
+            "O": "OBJECT",
             "A": "ARRAY",
         }
     )
     row = {
-        "N": "1.5", "I": 7, "F": "2.5", "S": 3, "B": "ff", "L": "yes", "D": "2013-04-28",
-        "T": "20:57:01.1234", "NTZ": "2013-04-28 20:57:01", "LTZ": "2013-04-28T20:57:01Z",
-        "TZ": "2013-04-28T20:57:01+01:00", "V": {"a": 1}, "O": "{}", "A": 1,
+        "N": "1.5",
+        "I": 7,
+        "F": "2.5",
+        "S": 3,
+        "B": "ff",
+        "L": "yes",
+        "D": "2013-04-28",
+        "T": "20:57:01.1234",
+        "NTZ": "2013-04-28 20:57:01",
+        "LTZ": "2013-04-28T20:57:01Z",
+        "TZ": "2013-04-28T20:57:01+01:00",
+        "V": {"a": 1},
+        "O": "{}",
+        "A": 1,
     }
     batch, _ = convert_rows(schema, [row])
     assert batch.schema == schema.to_arrow()
     assert batch.to_pylist()[0] == {
-        "N": Decimal("1.50"), "I": Decimal(7), "F": 2.5, "S": "3", "B": b"\xff", "L": True,
-        "D": date(2013, 4, 28), "T": "20:57:01.123", "NTZ": datetime(2013, 4, 28, 20, 57, 1),
-        "LTZ": datetime(2013, 4, 28, 20, 57, 1, tzinfo=timezone.utc),
-        "TZ": datetime(2013, 4, 28, 19, 57, 1, tzinfo=timezone.utc),
-        "V": '{"a":1}', "O": "{}", "A": "[1]",
+        "N": Decimal("1.50"),
+        "I": Decimal(7),
+        "F": 2.5,
+        "S": "3",
+        "B": b"\xff",
+        "L": True,
+        "D": date(2013, 4, 28),
+        "T": "20:57:01.123",
+        "NTZ": datetime(2013, 4, 28, 20, 57, 1),
+        "LTZ": datetime(2013, 4, 28, 20, 57, 1, tzinfo=UTC),
+        "TZ": datetime(2013, 4, 28, 19, 57, 1, tzinfo=UTC),
+        "V": '{"a":1}',
+        "O": "{}",
+        "A": "[1]",
     }
     assert isinstance(batch, pa.RecordBatch)

@@ -23,8 +23,18 @@ def test_parse_declarations_with_constraints():
 
 @pytest.mark.parametrize(
     ("key", "found"),
-    [("id", "ID"), ("ID", "ID"), (" Id ", "ID"), ('"ID"', "ID"), ('"id"', None),
-     ('"Mixed"', "Mixed"), ("mixed", None), ("MIXED", None), ("nope", None), ("", None)],
+    [
+        ("id", "ID"),
+        ("ID", "ID"),
+        (" Id ", "ID"),
+        ('"ID"', "ID"),
+        ('"id"', None),
+        ('"Mixed"', "Mixed"),
+        ("mixed", None),
+        ("MIXED", None),
+        ("nope", None),
+        ("", None),
+    ],
 )
 def test_row_keys_follow_identifier_rules(key, found):
     schema = TableSchema.parse({"ID": "INT", '"Mixed"': "INT"})

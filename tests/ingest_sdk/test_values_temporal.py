@@ -1,6 +1,6 @@
 """DATE, TIME and TIMESTAMP_NTZ/LTZ/TZ conversion rules, table-driven."""
 
-from datetime import date, datetime, time, timedelta, timezone
+from datetime import UTC, date, datetime, time, timedelta, timezone
 
 import pytest
 
@@ -12,7 +12,7 @@ from .conftest import check_case
 
 T = InvalidTypeError
 V = InvalidValueError
-UTC = timezone.utc
+UTC = UTC
 PLUS7 = timezone(timedelta(hours=7))
 
 DATE_CASES = [
@@ -63,11 +63,19 @@ TIME_CASES = [
 ]
 
 NTZ_CASES = [
-    ("TIMESTAMP_NTZ", "2013-04-28T20:57:01.123456789+07:00", datetime(2013, 4, 28, 20, 57, 1, 123456)),
+    (
+        "TIMESTAMP_NTZ",
+        "2013-04-28T20:57:01.123456789+07:00",
+        datetime(2013, 4, 28, 20, 57, 1, 123456),
+    ),
     ("TIMESTAMP_NTZ", "2013-04-28 20:57", datetime(2013, 4, 28, 20, 57)),
     ("TIMESTAMP_NTZ", "2013-04-28", datetime(2013, 4, 28)),
     ("TIMESTAMP_NTZ", datetime(2020, 1, 1, 12, 0, 0, 7), datetime(2020, 1, 1, 12, 0, 0, 7)),
-    ("TIMESTAMP_NTZ", datetime(2020, 1, 1, 12, tzinfo=PLUS7), datetime(2020, 1, 1, 12)),  # wall clock
+    (
+        "TIMESTAMP_NTZ",
+        datetime(2020, 1, 1, 12, tzinfo=PLUS7),
+        datetime(2020, 1, 1, 12),
+    ),  # wall clock
     ("TIMESTAMP_NTZ", date(2020, 1, 1), datetime(2020, 1, 1)),
     ("TIMESTAMP_NTZ", 1365638400, datetime(2013, 4, 11)),
     ("TIMESTAMP_NTZ", "1365638400123", datetime(2013, 4, 11, 0, 0, 0, 123000)),
@@ -75,7 +83,11 @@ NTZ_CASES = [
     ("TIMESTAMP_NTZ", 1365638400123456789, datetime(2013, 4, 11, 0, 0, 0, 123456)),
     ("TIMESTAMP_NTZ", -1, datetime(1969, 12, 31, 23, 59, 59)),
     ("TIMESTAMP_NTZ(0)", "2013-04-28 20:57:01.999", datetime(2013, 4, 28, 20, 57, 1)),
-    ("TIMESTAMP_NTZ(3)", datetime(2013, 4, 28, 0, 0, 0, 123999), datetime(2013, 4, 28, 0, 0, 0, 123000)),
+    (
+        "TIMESTAMP_NTZ(3)",
+        datetime(2013, 4, 28, 0, 0, 0, 123999),
+        datetime(2013, 4, 28, 0, 0, 0, 123000),
+    ),
     ("TIMESTAMP_NTZ(1)", "1969-12-31 23:59:59.99", datetime(1969, 12, 31, 23, 59, 59, 900000)),
     ("TIMESTAMP_NTZ", "0001-01-01 00:00:00", datetime(1, 1, 1)),
     ("TIMESTAMP_NTZ", "9999-12-31 23:59:59.999999", datetime(9999, 12, 31, 23, 59, 59, 999999)),
@@ -99,11 +111,23 @@ LTZ_CASES = [
     ("TIMESTAMP_LTZ", "2013-04-28T20:57:01+07", datetime(2013, 4, 28, 13, 57, 1, tzinfo=UTC)),
     ("TIMESTAMP_LTZ", "2013-04-28T20:57:01Z", datetime(2013, 4, 28, 20, 57, 1, tzinfo=UTC)),
     ("TIMESTAMP_LTZ", "2013-04-28 20:57:01 -05:30", datetime(2013, 4, 29, 2, 27, 1, tzinfo=UTC)),
-    ("TIMESTAMP_LTZ", datetime(2013, 4, 28, 20, 57, 1), datetime(2013, 4, 29, 3, 57, 1, tzinfo=UTC)),
-    ("TIMESTAMP_LTZ", datetime(2013, 4, 28, 20, tzinfo=PLUS7), datetime(2013, 4, 28, 13, tzinfo=UTC)),
+    (
+        "TIMESTAMP_LTZ",
+        datetime(2013, 4, 28, 20, 57, 1),
+        datetime(2013, 4, 29, 3, 57, 1, tzinfo=UTC),
+    ),
+    (
+        "TIMESTAMP_LTZ",
+        datetime(2013, 4, 28, 20, tzinfo=PLUS7),
+        datetime(2013, 4, 28, 13, tzinfo=UTC),
+    ),
     ("TIMESTAMP_LTZ", date(2013, 4, 28), datetime(2013, 4, 28, 7, tzinfo=UTC)),
     ("TIMESTAMP_LTZ", 1365638400, datetime(2013, 4, 11, tzinfo=UTC)),  # epochs are UTC
-    ("TIMESTAMP_LTZ(2)", "2013-04-28T20:57:01.129Z", datetime(2013, 4, 28, 20, 57, 1, 120000, tzinfo=UTC)),
+    (
+        "TIMESTAMP_LTZ(2)",
+        "2013-04-28T20:57:01.129Z",
+        datetime(2013, 4, 28, 20, 57, 1, 120000, tzinfo=UTC),
+    ),
     ("TIMESTAMP_LTZ", "2013-04-28T20:57:01+25:00", (V, "offset +25:00 does not exist")),
     ("TIMESTAMP_TZ", "2013-04-28T20:57:01+07:00", datetime(2013, 4, 28, 13, 57, 1, tzinfo=UTC)),
     ("TIMESTAMP_TZ", "2013-04-28 20:57:01", datetime(2013, 4, 29, 3, 57, 1, tzinfo=UTC)),
@@ -144,7 +168,11 @@ def test_unknown_timezone_is_a_configuration_error():
 
 @pytest.mark.parametrize(
     ("text", "days"),
-    [("-9999-01-01", days_from_civil(-9999, 1, 1)), ("9999-12-31", 2932896), ("0000-02-29", -719162 - 307)],
+    [
+        ("-9999-01-01", days_from_civil(-9999, 1, 1)),
+        ("9999-12-31", 2932896),
+        ("0000-02-29", -719162 - 307),
+    ],
 )
 def test_date_reaches_years_beyond_python(text, days):
     # Python's date stops at year 1; storage days are exact for the whole DATE range.

@@ -1,0 +1,1 @@
+"""Benchmarks run by `make bench`; each prints one JSON document with its baseline."""
