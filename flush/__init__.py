@@ -1,1 +1,23 @@
-"""Intermediate Parquet writing, the Delta commit protocol and Spark compaction (issues 3-4)."""
+"""Intermediate Parquet writing, the Delta commit protocol, recovery and Spark helpers.
+
+Nothing here speaks HTTP; the channel server calls in.
+"""
+
+from flush.commit import COMMIT_METADATA_KEY, ChannelProgress, CommitRecord, TableWriter, commits_after
+from flush.parquet_files import WrittenFile, write_parquet_file
+from flush.tables import ROW_ID_COLUMN, create_table, delta_schema, drop_table, table_schema_of
+
+__all__ = [
+    "COMMIT_METADATA_KEY",
+    "ROW_ID_COLUMN",
+    "ChannelProgress",
+    "CommitRecord",
+    "TableWriter",
+    "WrittenFile",
+    "commits_after",
+    "create_table",
+    "delta_schema",
+    "drop_table",
+    "table_schema_of",
+    "write_parquet_file",
+]

@@ -7,7 +7,23 @@
     ├── ValueConversionError         one value cannot become its column's type
     │   ├── InvalidTypeError         a Python type the column does not accept
     │   └── InvalidValueError        the right type but a bad value
-    └── InsertValidationError        ON_ERROR=ABORT met a bad row
+    ├── InsertValidationError        ON_ERROR=ABORT met a bad row
+    ├── ChannelClosedError           the handle was closed by its owner
+    ├── CommitTimeoutError           wait_for_commit ran out of time
+    ├── TransportError (retriable)   the server could not be reached
+    └── ServiceError                 the server answered with an error (status, code)
+        ├── InvalidRequestError      400: a malformed request
+        ├── AuthenticationError      401: missing or wrong token
+        ├── TableNotFoundError       404
+        ├── ChannelNotFoundError     404
+        ├── TableAlreadyExistsError  409
+        ├── ChannelInvalidatedError  409: a newer open or a server restart replaced this handle
+        ├── BackpressureError        429 (retriable): the server buffer is full
+        └── ServerError              5xx (retriable)
+
+``SchemaError`` and ``UnsupportedFeatureError`` also travel from the server
+(status 400). :data:`ERRORS_BY_CODE` is the one table that maps the wire code
+of an error to its class, for the server (raise) and the SDK (re-raise).
 
 A conversion error is raised deep inside a value converter, which knows neither
 the column nor the row. The row converter then *locates* it (``locate``), which
@@ -23,12 +39,25 @@ if TYPE_CHECKING:
     from ingest_sdk.validation import InsertError
 
 __all__ = [
+    "ERRORS_BY_CODE",
+    "AuthenticationError",
+    "BackpressureError",
+    "ChannelClosedError",
+    "ChannelInvalidatedError",
+    "ChannelNotFoundError",
+    "CommitTimeoutError",
     "ConfigurationError",
     "IngestError",
     "InsertValidationError",
     "InvalidTypeError",
     "InvalidValueError",
+    "InvalidRequestError",
     "SchemaError",
+    "ServerError",
+    "ServiceError",
+    "TableAlreadyExistsError",
+    "TableNotFoundError",
+    "TransportError",
     "UnsupportedFeatureError",
     "ValueConversionError",
 ]
@@ -141,3 +170,117 @@ class InsertValidationError(IngestError):
         super().__init__(f"Batch aborted (ON_ERROR=ABORT), no row inserted: {insert_error.message}")
         self.row_index = insert_error.row_index
         self.insert_error = insert_error
+
+
+class ChannelClosedError(IngestError):
+    """The channel handle was closed; open the channel again to insert."""
+
+
+class CommitTimeoutError(IngestError, TimeoutError):
+    """``wait_for_commit`` ran out of time; the rows may still commit later."""
+
+
+class TransportError(IngestError):
+    """The server could not be reached or the connection broke mid-request."""
+
+    retriable = True
+
+
+class ServiceError(IngestError):
+    """The server answered with an error.
+
+    Attributes:
+        status: the HTTP status.
+        code: the wire code (a key of :data:`ERRORS_BY_CODE`).
+        details: extra fields the server sent (e.g. ``retry_after``).
+    """
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "BAD_REQUEST"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+class InvalidRequestError(ServiceError):
+    """The request was malformed; repeating it will not help."""
+
+
+class AuthenticationError(ServiceError):
+    status, code = 401, "UNAUTHENTICATED"
+
+
+class TableNotFoundError(ServiceError):
+    status, code = 404, "TABLE_NOT_FOUND"
+
+
+class ChannelNotFoundError(ServiceError):
+    status, code = 404, "CHANNEL_NOT_FOUND"
+
+
+class TableAlreadyExistsError(ServiceError):
+    status, code = 409, "TABLE_EXISTS"
+
+
+class ChannelInvalidatedError(ServiceError):
+    """A newer open of the channel, a drop, or a server restart replaced this handle.
+
+    Rows this handle had sent but that were not committed are discarded. Reopen
+    the channel and resume after ``get_latest_committed_offset_token()``.
+    """
+
+    status, code = 409, "CHANNEL_INVALIDATED"
+
+
+class BackpressureError(ServiceError):
+    """The server's buffer is full; the SDK waits ``retry_after`` seconds and retries."""
+
+    status, code = 429, "BACKPRESSURE"
+    retriable = True
+
+
+class ServerError(ServiceError):
+    """The server failed; the request is safe to repeat (every data call is idempotent)."""
+
+    status, code = 500, "INTERNAL"
+    retriable = True
+
+
+class _RemoteSchemaError(ServiceError, SchemaError):
+    code = "SCHEMA_ERROR"
+
+
+class _RemoteUnsupportedFeatureError(ServiceError, UnsupportedFeatureError):
+    code = "UNSUPPORTED_FEATURE"
+
+
+#: Wire code -> error class; the server sends the code, the SDK raises the class.
+ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequestError,
+        AuthenticationError,
+        TableNotFoundError,
+        ChannelNotFoundError,
+        TableAlreadyExistsError,
+        ChannelInvalidatedError,
+        BackpressureError,
+        ServerError,
+        _RemoteSchemaError,
+        _RemoteUnsupportedFeatureError,
+    )
+}
+
+
+def error_code_of(exc: BaseException) -> tuple[int, str]:
+    """The (HTTP status, wire code) the server answers for an exception."""
+    if isinstance(exc, ServiceError):
+        return exc.status, exc.code
+    if isinstance(exc, UnsupportedFeatureError):
+        return 400, "UNSUPPORTED_FEATURE"
+    if isinstance(
+        exc, (SchemaError, ValueConversionError, InsertValidationError, ConfigurationError)
+    ):
+        return 400, "SCHEMA_ERROR" if isinstance(exc, SchemaError) else "BAD_REQUEST"
+    return 500, "INTERNAL"

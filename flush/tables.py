@@ -1,0 +1,58 @@
+"""Delta tables as this system lays them out: user columns plus a hidden row id.
+
+Every ingested row gets a stable unique id in :data:`ROW_ID_COLUMN`, a per-table
+sequence assigned at flush time and recorded in each commit's metadata, so
+compaction and change tracking can follow a row. The column is marked hidden in
+its field metadata and left out of the user-facing :class:`TableSchema`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from ingest_sdk import SchemaError, TableSchema
+
+__all__ = [
+    "INGEST_DIR",
+    "ROW_ID_COLUMN",
+    "create_table",
+    "delta_schema",
+    "drop_table",
+    "table_schema_of",
+]
+
+ROW_ID_COLUMN = "_INGEST_ROW_ID"
+HIDDEN_KEY = "ingest.hidden"
+#: Folder (inside the table) for intermediate Parquet files written by flushes.
+INGEST_DIR = "_ingest"
+_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+
+
+def delta_schema(schema: TableSchema) -> pa.Schema:
+    """The Arrow schema of the Delta table: the user's columns, then the row id."""
+    row_id = pa.field(ROW_ID_COLUMN, pa.int64(), nullable=False, metadata={HIDDEN_KEY: "row_id"})
+    return schema.to_arrow().append(row_id)
+
+
+def create_table(uri: str, schema: TableSchema) -> None:
+    """Create an empty Delta table; fails if one exists at ``uri``."""
+    if any(column.name.upper() == ROW_ID_COLUMN for column in schema):
+        raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id')
+    Path(uri).mkdir(parents=True, exist_ok=True)
+    DeltaTable.create(uri, delta_schema(schema), mode="error", configuration=_TABLE_CONFIGURATION)
+
+
+def table_schema_of(table: DeltaTable) -> TableSchema:
+    """The user-facing schema of a table (declared types, hidden columns left out)."""
+    hidden = HIDDEN_KEY.encode()
+    fields = [f for f in pa.schema(table.schema()) if hidden not in (f.metadata or {})]
+    return TableSchema.from_arrow(pa.schema(fields))
+
+
+def drop_table(uri: str) -> None:
+    """Delete a table's folder: its log and every data file."""
+    shutil.rmtree(uri, ignore_errors=True)
