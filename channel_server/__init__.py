@@ -1,1 +1,22 @@
-"""Channel service (aiohttp): catalog, channel lifecycle, buffering. Built in issue 3."""
+"""The channel service (aiohttp): catalog, channel lifecycle, buffering and backpressure.
+
+It never writes Parquet or Delta itself; :mod:`flush` does.
+"""
+
+from channel_server.app import create_app
+from channel_server.catalog import Catalog, ChannelRecord, SqliteCatalog, TableInfo
+from channel_server.config import FlushPolicy, Limits, ServerConfig
+from channel_server.service import ChannelStatus, IngestService
+
+__all__ = [
+    "Catalog",
+    "ChannelRecord",
+    "ChannelStatus",
+    "FlushPolicy",
+    "IngestService",
+    "Limits",
+    "ServerConfig",
+    "SqliteCatalog",
+    "TableInfo",
+    "create_app",
+]

@@ -3,7 +3,13 @@
 Nothing here speaks HTTP; the channel server calls in.
 """
 
-from flush.commit import COMMIT_METADATA_KEY, ChannelProgress, CommitRecord, TableWriter, commits_after
+from flush.commit import (
+    COMMIT_METADATA_KEY,
+    ChannelProgress,
+    CommitRecord,
+    TableWriter,
+    commits_after,
+)
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import ROW_ID_COLUMN, create_table, delta_schema, drop_table, table_schema_of
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ingest_sdk.column_types import DECLARED_TYPE_KEY, ColumnType, split_declared_type
 from ingest_sdk.errors import SchemaError, UnsupportedFeatureError
 
-__all__ = ["Column", "TableSchema", "normalize_identifier"]
+__all__ = ["Column", "TableSchema", "normalize_identifier", "split_table_name"]
 
 
 def normalize_identifier(name: str) -> str:
@@ -31,6 +31,37 @@ def normalize_identifier(name: str) -> str:
     if len(name) >= 2 and name[0] == '"' and name[-1] == '"':
         return name[1:-1].replace('""', '"')
     return name.strip().upper()
+
+
+_NAME_PART_RE = re.compile(r'\s*("(?:[^"]|"")*"|[^."]+)\s*')
+
+
+def split_table_name(name: str) -> tuple[str, str, str]:
+    """``"db.schema.table"`` -> stored parts by identifier rules (quoted parts may hold dots).
+
+    Raises:
+        SchemaError: not three dot-separated identifiers.
+    """
+    parts: list[str] = []
+    position = 0
+    text = name if isinstance(name, str) else ""
+    while position <= len(text):
+        match = _NAME_PART_RE.match(text, position)
+        if match is None:
+            break
+        parts.append(normalize_identifier(match.group(1)))
+        position = match.end()
+        if position == len(text):
+            break
+        if text[position] != ".":
+            parts = []
+            break
+        position += 1
+    if len(parts) != 3 or position != len(text):
+        raise SchemaError(
+            f"a table name must be DATABASE.SCHEMA.TABLE (quote parts with dots), got {name!r}"
+        )
+    return parts[0], parts[1], parts[2]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,114 @@
+"""``python -m channel_server``: run the channel service.
+
+Prints one JSON line ``{"event": "listening", "url": ...}`` once it accepts
+connections (with ``--port 0`` that is how a caller learns the port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from channel_server.app import create_app
+from channel_server.config import FlushPolicy, Limits, ServerConfig
+from ingest_sdk.durations import parse_duration
+from ingest_sdk.wire import dumps
+
+MiB = 1024 * 1024
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    parser = argparse.ArgumentParser(prog="channel_server", description=__doc__)
+    parser.add_argument("--host", default=os.environ.get("INGEST_HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("INGEST_PORT", "8080")))
+    parser.add_argument(
+        "--warehouse",
+        default=os.environ.get("INGEST_WAREHOUSE", "warehouse"),
+        help="folder holding the Delta tables (default ./warehouse)",
+    )
+    parser.add_argument(
+        "--catalog", default=None, help="SQLite catalog file (default <warehouse>/catalog.sqlite)"
+    )
+    parser.add_argument(
+        "--auth-token",
+        action="append",
+        default=[],
+        help="accept this bearer token (repeatable); none: no auth",
+    )
+    parser.add_argument(
+        "--buffer-limit-mb",
+        type=float,
+        default=512,
+        help="bytes of rows buffered before inserts get 429 (default 512 MiB)",
+    )
+    parser.add_argument(
+        "--flush-bytes-mb",
+        type=float,
+        default=64,
+        help="a table flushes at once past this many buffered MiB (default 64)",
+    )
+    parser.add_argument(
+        "--default-max-client-lag",
+        default="1 second",
+        help="flush lag for channels that do not set one (default 1 second)",
+    )
+    parser.add_argument(
+        "--channel-retention",
+        default="30 days",
+        help="remove channels idle this long (default 30 days)",
+    )
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    tokens = set(args.auth_token)
+    if os.environ.get("INGEST_AUTH_TOKENS"):
+        tokens |= set(os.environ["INGEST_AUTH_TOKENS"].split(","))
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return ServerConfig(
+        host=args.host,
+        port=args.port,
+        warehouse=Path(args.warehouse),
+        catalog_path=Path(args.catalog) if args.catalog else None,
+        auth_tokens=frozenset(tokens),
+        channel_retention_seconds=parse_duration(args.channel_retention, "channel retention"),
+        flush=FlushPolicy(
+            max_bytes=int(args.flush_bytes_mb * MiB),
+            default_max_client_lag=parse_duration(args.default_max_client_lag, "max client lag"),
+        ),
+        limits=Limits(max_buffer_bytes=int(args.buffer_limit_mb * MiB)),
+    )
+
+
+async def serve(config: ServerConfig) -> None:
+    runner = web.AppRunner(create_app(config), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    print(dumps({"event": "listening", "url": f"http://{host}:{port}"}).decode(), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The aiohttp application factory: state in typed AppKeys, background work in cleanup_ctx."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from channel_server.catalog import SqliteCatalog
+from channel_server.config import ServerConfig
+from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
+from channel_server.service import IngestService
+
+__all__ = ["create_app"]
+
+log = logging.getLogger(__name__)
+CONFIG = web.AppKey("config", ServerConfig)
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    catalog = SqliteCatalog(config.catalog_file)
+    service = IngestService(config, catalog)
+    replayed = await asyncio.to_thread(service.recover)
+    if replayed:
+        log.info("start-up recovery replayed %d commit(s) into the catalog", replayed)
+    app[SERVICE] = service
+    retention = asyncio.create_task(_retention_loop(service), name="channel retention")
+    try:
+        yield
+    finally:
+        retention.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await retention
+        await service.stop()
+        catalog.close()
+
+
+async def _retention_loop(service: IngestService) -> None:
+    """Remove channels idle longer than the retention period, now and then periodically."""
+    while True:
+        try:
+            removed = await asyncio.to_thread(service.remove_inactive_channels)
+            if removed:
+                log.info("removed %d channel(s) idle past the retention period", removed)
+        except Exception:
+            log.exception("channel retention sweep failed")
+        await asyncio.sleep(service.config.retention_check_seconds)
+
+
+def create_app(config: ServerConfig | None = None) -> web.Application:
+    """Build the service application; start it with ``web.run_app`` or an ``AppRunner``."""
+    config = config or ServerConfig()
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware],
+        client_max_size=config.limits.max_request_bytes,
+    )
+    app[CONFIG] = config
+    app[AUTH_TOKENS] = config.auth_tokens
+    app.cleanup_ctx.append(_service_ctx)
+    app.add_routes(routes)
+    return app

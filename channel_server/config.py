@@ -1,0 +1,60 @@
+"""Service configuration: frozen, typed values with defaults that work on a fresh machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ingest_sdk.errors import ConfigurationError
+
+__all__ = ["FlushPolicy", "Limits", "ServerConfig"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FlushPolicy:
+    """When a table flushes: at the earliest deadline of its pending batches (arrival
+    + the channel's max_client_lag), or at once when its buffer passes ``max_bytes``."""
+
+    max_bytes: int = 64 * MiB
+    default_max_client_lag: float = 1.0
+    retry_initial: float = 0.05
+    retry_max: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds that protect the service."""
+
+    #: Total bytes of rows buffered in the server, across tables; past it inserts get 429.
+    max_buffer_bytes: int = 512 * MiB
+    #: Largest request body.
+    max_request_bytes: int = 256 * MiB
+    #: Longest a wait-for-commit request is held open.
+    max_wait_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything ``python -m channel_server`` takes."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    warehouse: Path = Path("warehouse")
+    catalog_path: Path | None = None  # default: <warehouse>/catalog.sqlite
+    auth_tokens: frozenset[str] = frozenset()
+    channel_retention_seconds: float = 30 * 86400.0
+    retention_check_seconds: float = 3600.0
+    flush: FlushPolicy = field(default_factory=FlushPolicy)
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.limits.max_buffer_bytes <= 0:
+            raise ConfigurationError("max_buffer_bytes must be positive")
+        if self.channel_retention_seconds <= 0:
+            raise ConfigurationError("channel retention must be positive")
+
+    @property
+    def catalog_file(self) -> Path:
+        return self.catalog_path or Path(self.warehouse) / "catalog.sqlite"

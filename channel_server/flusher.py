@@ -1,0 +1,148 @@
+"""The per-table flush task: waits for the earliest deadline, then commits.
+
+One task per table. It sleeps until the earliest deadline among the table's
+pending batches (or a size/close trigger), takes every pending batch, and hands
+them to :class:`flush.TableWriter` in a worker thread. A failure puts the
+batches back and the flush is retried with jittered exponential backoff; a
+producer is never told a token is committed before it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
+
+from channel_server.catalog import Catalog
+from channel_server.state import BufferBudget, PendingBatch, TableState
+from flush import ChannelProgress, TableWriter
+
+__all__ = ["TableFlusher"]
+
+log = logging.getLogger(__name__)
+
+
+def _progress(batches: list[PendingBatch]) -> list[ChannelProgress]:
+    """Each channel's newest position and token after these batches (insert order kept)."""
+    by_channel: dict[str, ChannelProgress] = {}
+    for batch in batches:
+        previous = by_channel.get(batch.channel.name)
+        token = batch.channel.committed_token if previous is None else previous.offset_token
+        if batch.offset_token is not None:
+            token = batch.offset_token
+        by_channel[batch.channel.name] = ChannelProgress(
+            channel=batch.channel.name,
+            generation=batch.generation,
+            batch_seq=batch.batch_seq,
+            offset_token=token,
+            rows=(previous.rows if previous else 0) + batch.rows,
+        )
+    return list(by_channel.values())
+
+
+class TableFlusher:
+    """Flushes one table's buffer into Delta commits, forever, until stopped."""
+
+    def __init__(
+        self,
+        table: TableState,
+        catalog: Catalog,
+        budget: BufferBudget,
+        retry_initial: float,
+        retry_max: float,
+        on_flush: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.table = table
+        self.catalog = catalog
+        self.budget = budget
+        self.writer = TableWriter(table.info.uri, table.info.schema)
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.on_flush = on_flush
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"flush {self.table.info.full_name}")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+
+    async def _run(self) -> None:
+        table = self.table
+        while True:
+            if not table.pending:
+                table.wakeup.clear()
+                await table.wakeup.wait()
+                continue
+            delay = min(batch.deadline for batch in table.pending) - time.monotonic()
+            if delay > 0 and not table.flush_now:
+                table.wakeup.clear()
+                try:
+                    await asyncio.wait_for(table.wakeup.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue  # re-evaluate: new batches may have an earlier deadline
+            table.flush_now = False
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential_jitter(initial=self.retry_initial, max=self.retry_max),
+                before_sleep=self._record_failure,
+                reraise=True,
+            ):
+                with attempt:
+                    await self.flush_once()
+            table.flush_error = None
+
+    def _record_failure(self, state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        self.table.flush_error = f"{type(error).__name__}: {error}"
+        log.warning(
+            "flush of %s failed (attempt %d), retrying: %s",
+            self.table.info.full_name,
+            state.attempt_number,
+            self.table.flush_error,
+        )
+
+    async def flush_once(self) -> None:
+        """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
+        table = self.table
+        async with table.lock:
+            batches = []
+            for batch in table.take_pending():
+                if batch.channel.valid:
+                    batches.append(batch)
+                else:  # a reopen or drop already discarded these; free them if one slipped by
+                    self.budget.release(batch.nbytes)
+            if not batches:
+                return
+            progress = _progress(batches)
+            parts = [b.data for b in batches if b.data is not None and b.rows]
+            started = time.monotonic()
+            try:
+                record = await asyncio.to_thread(
+                    self.writer.commit_flush, parts, progress, table.next_row_id
+                )
+            except BaseException:
+                table.put_back(batches)
+                raise
+            table.next_row_id = record.next_row_id
+            # Step 4: the index. If this fails the commit still stands; start-up replays it.
+            try:
+                await asyncio.to_thread(self.catalog.apply_commit, table.info.id, record)
+            except Exception:
+                log.exception("catalog update after commit %d failed", record.version)
+            # Step 5: acknowledge.
+            for item in progress:
+                channel = table.channels.get(item.channel)
+                if channel is not None and channel.generation == item.generation:
+                    channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
+            self.budget.release(sum(b.nbytes for b in batches))
+            if self.on_flush is not None:
+                self.on_flush(record.rows, time.monotonic() - started)

@@ -1,0 +1,398 @@
+"""The ingest service: tables, channel lifecycle, inserts, commits and recovery.
+
+The HTTP layer (:mod:`channel_server.handlers`) only parses and answers; every
+rule of the commit protocol lives here and in :mod:`flush`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from channel_server.catalog import Catalog, ChannelRecord, TableInfo
+from channel_server.config import ServerConfig
+from channel_server.flusher import TableFlusher
+from channel_server.metrics import Metrics
+from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
+from flush import commits_after, create_table, drop_table
+from ingest_sdk import OnErrorOption, TableSchema
+from ingest_sdk.errors import (
+    ChannelInvalidatedError,
+    ChannelNotFoundError,
+    InvalidRequestError,
+    TableNotFoundError,
+)
+from ingest_sdk.schema import split_table_name
+
+__all__ = ["ChannelStatus", "IngestService", "InsertOutcome"]
+
+log = logging.getLogger(__name__)
+
+MAX_CHANNEL_NAME = 512
+
+
+@dataclass(frozen=True, slots=True)
+class InsertOutcome:
+    accepted_rows: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStatus:
+    """The answer of a token lookup for one channel; ``status`` is never silent."""
+
+    table: str
+    channel: str
+    status: str  # OK, INVALIDATED, FLUSH_FAILING, CHANNEL_NOT_FOUND, TABLE_NOT_FOUND
+    offset_token: str | None = None
+    generation: int | None = None
+    committed_batch_seq: int | None = None
+    message: str | None = None
+
+
+def _channel_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > MAX_CHANNEL_NAME:
+        raise InvalidRequestError(
+            f"a channel name must be a non-empty string of at most {MAX_CHANNEL_NAME} "
+            f"characters, got {name!r}"
+        )
+    return name
+
+
+class IngestService:
+    """Owns the catalog, the open tables and their flushers."""
+
+    def __init__(self, config: ServerConfig, catalog: Catalog) -> None:
+        self.config = config
+        self.catalog = catalog
+        self.budget = BufferBudget(config.limits.max_buffer_bytes)
+        self.metrics = Metrics()
+        self._tables: dict[int, TableState] = {}
+        self._flushers: dict[int, TableFlusher] = {}
+        self.started_at = time.time()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def recover(self) -> int:
+        """Replay Delta commits the catalog has not recorded (crash after commit). Returns
+        how many were replayed."""
+        replayed = 0
+        for info in self.catalog.list_tables():
+            if not (Path(info.uri) / "_delta_log").exists():
+                log.error("table %s has no Delta log at %s; skipping", info.full_name, info.uri)
+                continue
+            for record in commits_after(info.uri, info.applied_version):
+                self.catalog.apply_commit(info.id, record)
+                replayed += 1
+                log.info("recovered commit %d of %s", record.version, info.full_name)
+        return replayed
+
+    async def stop(self) -> None:
+        """Flush what is buffered (best effort), then stop every flusher."""
+        for table_id, flusher in list(self._flushers.items()):
+            table = self._tables[table_id]
+            if table.pending:
+                try:
+                    await asyncio.wait_for(flusher.flush_once(), timeout=10)
+                except Exception:
+                    log.exception("final flush of %s failed", table.info.full_name)
+            await flusher.stop()
+
+    def remove_inactive_channels(self) -> int:
+        before = time.time() - self.config.channel_retention_seconds
+        open_now = {
+            (table.info.id, name)
+            for table in self._tables.values()
+            for name, channel in table.channels.items()
+            if channel.valid and channel.last_activity >= before
+        }
+        return self.catalog.remove_inactive_channels(before, open_now)
+
+    # -- tables ----------------------------------------------------------------------------
+
+    def _table_uri(self, database: str, schema_name: str, name: str) -> str:
+        parts = [quote(part, safe="") for part in (database, schema_name, name)]
+        return str(Path(self.config.warehouse).resolve().joinpath(*parts))
+
+    def create_table(
+        self, name: str, columns: dict[str, str], if_not_exists: bool = False
+    ) -> tuple[TableInfo, bool]:
+        """Create a table (and its database and schema). Returns the table and whether it
+        was created."""
+        database, schema_name, table = split_table_name(name)
+        schema = TableSchema.parse(columns)
+        if if_not_exists:
+            try:
+                return self.catalog.get_table(database, schema_name, table), False
+            except TableNotFoundError:
+                pass
+        uri = self._table_uri(database, schema_name, table)
+        if (Path(uri) / "_delta_log").exists():
+            drop_table(uri)  # left over by a drop that crashed half-way; the catalog decides
+        create_table(uri, schema)
+        return self.catalog.create_table(database, schema_name, table, uri, schema), True
+
+    def describe_table(self, name: str) -> TableInfo:
+        return self.catalog.get_table(*split_table_name(name))
+
+    def list_tables(self) -> list[TableInfo]:
+        return self.catalog.list_tables()
+
+    async def drop_table(self, name: str) -> TableInfo:
+        info = self.describe_table(name)
+        table = self._tables.pop(info.id, None)
+        if table is not None:
+            async with table.lock:
+                table.dropped = True
+                for channel in table.channels.values():
+                    channel.invalidate("the table was dropped")
+                    self.budget.release(table.discard_channel(channel))
+            flusher = self._flushers.pop(info.id, None)
+            if flusher is not None:
+                await flusher.stop()
+        self.catalog.drop_table(info.id)
+        await asyncio.to_thread(drop_table, info.uri)
+        return info
+
+    def _table_state(self, info: TableInfo) -> TableState:
+        table = self._tables.get(info.id)
+        if table is None:
+            table = self._tables[info.id] = TableState(info, next_row_id=info.next_row_id)
+            flusher = TableFlusher(
+                table,
+                self.catalog,
+                self.budget,
+                self.config.flush.retry_initial,
+                self.config.flush.retry_max,
+                on_flush=self.metrics.record_flush,
+            )
+            self._flushers[info.id] = flusher
+            flusher.start()
+        return table
+
+    # -- channels --------------------------------------------------------------------------
+
+    async def open_channel(
+        self,
+        table_name: str,
+        channel_name: str,
+        *,
+        max_client_lag: float | None = None,
+        on_error: OnErrorOption = OnErrorOption.ABORT,
+        default_timezone: str = "America/Los_Angeles",
+    ) -> ChannelState:
+        """Open or reopen a channel: a new durable generation that invalidates older handles
+        and discards what they had buffered here."""
+        name = _channel_name(channel_name)
+        table = self._table_state(self.describe_table(table_name))
+        lag = (
+            max_client_lag
+            if max_client_lag is not None
+            else self.config.flush.default_max_client_lag
+        )
+        async with table.lock:  # never while a flush of this table is in flight
+            record = await asyncio.to_thread(self.catalog.open_channel, table.info.id, name)
+            old = table.channels.get(name)
+            if old is not None:
+                old.invalidate(
+                    f"channel {name} was reopened (generation {record.generation}); its "
+                    "uncommitted rows were discarded"
+                )
+                self.budget.release(table.discard_channel(old))
+            channel = ChannelState(
+                table=table,
+                name=name,
+                generation=record.generation,
+                committed_token=record.offset_token,
+                rows_committed=record.rows_committed,
+                max_client_lag=lag,
+                on_error=on_error,
+                default_timezone=default_timezone,
+            )
+            table.channels[name] = channel
+        self.metrics.channels_opened += 1
+        return channel
+
+    def _open_channel_state(
+        self, table_name: str, channel_name: str, generation: int
+    ) -> ChannelState:
+        """The live state of a handle, or raise *channel invalidated* with the reason."""
+        info = self.describe_table(table_name)
+        table = self._tables.get(info.id)
+        channel = table.channels.get(channel_name) if table else None
+        if channel is None:
+            raise ChannelInvalidatedError(
+                f"channel {channel_name} on {info.full_name} is not open on this server (it was "
+                "dropped, or the server restarted); reopen it and resume after the latest "
+                "committed offset token"
+            )
+        if channel.generation != generation:
+            raise ChannelInvalidatedError(
+                f"channel {channel_name} was reopened (generation {channel.generation}, this "
+                f"handle has {generation}); its uncommitted rows were discarded. Reopen the "
+                "channel and resume after the latest committed offset token"
+            )
+        if not channel.valid:
+            raise ChannelInvalidatedError(f"channel {channel_name}: {channel.invalid_reason}")
+        return channel
+
+    def insert(
+        self,
+        table_name: str,
+        channel_name: str,
+        generation: int,
+        batch_seq: int,
+        data: pa.Table | None,
+        offset_token: str | None,
+    ) -> InsertOutcome:
+        """Buffer one checked batch (or a token-only batch) of a channel generation.
+
+        A ``batch_seq`` at or below the newest accepted one is a retry: acknowledged,
+        ignored.
+        """
+        channel = self._open_channel_state(table_name, channel_name, generation)
+        if batch_seq <= channel.last_seq:
+            self.metrics.duplicate_batches += 1
+            return InsertOutcome(0, duplicate=True)
+        rows = data.num_rows if data is not None else 0
+        nbytes = data.nbytes if data is not None else 0
+        self.budget.reserve(nbytes, retry_after=min(1.0, channel.max_client_lag))
+        channel.last_seq = batch_seq
+        channel.last_activity = time.time()
+        channel.table.add(
+            PendingBatch(
+                channel=channel,
+                generation=generation,
+                batch_seq=batch_seq,
+                data=data,
+                rows=rows,
+                nbytes=nbytes,
+                offset_token=offset_token,
+                deadline=time.monotonic() + channel.max_client_lag,
+            ),
+            self.config.flush.max_bytes,
+        )
+        self.metrics.record_insert(rows, nbytes, self.budget.used)
+        return InsertOutcome(rows, duplicate=False)
+
+    async def wait_for_commit(
+        self, table_name: str, channel_name: str, generation: int, batch_seq: int, timeout: float
+    ) -> ChannelState:
+        """Wait until the channel's batches up to ``batch_seq`` are committed (or timeout)."""
+        channel = self._open_channel_state(table_name, channel_name, generation)
+        if batch_seq > channel.last_seq:
+            raise InvalidRequestError(
+                f"batch {batch_seq} was never received on channel {channel_name} (newest is "
+                f"{channel.last_seq})"
+            )
+        await channel.wait_committed(batch_seq, min(timeout, self.config.limits.max_wait_seconds))
+        if not channel.valid:
+            raise ChannelInvalidatedError(f"channel {channel_name}: {channel.invalid_reason}")
+        return channel
+
+    async def close_channel(
+        self, table_name: str, channel_name: str, generation: int, timeout: float
+    ) -> ChannelState:
+        """Flush now, wait until everything the handle sent is committed, then close it."""
+        channel = self._open_channel_state(table_name, channel_name, generation)
+        channel.table.request_flush()
+        await channel.wait_committed(
+            channel.last_seq, min(timeout, self.config.limits.max_wait_seconds)
+        )
+        if channel.committed_seq >= channel.last_seq and channel.valid:
+            channel.invalidate(f"channel {channel_name} was closed")
+        return channel
+
+    async def drop_channel(self, table_name: str, channel_name: str) -> bool:
+        info = self.describe_table(table_name)
+        table = self._tables.get(info.id)
+        if table is not None:
+            async with table.lock:
+                channel = table.channels.pop(channel_name, None)
+                if channel is not None:
+                    channel.invalidate(f"channel {channel_name} was dropped")
+                    self.budget.release(table.discard_channel(channel))
+        dropped = await asyncio.to_thread(self.catalog.drop_channel, info.id, channel_name)
+        if not dropped:
+            raise ChannelNotFoundError(f"channel {channel_name} does not exist on {info.full_name}")
+        return True
+
+    def channel_status(
+        self, table_name: str, channel_name: str, generation: int | None = None
+    ) -> ChannelStatus:
+        """The committed token of a channel, with an explicit status."""
+        try:
+            info = self.describe_table(table_name)
+        except TableNotFoundError as exc:
+            return ChannelStatus(table_name, channel_name, "TABLE_NOT_FOUND", message=str(exc))
+        record = self.catalog.get_channel(info.id, channel_name)
+        if record is None:
+            return ChannelStatus(
+                info.full_name, channel_name, "CHANNEL_NOT_FOUND",
+                message=f"channel {channel_name} does not exist on {info.full_name}",
+            )  # fmt: skip
+        table = self._tables.get(info.id)
+        live = table.channels.get(channel_name) if table else None
+        token = live.committed_token if live is not None else record.offset_token
+        base = {
+            "table": info.full_name,
+            "channel": channel_name,
+            "offset_token": token,
+            "generation": record.generation,
+            "committed_batch_seq": live.committed_seq if live else None,
+        }
+        if generation is not None:
+            if live is None or live.generation != generation or not live.valid:
+                reason = (
+                    live.invalid_reason
+                    if live is not None and live.generation == generation
+                    else f"generation {generation} is not the open generation"
+                    f" ({record.generation if live else 'none open on this server'})"
+                )
+                return ChannelStatus(status="INVALIDATED", message=reason, **base)
+        if table is not None and table.flush_error:
+            return ChannelStatus(
+                status="FLUSH_FAILING",
+                message=f"flush is being retried: {table.flush_error}",
+                **base,
+            )
+        return ChannelStatus(status="OK", **base)
+
+    def list_channels(self, table_name: str | None = None) -> list[dict[str, Any]]:
+        """SHOW CHANNELS: every channel in the catalog with its live status."""
+        tables = {info.id: info for info in self.catalog.list_tables()}
+        if table_name is not None:
+            wanted = self.describe_table(table_name)
+            records: list[ChannelRecord] = self.catalog.list_channels(wanted.id)
+        else:
+            records = self.catalog.list_channels()
+        result = []
+        for record in records:
+            info = tables.get(record.table_id)
+            if info is None:
+                continue
+            table = self._tables.get(record.table_id)
+            live = table.channels.get(record.name) if table else None
+            if live is not None and live.valid:
+                status = "FLUSH_FAILING" if table and table.flush_error else "OPEN"
+            else:
+                status = "CLOSED"
+            result.append(
+                {
+                    "table": info.full_name,
+                    "channel": record.name,
+                    "generation": record.generation,
+                    "offset_token": live.committed_token if live else record.offset_token,
+                    "rows_committed": live.rows_committed if live else record.rows_committed,
+                    "last_activity": max(record.last_activity, live.last_activity if live else 0),
+                    "status": status,
+                }
+            )
+        return result
