@@ -6,12 +6,11 @@ It never writes Parquet or Delta itself; :mod:`flush` does.
 from channel_server.app import create_app
 from channel_server.catalog import Catalog, ChannelRecord, SqliteCatalog, TableInfo
 from channel_server.config import FlushPolicy, Limits, ServerConfig
-from channel_server.service import ChannelStatus, IngestService
+from channel_server.service import IngestService
 
 __all__ = [
     "Catalog",
     "ChannelRecord",
-    "ChannelStatus",
     "FlushPolicy",
     "IngestService",
     "Limits",

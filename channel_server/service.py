@@ -22,7 +22,7 @@ from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from flush import commits_after, create_table, drop_table
-from ingest_sdk import OnErrorOption, TableSchema
+from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
     ChannelInvalidatedError,
     ChannelNotFoundError,
@@ -31,7 +31,7 @@ from ingest_sdk.errors import (
 )
 from ingest_sdk.schema import split_table_name
 
-__all__ = ["ChannelStatus", "IngestService", "InsertOutcome"]
+__all__ = ["IngestService", "InsertOutcome"]
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +42,6 @@ MAX_CHANNEL_NAME = 512
 class InsertOutcome:
     accepted_rows: int
     duplicate: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelStatus:
-    """The answer of a token lookup for one channel; ``status`` is never silent."""
-
-    table: str
-    channel: str
-    status: str  # OK, INVALIDATED, FLUSH_FAILING, CHANNEL_NOT_FOUND, TABLE_NOT_FOUND
-    offset_token: str | None = None
-    generation: int | None = None
-    committed_batch_seq: int | None = None
-    message: str | None = None
 
 
 def _channel_name(name: Any) -> str:

@@ -1,38 +1,80 @@
-"""Client SDK for streaming ingest: column types, value conversion and (later) channels.
+"""Client SDK for streaming ingest: clients and channels, column types and value conversion.
 
 The public names are re-exported here; import from ``ingest_sdk`` only.
 """
 
+from ingest_sdk.channel import AsyncChannel
+from ingest_sdk.client import AsyncStreamingIngestClient, ClientLimits, OpenChannelRequest
 from ingest_sdk.column_types import DECLARED_TYPE_KEY, ColumnType, TypeKind
 from ingest_sdk.errors import (
+    AuthenticationError,
+    BackpressureError,
+    ChannelClosedError,
+    ChannelInvalidatedError,
+    ChannelNotFoundError,
+    CommitTimeoutError,
     ConfigurationError,
     IngestError,
     InsertValidationError,
+    InvalidRequestError,
     InvalidTypeError,
     InvalidValueError,
     SchemaError,
+    ServerError,
+    ServiceError,
+    TableAlreadyExistsError,
+    TableNotFoundError,
+    TransportError,
     UnsupportedFeatureError,
     ValueConversionError,
 )
 from ingest_sdk.rows import ConversionOptions, convert_rows, convert_value
 from ingest_sdk.schema import Column, TableSchema, normalize_identifier
-from ingest_sdk.validation import InsertError, InsertValidationResponse, OnErrorOption
+from ingest_sdk.sync_client import Channel, StreamingIngestClient
+from ingest_sdk.transport import RetryPolicy, Timeouts
+from ingest_sdk.validation import (
+    ChannelStatus,
+    InsertError,
+    InsertValidationResponse,
+    OnErrorOption,
+)
 
 __all__ = [
     "DECLARED_TYPE_KEY",
+    "AsyncChannel",
+    "AsyncStreamingIngestClient",
+    "AuthenticationError",
+    "BackpressureError",
+    "Channel",
+    "ChannelClosedError",
+    "ChannelInvalidatedError",
+    "ChannelNotFoundError",
+    "ChannelStatus",
+    "ClientLimits",
     "Column",
     "ColumnType",
+    "CommitTimeoutError",
     "ConfigurationError",
     "ConversionOptions",
     "IngestError",
     "InsertError",
     "InsertValidationError",
     "InsertValidationResponse",
+    "InvalidRequestError",
     "InvalidTypeError",
     "InvalidValueError",
     "OnErrorOption",
+    "OpenChannelRequest",
+    "RetryPolicy",
     "SchemaError",
+    "ServerError",
+    "ServiceError",
+    "StreamingIngestClient",
+    "TableAlreadyExistsError",
+    "TableNotFoundError",
     "TableSchema",
+    "Timeouts",
+    "TransportError",
     "TypeKind",
     "UnsupportedFeatureError",
     "ValueConversionError",

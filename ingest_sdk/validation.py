@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-__all__ = ["InsertError", "InsertValidationResponse", "OnErrorOption"]
+__all__ = ["ChannelStatus", "InsertError", "InsertValidationResponse", "OnErrorOption"]
 
 
 class OnErrorOption(enum.Enum):
@@ -73,3 +73,28 @@ class InsertValidationResponse:
     @property
     def error_row_count(self) -> int:
         return len(self.insert_errors)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelStatus:
+    """The answer of a committed-token lookup for one channel; never silent about trouble.
+
+    Attributes:
+        status: ``OK``; ``INVALIDATED`` (the handle's generation is no longer open; the
+            token is still the committed one); ``FLUSH_FAILING`` (commits are being
+            retried; the token is the last committed one); ``CHANNEL_NOT_FOUND``;
+            ``TABLE_NOT_FOUND``.
+        offset_token: the latest committed offset token (``None`` if none yet).
+    """
+
+    table: str
+    channel: str
+    status: str
+    offset_token: str | None = None
+    generation: int | None = None
+    committed_batch_seq: int | None = None
+    message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"

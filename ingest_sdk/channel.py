@@ -1,0 +1,363 @@
+"""A channel handle: convert on the client, buffer, and send in the background.
+
+``insert_rows`` converts and validates rows in the caller (no network round
+trip) and appends the Arrow batch to the handle's send buffer; it waits only
+when that buffer is full (backpressure). A background sender drains the buffer:
+everything queued at that moment goes in one request with the next
+``batch_seq`` and the offset token of its last batch, and the request is retried
+as it is until the server acknowledges it. If the sender fails for good
+(invalidation, server unreachable past the retry deadline) the handle becomes
+invalid and every later call raises that cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ingest_sdk.batch_check import check_arrow_batch
+from ingest_sdk.errors import (
+    ChannelClosedError,
+    ChannelInvalidatedError,
+    CommitTimeoutError,
+    IngestError,
+)
+from ingest_sdk.rows import ConversionOptions, convert_rows
+from ingest_sdk.schema import TableSchema
+from ingest_sdk.validation import InsertValidationResponse, OnErrorOption
+from ingest_sdk.wire import (
+    ARROW_CONTENT_TYPE,
+    HEADER_BATCH_SEQ,
+    HEADER_END_OFFSET_TOKEN,
+    HEADER_GENERATION,
+    MAX_OFFSET_TOKEN_LENGTH,
+    encode_arrow,
+)
+
+if TYPE_CHECKING:
+    from ingest_sdk.client import AsyncStreamingIngestClient
+
+__all__ = ["AsyncChannel"]
+
+#: Longest single server-side wait; wait_for_commit repeats it up to its own timeout.
+_WAIT_SLICE = 30.0
+
+
+@dataclass(slots=True)
+class _Queued:
+    batch: pa.RecordBatch | None
+    offset_token: str | None
+    nbytes: int
+
+
+def _check_token(token: Any, name: str) -> str | None:
+    if token is None:
+        return None
+    if not isinstance(token, str) or len(token) > MAX_OFFSET_TOKEN_LENGTH:
+        raise ValueError(f"{name} must be a str of at most {MAX_OFFSET_TOKEN_LENGTH} characters")
+    return token
+
+
+class AsyncChannel:
+    """An open channel generation. Create it with ``client.open_channel``."""
+
+    def __init__(
+        self,
+        client: AsyncStreamingIngestClient,
+        table: str,
+        name: str,
+        generation: int,
+        schema: TableSchema,
+        offset_token: str | None,
+        on_error: OnErrorOption,
+        options: ConversionOptions,
+    ) -> None:
+        self._client = client
+        self.table = table
+        self.name = name
+        self.generation = generation
+        self.schema = schema
+        self.on_error = on_error
+        self.options = options
+        self._opened_token = offset_token
+        self._arrow_schema = schema.to_arrow()
+        self._queue: deque[_Queued] = deque()
+        self._queued_bytes = 0
+        self._enqueued = 0  # items ever queued
+        self._sent = 0  # items ever acknowledged by the server
+        self._next_seq = 1
+        self._acked_seq = 0
+        self._token_seq: dict[str, int] = {}
+        self._changed = asyncio.Condition()
+        self._sender: asyncio.Task[None] | None = None
+        self._error: IngestError | None = None
+        self._closed = False
+
+    # -- state ------------------------------------------------------------------------------
+
+    def is_valid(self) -> bool:
+        return self._error is None and not self._closed
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def get_table_schema(self) -> TableSchema:
+        return self.schema
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"channel {self.name} is closed; open it again to insert")
+        if self._error is not None:
+            raise self._error
+
+    # -- inserting --------------------------------------------------------------------------
+
+    def prepare_rows(
+        self, rows: Sequence[Mapping[str, Any]]
+    ) -> tuple[pa.RecordBatch | None, InsertValidationResponse, bool]:
+        """Convert rows (pure CPU, safe from any thread). Returns the batch, the report and
+        whether the call should be queued (SKIP_BATCH with errors queues nothing)."""
+        self._check_usable()
+        batch, response = convert_rows(self.schema, rows, self.on_error, self.options)
+        skip = self.on_error is OnErrorOption.SKIP_BATCH and response.has_errors()
+        return batch, response, not skip
+
+    def prepare_batch(self, data: Any) -> pa.Table:
+        """Check a RecordBatch, Table or pandas DataFrame against the schema (all or nothing)."""
+        self._check_usable()
+        if not isinstance(data, (pa.RecordBatch, pa.Table)):
+            data = pa.Table.from_pandas(data, preserve_index=False)
+        return check_arrow_batch(self.schema, data, self.options)
+
+    async def enqueue(
+        self, batch: pa.RecordBatch | pa.Table | None, end_offset_token: str | None
+    ) -> None:
+        """Queue converted rows (or a token alone) for sending; waits while the buffer is full."""
+        self._check_usable()
+        token = _check_token(end_offset_token, "end_offset_token")
+        if isinstance(batch, pa.Table):
+            batches = batch.combine_chunks().to_batches() or [None]
+        else:
+            batches = [batch]
+        limit = self._client.limits.max_buffer_bytes
+        async with self._changed:
+            for index, item in enumerate(batches):
+                size = item.nbytes if item is not None else 0
+                await self._changed.wait_for(
+                    lambda size=size: (
+                        self._queued_bytes + size <= limit
+                        or not self._queued_bytes
+                        or self._error is not None
+                    )
+                )
+                self._check_usable()
+                last = index == len(batches) - 1
+                self._queue.append(_Queued(item, token if last else None, size))
+                self._queued_bytes += size
+                self._enqueued += 1
+            self._changed.notify_all()
+        if self._sender is None:
+            self._sender = asyncio.create_task(self._send_loop(), name=f"send {self.name}")
+
+    async def insert_rows(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        start_offset_token: str | None = None,
+        end_offset_token: str | None = None,
+    ) -> InsertValidationResponse:
+        """Insert rows; ``end_offset_token`` becomes the channel's token once they commit.
+
+        ``insert_rows([], end_offset_token=t)`` commits ``t`` with no rows (progress for
+        records the producer filtered out). ``start_offset_token`` is accepted for API
+        compatibility; only the end token is kept.
+
+        Raises:
+            InsertValidationError: ON_ERROR=ABORT and a row is bad; nothing is queued.
+            ChannelInvalidatedError, ChannelClosedError: the handle can no longer insert.
+        """
+        _check_token(start_offset_token, "start_offset_token")
+        batch, response, queue = self.prepare_rows(rows)
+        if queue:
+            await self.enqueue(batch, end_offset_token)
+        return response
+
+    async def insert_row(
+        self, row: Mapping[str, Any], offset_token: str | None = None
+    ) -> InsertValidationResponse:
+        return await self.insert_rows([row], end_offset_token=offset_token)
+
+    async def insert_batch(self, data: Any, end_offset_token: str | None = None) -> None:
+        """Insert a pyarrow RecordBatch/Table or pandas DataFrame, checked as a whole.
+
+        Raises:
+            InvalidTypeError, InvalidValueError: naming the first bad row, column and value;
+                nothing is queued.
+        """
+        await self.enqueue(self.prepare_batch(data), end_offset_token)
+
+    # -- sending ----------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        limit = self._client.limits.max_request_bytes
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: bool(self._queue))
+                items: list[_Queued] = []
+                size = 0
+                while self._queue and (not items or size + self._queue[0].nbytes <= limit):
+                    item = self._queue.popleft()
+                    items.append(item)
+                    size += item.nbytes
+            seq = self._next_seq
+            self._next_seq += 1
+            token = next(
+                (i.offset_token for i in reversed(items) if i.offset_token is not None), None
+            )
+            headers = {
+                "Content-Type": ARROW_CONTENT_TYPE,
+                HEADER_GENERATION: str(self.generation),
+                HEADER_BATCH_SEQ: str(seq),
+            }
+            if token is not None:
+                headers[HEADER_END_OFFSET_TOKEN] = token
+            body = encode_arrow([i.batch for i in items if i.batch is not None], self._arrow_schema)
+            try:
+                await self._client.transport.request(
+                    "POST",
+                    "/v1/channels/rows",
+                    data=body,
+                    headers=headers,
+                    params={"table": self.table, "channel": self.name},
+                )
+            except IngestError as exc:
+                await self._fail(exc)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a bug must not leave producers waiting forever
+                await self._fail(IngestError(f"the sender of channel {self.name} failed: {exc!r}"))
+                raise
+            async with self._changed:
+                self._acked_seq = seq
+                self._sent += len(items)
+                self._queued_bytes -= size
+                if token is not None:
+                    self._token_seq[token] = seq
+                self._changed.notify_all()
+
+    async def _fail(self, error: IngestError) -> None:
+        async with self._changed:
+            self._error = error
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._changed.notify_all()
+
+    async def _sent_target(self, offset_token: str | None, deadline: float) -> int:
+        """The batch_seq whose commit answers the wait (sending what is queued first)."""
+        async with self._changed:
+            if offset_token is None:
+                wanted = self._enqueued
+                ok = await self._wait_for(
+                    lambda: self._sent >= wanted or self._error is not None, deadline
+                )
+                if self._error is not None:
+                    raise self._error
+                if not ok:
+                    raise CommitTimeoutError(f"rows of channel {self.name} were not sent in time")
+                return self._acked_seq
+            ok = await self._wait_for(
+                lambda: (
+                    offset_token in self._token_seq
+                    or self._sent >= self._enqueued
+                    or self._error is not None
+                ),
+                deadline,
+            )
+            if offset_token in self._token_seq:
+                return self._token_seq[offset_token]
+            if self._error is not None:
+                raise self._error
+            if not ok:
+                raise CommitTimeoutError(f"offset token {offset_token!r} was not sent in time")
+            raise ValueError(
+                f"offset token {offset_token!r} was never inserted through this handle"
+            )
+
+    async def _wait_for(self, predicate: Any, deadline: float) -> bool:
+        try:
+            await asyncio.wait_for(
+                self._changed.wait_for(predicate), max(0.0, deadline - time.monotonic())
+            )
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_for_commit(
+        self, offset_token: str | None = None, timeout: float | None = None
+    ) -> str | None:
+        """Return once ``offset_token`` (default: everything inserted so far) is committed.
+
+        Returns:
+            The channel's committed offset token at that moment.
+
+        Raises:
+            CommitTimeoutError: not committed within ``timeout`` seconds (it may still be later).
+            ChannelInvalidatedError: the handle was replaced; its uncommitted rows are gone.
+        """
+        deadline = time.monotonic() + (timeout if timeout is not None else 300.0)
+        seq = await self._sent_target(offset_token, deadline)
+        if seq == 0:
+            return self._opened_token  # nothing was ever sent through this handle
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommitTimeoutError(
+                    f"batch {seq} of channel {self.name} was not committed within {timeout} s"
+                )
+            answer = await self._client.transport.request(
+                "POST",
+                "/v1/channels/wait",
+                json={"table": self.table, "channel": self.name, "generation": self.generation,
+                      "batch_seq": seq, "timeout": min(remaining, _WAIT_SLICE)},
+                extra_timeout=min(remaining, _WAIT_SLICE),
+            )  # fmt: skip
+            if answer["committed"]:
+                return answer["offset_token"]
+
+    async def get_latest_committed_offset_token(self) -> str | None:
+        """The newest committed offset token of this channel (``None`` before any commit)."""
+        (status,) = await self._client.get_latest_committed_offset_tokens([self])
+        if status.status in ("TABLE_NOT_FOUND", "CHANNEL_NOT_FOUND"):
+            raise ChannelInvalidatedError(status.message or status.status)
+        return status.offset_token
+
+    async def close(self, timeout: float | None = None) -> None:
+        """Send what is queued, wait until it is committed, then close the handle."""
+        if self._closed:
+            return
+        if self._error is None:
+            await self.wait_for_commit(timeout=timeout)
+            await self._client.transport.request(
+                "POST",
+                "/v1/channels/close",
+                json={"table": self.table, "channel": self.name, "generation": self.generation},
+            )
+        self._closed = True
+        await self._stop_sender()
+        self._client._forget(self)
+        if self._error is not None and not isinstance(self._error, ChannelInvalidatedError):
+            raise self._error
+
+    async def _stop_sender(self) -> None:
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None

@@ -1,0 +1,194 @@
+"""The asyncio client: tables, channels and committed-token lookups.
+
+:class:`StreamingIngestClient` (``ingest_sdk.sync_client``) is the same client
+driven from plain threads; there is one implementation, this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from ingest_sdk.channel import AsyncChannel
+from ingest_sdk.durations import parse_max_client_lag
+from ingest_sdk.rows import DEFAULT_TIMEZONE, ConversionOptions
+from ingest_sdk.schema import TableSchema
+from ingest_sdk.transport import RetryPolicy, Timeouts, Transport
+from ingest_sdk.validation import ChannelStatus, OnErrorOption
+
+__all__ = ["AsyncStreamingIngestClient", "ClientLimits", "OpenChannelRequest"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLimits:
+    """Client-side bounds."""
+
+    #: Converted rows a channel may hold before ``insert_rows`` waits for the sender.
+    max_buffer_bytes: int = 64 * MiB
+    #: Largest request the sender builds from queued batches.
+    max_request_bytes: int = 16 * MiB
+
+
+@dataclass(frozen=True, slots=True)
+class OpenChannelRequest:
+    """What to open: ``database.schema.table`` and the channel name, plus channel options."""
+
+    name: str
+    database: str
+    schema: str
+    table: str
+    on_error: OnErrorOption | str = OnErrorOption.ABORT
+    default_timezone: str = DEFAULT_TIMEZONE
+
+    @property
+    def table_name(self) -> str:
+        return f"{self.database}.{self.schema}.{self.table}"
+
+
+def _status(item: Mapping[str, Any]) -> ChannelStatus:
+    return ChannelStatus(**{key: item.get(key) for key in ChannelStatus.__slots__})  # type: ignore[arg-type]
+
+
+class AsyncStreamingIngestClient:
+    """Streaming ingest client for asyncio code.
+
+    Args:
+        name: the client's name (shown in server logs).
+        url: the channel service, e.g. ``http://127.0.0.1:8080``.
+        token: bearer token, if the service requires one.
+        max_client_lag: how long the server may buffer this client's rows before
+            committing: seconds (``1.0``) or text (``"1 second"``, ``"2 minutes"``);
+            0.05 s to 10 minutes.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str = "http://127.0.0.1:8080",
+        token: str | None = None,
+        max_client_lag: float | str = 1.0,
+        *,
+        limits: ClientLimits = ClientLimits(),
+        timeouts: Timeouts = Timeouts(),
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.name = name
+        self.max_client_lag = parse_max_client_lag(max_client_lag)
+        self.limits = limits
+        self.transport = Transport(url, token, timeouts, retry)
+        self._channels: set[AsyncChannel] = set()
+
+    async def __aenter__(self) -> AsyncStreamingIngestClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- tables -----------------------------------------------------------------------------
+
+    async def create_table(
+        self, name: str, columns: Mapping[str, str], if_not_exists: bool = False
+    ) -> dict[str, Any]:
+        """Create ``DB.SCHEMA.TABLE`` (and a missing database and schema)."""
+        TableSchema.parse(columns)  # fail fast, with the same message the server would give
+        return await self.transport.request(  # type: ignore[no-any-return]
+            "POST",
+            "/v1/tables",
+            json={"name": name, "columns": dict(columns), "if_not_exists": if_not_exists},
+        )
+
+    async def describe_table(self, name: str) -> dict[str, Any]:
+        return await self.transport.request("GET", f"/v1/tables/{quote(name, safe='')}")  # type: ignore[no-any-return]
+
+    async def list_tables(self) -> list[dict[str, Any]]:
+        return (await self.transport.request("GET", "/v1/tables"))["tables"]  # type: ignore[no-any-return]
+
+    async def drop_table(self, name: str) -> None:
+        await self.transport.request("DELETE", f"/v1/tables/{quote(name, safe='')}")
+
+    # -- channels ---------------------------------------------------------------------------
+
+    async def open_channel(self, request: OpenChannelRequest) -> AsyncChannel:
+        """Open (or reopen) a channel. Any older handle of it is invalidated, and what it had
+        buffered in the server is discarded; resume after ``get_latest_committed_offset_token``."""
+        on_error = OnErrorOption.parse(request.on_error)
+        options = ConversionOptions(default_timezone=request.default_timezone)
+        answer = await self.transport.request(
+            "POST",
+            "/v1/channels/open",
+            json={
+                "table": request.table_name,
+                "channel": request.name,
+                "max_client_lag": self.max_client_lag,
+                "on_error": on_error.value,
+                "default_timezone": request.default_timezone,
+            },
+        )
+        channel = AsyncChannel(
+            self,
+            table=answer["table"],
+            name=answer["channel"],
+            generation=answer["generation"],
+            schema=TableSchema.parse(answer["columns"]),
+            offset_token=answer["offset_token"],
+            on_error=on_error,
+            options=options,
+        )
+        self._channels.add(channel)
+        return channel
+
+    def _forget(self, channel: AsyncChannel) -> None:
+        self._channels.discard(channel)
+
+    async def get_latest_committed_offset_tokens(
+        self, channels: Iterable[AsyncChannel | tuple[str, str]]
+    ) -> list[ChannelStatus]:
+        """Committed tokens of many channels in one call, each with an explicit status.
+
+        Pass handles (their generation is checked: a replaced handle reports
+        ``INVALIDATED``) or ``(table, channel)`` pairs (no generation check).
+        """
+        wanted = []
+        for item in channels:
+            if isinstance(item, AsyncChannel):
+                wanted.append(
+                    {"table": item.table, "channel": item.name, "generation": item.generation}
+                )
+            else:
+                table, name = item
+                wanted.append({"table": table, "channel": name})
+        answer = await self.transport.request(
+            "POST", "/v1/channels/status", json={"channels": wanted}
+        )
+        return [_status(item) for item in answer["channels"]]
+
+    async def drop_channel(self, request: OpenChannelRequest | tuple[str, str]) -> None:
+        """Drop a channel and its committed token; open handles of it are invalidated."""
+        if isinstance(request, OpenChannelRequest):
+            table, name = request.table_name, request.name
+        else:
+            table, name = request
+        await self.transport.request(
+            "POST", "/v1/channels/drop", json={"table": table, "channel": name}
+        )
+
+    async def show_channels(self, table: str | None = None) -> list[dict[str, Any]]:
+        """SHOW CHANNELS: name, table, generation, committed token, rows, activity, status."""
+        params = {"table": table} if table else None
+        return (await self.transport.request("GET", "/v1/channels", params=params))["channels"]  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        """Close every open channel (each waits for its rows to commit), then the session."""
+        try:
+            channels: Sequence[AsyncChannel] = list(self._channels)
+            results = await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, Exception):
+                    raise result
+        finally:
+            await self.transport.close()

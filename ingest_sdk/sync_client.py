@@ -1,0 +1,182 @@
+"""The synchronous face of the client, usable from plain threads.
+
+It drives :class:`AsyncStreamingIngestClient` on a private event-loop thread;
+there is no second implementation. Row conversion runs in the calling thread
+(so many producer threads convert in parallel where Arrow releases the GIL),
+and only the hand-off to the send buffer crosses to the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from ingest_sdk.channel import AsyncChannel
+from ingest_sdk.client import AsyncStreamingIngestClient, ClientLimits, OpenChannelRequest
+from ingest_sdk.schema import TableSchema
+from ingest_sdk.transport import RetryPolicy, Timeouts
+from ingest_sdk.validation import ChannelStatus, InsertValidationResponse
+
+__all__ = ["Channel", "StreamingIngestClient"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running in a daemon thread, for one sync client."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a sync client cannot be used from its own loop thread")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+
+class Channel:
+    """Sync handle of an open channel; see :class:`ingest_sdk.channel.AsyncChannel`."""
+
+    def __init__(self, loop: _LoopThread, channel: AsyncChannel) -> None:
+        self._loop = loop
+        self._channel = channel
+
+    @property
+    def name(self) -> str:
+        return self._channel.name
+
+    @property
+    def table(self) -> str:
+        return self._channel.table
+
+    @property
+    def generation(self) -> int:
+        return self._channel.generation
+
+    def insert_rows(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        start_offset_token: str | None = None,
+        end_offset_token: str | None = None,
+    ) -> InsertValidationResponse:
+        batch, response, queue = self._channel.prepare_rows(rows)
+        if queue:
+            self._loop.run(self._channel.enqueue(batch, end_offset_token))
+        return response
+
+    def insert_row(
+        self, row: Mapping[str, Any], offset_token: str | None = None
+    ) -> InsertValidationResponse:
+        return self.insert_rows([row], end_offset_token=offset_token)
+
+    def insert_batch(self, data: Any, end_offset_token: str | None = None) -> None:
+        checked = self._channel.prepare_batch(data)
+        self._loop.run(self._channel.enqueue(checked, end_offset_token))
+
+    def wait_for_commit(
+        self, offset_token: str | None = None, timeout: float | None = None
+    ) -> str | None:
+        return self._loop.run(self._channel.wait_for_commit(offset_token, timeout))
+
+    def get_latest_committed_offset_token(self) -> str | None:
+        return self._loop.run(self._channel.get_latest_committed_offset_token())
+
+    def close(self, timeout: float | None = None) -> None:
+        self._loop.run(self._channel.close(timeout))
+
+    def is_valid(self) -> bool:
+        return self._channel.is_valid()
+
+    def is_closed(self) -> bool:
+        return self._channel.is_closed()
+
+    def get_table_schema(self) -> TableSchema:
+        return self._channel.get_table_schema()
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class StreamingIngestClient:
+    """Streaming ingest client for threaded code; arguments as :class:`AsyncStreamingIngestClient`."""
+
+    def __init__(
+        self,
+        name: str,
+        url: str = "http://127.0.0.1:8080",
+        token: str | None = None,
+        max_client_lag: float | str = 1.0,
+        *,
+        limits: ClientLimits = ClientLimits(),
+        timeouts: Timeouts = Timeouts(),
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self._loop = _LoopThread(f"ingest-client-{name}")
+
+        async def build() -> AsyncStreamingIngestClient:
+            return AsyncStreamingIngestClient(
+                name, url, token, max_client_lag, limits=limits, timeouts=timeouts, retry=retry
+            )
+
+        try:
+            self._client = self._loop.run(build())
+        except BaseException:
+            self._loop.stop()
+            raise
+        self._closed = False
+
+    def create_table(
+        self, name: str, columns: Mapping[str, str], if_not_exists: bool = False
+    ) -> dict[str, Any]:
+        return self._loop.run(self._client.create_table(name, columns, if_not_exists))
+
+    def describe_table(self, name: str) -> dict[str, Any]:
+        return self._loop.run(self._client.describe_table(name))
+
+    def list_tables(self) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.list_tables())
+
+    def drop_table(self, name: str) -> None:
+        self._loop.run(self._client.drop_table(name))
+
+    def open_channel(self, request: OpenChannelRequest) -> Channel:
+        return Channel(self._loop, self._loop.run(self._client.open_channel(request)))
+
+    def get_latest_committed_offset_tokens(
+        self, channels: Iterable[Channel | tuple[str, str]]
+    ) -> list[ChannelStatus]:
+        handles = [c._channel if isinstance(c, Channel) else c for c in channels]
+        return self._loop.run(self._client.get_latest_committed_offset_tokens(handles))
+
+    def drop_channel(self, request: OpenChannelRequest | tuple[str, str]) -> None:
+        self._loop.run(self._client.drop_channel(request))
+
+    def show_channels(self, table: str | None = None) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.show_channels(table))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop.run(self._client.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> StreamingIngestClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

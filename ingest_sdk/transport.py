@@ -1,0 +1,172 @@
+"""The one HTTP boundary of the SDK.
+
+All requests go through :class:`Transport`. It translates every aiohttp error
+into :class:`TransportError` and every error answer into the class the wire
+code names (:data:`ERRORS_BY_CODE`), and retries what is safe to repeat:
+retriable errors only, with jittered exponential backoff, or the server's
+``Retry-After`` for backpressure (429). Data calls carry ``(generation,
+batch_seq)``, so repeating one never duplicates rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from ingest_sdk.errors import (
+    ERRORS_BY_CODE,
+    BackpressureError,
+    IngestError,
+    ServerError,
+    ServiceError,
+    TransportError,
+)
+from ingest_sdk.wire import dumps, loads
+
+__all__ = ["RetryPolicy", "Timeouts", "Transport"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long and how fast retriable calls are repeated."""
+
+    initial: float = 0.05
+    maximum: float = 2.0
+    #: Give up (and fail the channel) after this many seconds of retrying one call.
+    deadline: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 10.0
+    #: Per request; long waits (wait_for_commit, close) add their own timeout to this.
+    request: float = 60.0
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    return isinstance(exc, IngestError) and exc.retriable
+
+
+class _Wait:
+    """Backoff: the server's Retry-After for 429, else jittered exponential."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._backoff = wait_exponential_jitter(initial=policy.initial, max=policy.maximum)
+
+    def __call__(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, BackpressureError):
+            return float(error.details.get("retry_after", 0.5))
+        return float(self._backoff(state))
+
+
+def error_from_answer(status: int, body: bytes) -> ServiceError:
+    """The SDK error for an error answer of the server."""
+    try:
+        error = loads(body)["error"]
+        code, message = str(error["code"]), str(error["message"])
+        details = {k: v for k, v in error.items() if k not in ("code", "message")}
+    except (ValueError, KeyError, TypeError):
+        code, message, details = "", body[:500].decode(errors="replace"), {}
+    cls = ERRORS_BY_CODE.get(code)
+    if cls is None:
+        cls = ServerError if status >= 500 else ERRORS_BY_CODE["BAD_REQUEST"]
+    return cls(message or f"HTTP {status}", **details)
+
+
+class Transport:
+    """One aiohttp session per client; create and use it inside one event loop."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeouts: Timeouts = Timeouts(),
+        retry: RetryPolicy = RetryPolicy(),
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retry = retry
+        self.timeouts = timeouts
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+            json_serialize=lambda value: dumps(value).decode(),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _once(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any,
+        data: bytes | None,
+        headers: Mapping[str, str] | None,
+        params: Mapping[str, str] | None,
+        timeout: float,
+    ) -> Any:
+        try:
+            async with self._session.request(
+                method,
+                self.url + path,
+                json=json,
+                data=data,
+                headers=headers,
+                params=params,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.timeouts.connect),
+            ) as response:
+                body = await response.read()
+                if response.status >= 400:
+                    raise error_from_answer(response.status, body)
+                return loads(body) if body else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+            raise TransportError(
+                f"{method} {path} to {self.url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        data: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str] | None = None,
+        extra_timeout: float = 0.0,
+        retry: bool = True,
+    ) -> Any:
+        """Send one request; retry it while the error says that is safe.
+
+        Raises:
+            ServiceError: the server's answer, as its class (after retries, if retriable).
+            TransportError: the server stayed unreachable.
+        """
+        timeout = self.timeouts.request + extra_timeout
+        if not retry:
+            return await self._once(method, path, json=json, data=data, headers=headers,
+                                    params=params, timeout=timeout)  # fmt: skip
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_is_retriable),
+            wait=_Wait(self.retry),
+            stop=stop_after_delay(self.retry.deadline),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._once(method, path, json=json, data=data, headers=headers,
+                                        params=params, timeout=timeout)  # fmt: skip
+        raise AssertionError("unreachable")  # pragma: no cover
