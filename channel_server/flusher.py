@@ -92,7 +92,9 @@ class TableFlusher:
                 continue  # re-evaluate: new batches may have an earlier deadline
             table.flush_now = False
             async for attempt in AsyncRetrying(
-                wait=wait_exponential_jitter(initial=self.retry_initial, max=self.retry_max),
+                wait=wait_exponential_jitter(
+                    multiplier=self.retry_initial, max=self.retry_max, jitter=self.retry_initial
+                ),
                 before_sleep=self._record_failure,
                 reraise=True,
             ):

@@ -211,7 +211,12 @@ class IngestService:
         self, table_name: str, channel_name: str, generation: int
     ) -> ChannelState:
         """The live state of a handle, or raise *channel invalidated* with the reason."""
-        info = self.describe_table(table_name)
+        try:
+            info = self.describe_table(table_name)
+        except TableNotFoundError as exc:
+            raise ChannelInvalidatedError(
+                f"channel {channel_name}: its table was dropped ({exc})"
+            ) from exc
         table = self._tables.get(info.id)
         channel = table.channels.get(channel_name) if table else None
         if channel is None:

@@ -24,10 +24,13 @@ def spark_session(master: str | None = None, app_name: str = "streaming-ingest")
     """
     from pyspark.sql import SparkSession
 
+    # Keep the driver on loopback unless told otherwise: no traffic off this machine.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return (
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
         # Files are written by Arrow in the proleptic Gregorian calendar: never rebase.

@@ -343,12 +343,21 @@ class AsyncChannel:
         if self._closed:
             return
         if self._error is None:
-            await self.wait_for_commit(timeout=timeout)
-            await self._client.transport.request(
+            wait = timeout if timeout is not None else 300.0
+            deadline = time.monotonic() + wait
+            await self._sent_target(None, deadline)  # everything queued reaches the server
+            answer = await self._client.transport.request(
                 "POST",
-                "/v1/channels/close",
-                json={"table": self.table, "channel": self.name, "generation": self.generation},
-            )
+                "/v1/channels/close",  # the server flushes now and answers once committed
+                json={"table": self.table, "channel": self.name, "generation": self.generation,
+                      "timeout": max(0.0, deadline - time.monotonic())},
+                extra_timeout=wait,
+            )  # fmt: skip
+            if not answer["closed"]:
+                raise CommitTimeoutError(
+                    f"channel {self.name}: rows were not committed within {wait} s; the handle "
+                    "stays open"
+                )
         self._closed = True
         await self._stop_sender()
         self._client._forget(self)

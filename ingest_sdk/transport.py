@@ -62,7 +62,9 @@ class _Wait:
     """Backoff: the server's Retry-After for 429, else jittered exponential."""
 
     def __init__(self, policy: RetryPolicy) -> None:
-        self._backoff = wait_exponential_jitter(initial=policy.initial, max=policy.maximum)
+        self._backoff = wait_exponential_jitter(
+            multiplier=policy.initial, max=policy.maximum, jitter=policy.initial
+        )
 
     def __call__(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None

@@ -11,3 +11,69 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start real in-process servers: ``server_factory(**config_overrides)``."""
+    from channel_server import ServerConfig
+
+    from tests.servers import ThreadServer
+
+    started = []
+
+    def start(**overrides):
+        overrides.setdefault("warehouse", tmp_path / "warehouse")
+        server = ThreadServer(ServerConfig(port=0, **overrides))
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        try:
+            server.stop()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def server(server_factory):
+    return server_factory()
+
+
+@pytest.fixture
+def process_server_factory(tmp_path):
+    """Start ``python -m channel_server`` processes that tests may SIGKILL."""
+    from tests.servers import ProcessServer
+
+    started = []
+
+    def start(*args, failpoints=""):
+        server = ProcessServer(tmp_path / "warehouse", *args, failpoints=failpoints)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def client_factory():
+    """Sync clients that are closed after the test."""
+    from ingest_sdk import StreamingIngestClient
+
+    made = []
+
+    def make(url, **kwargs):
+        kwargs.setdefault("max_client_lag", 0.1)
+        client = StreamingIngestClient("test", url=url, **kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        try:
+            client.close()
+        except Exception:
+            pass
