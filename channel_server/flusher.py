@@ -79,6 +79,7 @@ class TableFlusher:
         table = self.table
         while True:
             if not table.pending:
+                table.flush_now = False  # a flush asked for with nothing pending is done
                 table.wakeup.clear()
                 await table.wakeup.wait()
                 continue

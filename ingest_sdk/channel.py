@@ -342,27 +342,31 @@ class AsyncChannel:
         """Send what is queued, wait until it is committed, then close the handle."""
         if self._closed:
             return
-        if self._error is None:
-            wait = timeout if timeout is not None else 300.0
-            deadline = time.monotonic() + wait
-            await self._sent_target(None, deadline)  # everything queued reaches the server
-            answer = await self._client.transport.request(
-                "POST",
-                "/v1/channels/close",  # the server flushes now and answers once committed
-                json={"table": self.table, "channel": self.name, "generation": self.generation,
-                      "timeout": max(0.0, deadline - time.monotonic())},
-                extra_timeout=wait,
-            )  # fmt: skip
-            if not answer["closed"]:
-                raise CommitTimeoutError(
-                    f"channel {self.name}: rows were not committed within {wait} s; the handle "
-                    "stays open"
-                )
-        self._closed = True
-        await self._stop_sender()
-        self._client._forget(self)
+        try:
+            if self._error is None:
+                await self._close_on_server(timeout)
+        finally:  # whatever happened, this handle is done and its sender stops
+            self._closed = True
+            await self._stop_sender()
+            self._client._forget(self)
         if self._error is not None and not isinstance(self._error, ChannelInvalidatedError):
             raise self._error
+
+    async def _close_on_server(self, timeout: float | None) -> None:
+        wait = timeout if timeout is not None else 300.0
+        deadline = time.monotonic() + wait
+        await self._sent_target(None, deadline)  # everything queued reaches the server
+        answer = await self._client.transport.request(
+            "POST",
+            "/v1/channels/close",  # the server flushes now and answers once committed
+            json={"table": self.table, "channel": self.name, "generation": self.generation,
+                  "timeout": max(0.0, deadline - time.monotonic())},
+            extra_timeout=wait,
+        )  # fmt: skip
+        if not answer["closed"]:
+            raise CommitTimeoutError(
+                f"channel {self.name}: rows were not committed within {wait} s"
+            )
 
     async def _stop_sender(self) -> None:
         if self._sender is not None:

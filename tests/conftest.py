@@ -61,12 +61,13 @@ def process_server_factory(tmp_path):
 @pytest.fixture
 def client_factory():
     """Sync clients that are closed after the test."""
-    from ingest_sdk import StreamingIngestClient
+    from ingest_sdk import RetryPolicy, StreamingIngestClient
 
     made = []
 
     def make(url, **kwargs):
         kwargs.setdefault("max_client_lag", 0.1)
+        kwargs.setdefault("retry", RetryPolicy(deadline=5))  # a stopped server fails fast
         client = StreamingIngestClient("test", url=url, **kwargs)
         made.append(client)
         return client

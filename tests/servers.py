@@ -58,6 +58,8 @@ class ThreadServer:
         return self.run(call())
 
     def stop(self) -> None:
+        if self.loop.is_closed():
+            return
         self.run(self._runner.cleanup())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
@@ -83,14 +85,15 @@ class ProcessServer:
         self.log = warehouse.parent / f"server-{self.port}.log"
 
     def start(self, failpoints: str | None = None) -> ProcessServer:
+        self.kill()  # reap a previous process and close its pipe
         env = dict(os.environ, INGEST_FAILPOINTS=self.failpoints if failpoints is None else failpoints)
         env["PYTHONPATH"] = str(ROOT)
-        log = open(self.log, "ab")  # noqa: SIM115 - the child owns it
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "channel_server", "--port", str(self.port),
-             "--warehouse", str(self.warehouse), *self.args],
-            stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
-        )  # fmt: skip
+        with open(self.log, "ab") as log:  # the child keeps its own copy of the handle
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "channel_server", "--port", str(self.port),
+                 "--warehouse", str(self.warehouse), *self.args],
+                stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
+            )  # fmt: skip
         assert self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], 60)
         line = self.process.stdout.readline() if ready else b""
@@ -106,9 +109,12 @@ class ProcessServer:
         return self.process.wait(timeout)
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(30)
+        if self.process is not None:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGKILL)
+                self.process.wait(30)
+            if self.process.stdout is not None:
+                self.process.stdout.close()
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
