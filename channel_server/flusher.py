@@ -10,6 +10,7 @@ producer is never told a token is committed before it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 from channel_server.catalog import Catalog
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter
+from flush.commit import ChannelFencedError
 
 __all__ = ["TableFlusher"]
 
@@ -70,10 +72,8 @@ class TableFlusher:
     async def stop(self) -> None:
         if self.task is not None:
             self.task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self.task
-            except asyncio.CancelledError:
-                pass
 
     async def _run(self) -> None:
         table = self.table
@@ -86,10 +86,8 @@ class TableFlusher:
             delay = min(batch.deadline for batch in table.pending) - time.monotonic()
             if delay > 0 and not table.flush_now:
                 table.wakeup.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(table.wakeup.wait(), delay)
-                except TimeoutError:
-                    pass
                 continue  # re-evaluate: new batches may have an earlier deadline
             table.flush_now = False
             async for attempt in AsyncRetrying(
@@ -132,6 +130,13 @@ class TableFlusher:
                 record = await asyncio.to_thread(
                     self.writer.commit_flush, parts, progress, table.next_row_id
                 )
+            except ChannelFencedError as fenced:
+                # Another writer committed a newer generation: these handles are stale.
+                for batch in batches:
+                    if batch.channel.name in fenced.channels:
+                        batch.channel.invalidate(f"channel {batch.channel.name}: {fenced}")
+                table.put_back(batches)  # the next attempt drops the invalidated ones
+                raise
             except BaseException:
                 table.put_back(batches)
                 raise

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import asdict
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa

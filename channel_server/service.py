@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -333,29 +333,28 @@ class IngestService:
         table = self._tables.get(info.id)
         live = table.channels.get(channel_name) if table else None
         token = live.committed_token if live is not None else record.offset_token
-        base = {
-            "table": info.full_name,
-            "channel": channel_name,
-            "offset_token": token,
-            "generation": record.generation,
-            "committed_batch_seq": live.committed_seq if live else None,
-        }
-        if generation is not None:
-            if live is None or live.generation != generation or not live.valid:
-                reason = (
-                    live.invalid_reason
-                    if live is not None and live.generation == generation
-                    else f"generation {generation} is not the open generation"
-                    f" ({record.generation if live else 'none open on this server'})"
-                )
-                return ChannelStatus(status="INVALIDATED", message=reason, **base)
-        if table is not None and table.flush_error:
-            return ChannelStatus(
-                status="FLUSH_FAILING",
-                message=f"flush is being retried: {table.flush_error}",
-                **base,
+        ok = ChannelStatus(
+            table=info.full_name,
+            channel=channel_name,
+            status="OK",
+            offset_token=token,
+            generation=record.generation,
+            committed_batch_seq=live.committed_seq if live else None,
+        )
+        stale = live is None or live.generation != generation or not live.valid
+        if generation is not None and stale:
+            reason = (
+                live.invalid_reason
+                if live is not None and live.generation == generation
+                else f"generation {generation} is not the open generation"
+                f" ({record.generation if live else 'none open on this server'})"
             )
-        return ChannelStatus(status="OK", **base)
+            return replace(ok, status="INVALIDATED", message=reason)
+        if table is not None and table.flush_error:
+            return replace(
+                ok, status="FLUSH_FAILING", message=f"flush is being retried: {table.flush_error}"
+            )
+        return ok
 
     def list_channels(self, table_name: str | None = None) -> list[dict[str, Any]]:
         """SHOW CHANNELS: every channel in the catalog with its live status."""

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import orjson
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
 
 from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
@@ -25,6 +26,7 @@ from ingest_sdk.wire import pack_txn_version
 
 __all__ = [
     "COMMIT_METADATA_KEY",
+    "ChannelFencedError",
     "ChannelProgress",
     "CommitRecord",
     "TableWriter",
@@ -54,6 +56,19 @@ class CommitRecord:
     channels: tuple[ChannelProgress, ...]
     next_row_id: int
     rows: int
+
+
+class ChannelFencedError(RuntimeError):
+    """A channel in the flush already committed a later position (a newer generation):
+    this writer holds a stale handle and must not commit for it.
+
+    Attributes:
+        channels: the names of the fenced channels.
+    """
+
+    def __init__(self, channels: list[str]) -> None:
+        super().__init__(f"channel(s) {', '.join(channels)} moved on to a newer generation")
+        self.channels = channels
 
 
 def app_id(channel: str) -> str:
@@ -100,13 +115,26 @@ class TableWriter:
         self._table = DeltaTable(table_uri)
 
     def _landed(self, channels: list[ChannelProgress]) -> CommitRecord | None:
-        """The commit of this exact flush if an earlier attempt already made it."""
+        """The commit of this exact flush if an earlier attempt already made it.
+
+        Raises:
+            ChannelFencedError: a channel is already past this flush (a newer generation
+                committed): this is a stale writer, and committing would reorder the channel.
+        """
         self._table.update_incremental()
+        landed_all = True
+        fenced = []
         for progress in channels:
             target = pack_txn_version(progress.generation, progress.batch_seq)
             landed = self._table.transaction_version(app_id(progress.channel))
-            if landed is None or landed < target:
-                return None
+            if landed is not None and landed > target:
+                fenced.append(progress.channel)
+            elif landed is None or landed < target:
+                landed_all = False
+        if fenced:
+            raise ChannelFencedError(fenced)
+        if not landed_all:
+            return None
         # Every channel is at or past this flush: find the commit that carried it.
         for record in reversed(commits_after(self.table_uri, -1)):
             if any(
@@ -142,7 +170,7 @@ class TableWriter:
         # Step 1
         rows = sum(part.num_rows for part in parts)
         next_row_id = first_row_id + rows
-        actions = []
+        actions: list[AddAction | RemoveAction] = []
         if rows:
             data = pa.concat_tables(parts).combine_chunks()
             data = data.append_column(

@@ -150,13 +150,16 @@ class AsyncChannel:
         async with self._changed:
             for index, item in enumerate(batches):
                 size = item.nbytes if item is not None else 0
-                await self._changed.wait_for(
-                    lambda size=size: (
+
+                def has_room(size: int = size) -> bool:
+                    # An empty buffer takes any batch, so one larger than the limit still goes.
+                    return (
                         self._queued_bytes + size <= limit
                         or not self._queued_bytes
                         or self._error is not None
                     )
-                )
+
+                await self._changed.wait_for(has_room)
                 self._check_usable()
                 last = index == len(batches) - 1
                 self._queue.append(_Queued(item, token if last else None, size))

@@ -16,7 +16,7 @@ from ingest_sdk.channel import AsyncChannel
 from ingest_sdk.durations import parse_max_client_lag
 from ingest_sdk.rows import DEFAULT_TIMEZONE, ConversionOptions
 from ingest_sdk.schema import TableSchema
-from ingest_sdk.transport import RetryPolicy, Timeouts, Transport
+from ingest_sdk.transport import DEFAULT_RETRY, DEFAULT_TIMEOUTS, RetryPolicy, Timeouts, Transport
 from ingest_sdk.validation import ChannelStatus, OnErrorOption
 
 __all__ = ["AsyncStreamingIngestClient", "ClientLimits", "OpenChannelRequest"]
@@ -50,6 +50,9 @@ class OpenChannelRequest:
         return f"{self.database}.{self.schema}.{self.table}"
 
 
+DEFAULT_LIMITS = ClientLimits()
+
+
 def _status(item: Mapping[str, Any]) -> ChannelStatus:
     return ChannelStatus(**{key: item.get(key) for key in ChannelStatus.__slots__})  # type: ignore[arg-type]
 
@@ -73,9 +76,9 @@ class AsyncStreamingIngestClient:
         token: str | None = None,
         max_client_lag: float | str = 1.0,
         *,
-        limits: ClientLimits = ClientLimits(),
-        timeouts: Timeouts = Timeouts(),
-        retry: RetryPolicy = RetryPolicy(),
+        limits: ClientLimits = DEFAULT_LIMITS,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.name = name
         self.max_client_lag = parse_max_client_lag(max_client_lag)

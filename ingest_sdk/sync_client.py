@@ -14,9 +14,14 @@ from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ingest_sdk.channel import AsyncChannel
-from ingest_sdk.client import AsyncStreamingIngestClient, ClientLimits, OpenChannelRequest
+from ingest_sdk.client import (
+    DEFAULT_LIMITS,
+    AsyncStreamingIngestClient,
+    ClientLimits,
+    OpenChannelRequest,
+)
 from ingest_sdk.schema import TableSchema
-from ingest_sdk.transport import RetryPolicy, Timeouts
+from ingest_sdk.transport import DEFAULT_RETRY, DEFAULT_TIMEOUTS, RetryPolicy, Timeouts
 from ingest_sdk.validation import ChannelStatus, InsertValidationResponse
 
 __all__ = ["Channel", "StreamingIngestClient"]
@@ -110,7 +115,7 @@ class Channel:
 
 
 class StreamingIngestClient:
-    """Streaming ingest client for threaded code; arguments as :class:`AsyncStreamingIngestClient`."""
+    """Streaming ingest client for threaded code; arguments as in the async client."""
 
     def __init__(
         self,
@@ -119,9 +124,9 @@ class StreamingIngestClient:
         token: str | None = None,
         max_client_lag: float | str = 1.0,
         *,
-        limits: ClientLimits = ClientLimits(),
-        timeouts: Timeouts = Timeouts(),
-        retry: RetryPolicy = RetryPolicy(),
+        limits: ClientLimits = DEFAULT_LIMITS,
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self._loop = _LoopThread(f"ingest-client-{name}")
 

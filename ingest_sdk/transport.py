@@ -10,7 +10,6 @@ batch_seq)``, so repeating one never duplicates rows.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +53,10 @@ class Timeouts:
     request: float = 60.0
 
 
+DEFAULT_TIMEOUTS = Timeouts()
+DEFAULT_RETRY = RetryPolicy()
+
+
 def _is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, IngestError) and exc.retriable
 
@@ -94,8 +97,8 @@ class Transport:
         self,
         url: str,
         token: str | None = None,
-        timeouts: Timeouts = Timeouts(),
-        retry: RetryPolicy = RetryPolicy(),
+        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
         self.url = url.rstrip("/")
         self.retry = retry
@@ -135,7 +138,7 @@ class Transport:
                 if response.status >= 400:
                     raise error_from_answer(response.status, body)
                 return loads(body) if body else None
-        except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             raise TransportError(
                 f"{method} {path} to {self.url} failed: {type(exc).__name__}: {exc}"
             ) from exc

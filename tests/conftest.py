@@ -1,4 +1,6 @@
-"""Fixtures shared by the whole suite: one Spark session for every test that needs it."""
+"""Fixtures shared by the whole suite: one Spark session, real servers, real clients."""
+
+import contextlib
 
 import pytest
 
@@ -17,7 +19,6 @@ def spark():
 def server_factory(tmp_path):
     """Start real in-process servers: ``server_factory(**config_overrides)``."""
     from channel_server import ServerConfig
-
     from tests.servers import ThreadServer
 
     started = []
@@ -30,10 +31,8 @@ def server_factory(tmp_path):
 
     yield start
     for server in started:
-        try:
+        with contextlib.suppress(Exception):
             server.stop()
-        except Exception:
-            pass
 
 
 @pytest.fixture
@@ -74,7 +73,5 @@ def client_factory():
 
     yield make
     for client in made:
-        try:
+        with contextlib.suppress(Exception):
             client.close()
-        except Exception:
-            pass

@@ -86,7 +86,9 @@ class ProcessServer:
 
     def start(self, failpoints: str | None = None) -> ProcessServer:
         self.kill()  # reap a previous process and close its pipe
-        env = dict(os.environ, INGEST_FAILPOINTS=self.failpoints if failpoints is None else failpoints)
+        env = dict(
+            os.environ, INGEST_FAILPOINTS=self.failpoints if failpoints is None else failpoints
+        )
         env["PYTHONPATH"] = str(ROOT)
         with open(self.log, "ab") as log:  # the child keeps its own copy of the handle
             self.process = subprocess.Popen(

@@ -6,6 +6,7 @@ and lets a producer do what the docs tell producers to do: reopen the channel,
 read the latest committed token, resume right after it.
 """
 
+import contextlib
 from collections import Counter
 from pathlib import Path
 
@@ -44,10 +45,8 @@ def produce_exactly_once(url, total, batch=25, lag=0.1, attempts=10):
         except (ChannelInvalidatedError, TransportError, CommitTimeoutError):
             continue
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 client.close()
-            except Exception:
-                pass
     raise AssertionError("the producer never finished")
 
 
@@ -86,10 +85,8 @@ def test_kill_while_rows_are_buffered(process_server_factory):
     server.start()
     assert produce_exactly_once(server.url, 300) == "299"
     assert_exactly_once(server.warehouse, 300)
-    try:
+    with contextlib.suppress(Exception):
         slow.close()
-    except Exception:
-        pass
 
 
 def test_kill_after_parquet_write_before_commit(process_server_factory):
@@ -108,10 +105,8 @@ def test_kill_after_parquet_write_before_commit(process_server_factory):
     assert_exactly_once(server.warehouse, 120)
     referenced = {Path(uri).name for uri in DeltaTable(str(ingest.parent)).file_uris()}
     assert orphans[0].name not in referenced  # the orphan never became visible
-    try:
+    with contextlib.suppress(Exception):
         client.close()
-    except Exception:
-        pass
 
 
 def test_kill_after_commit_before_catalog_update(process_server_factory):
@@ -131,13 +126,13 @@ def test_kill_after_commit_before_catalog_update(process_server_factory):
         assert shown["rows_committed"] == 60
     assert produce_exactly_once(server.url, 150) == "149"
     assert_exactly_once(server.warehouse, 150)
-    try:
+    with contextlib.suppress(Exception):
         client.close()
-    except Exception:
-        pass
 
 
-def test_failed_commits_are_retried_and_tokens_wait_for_them(server_factory, client_factory, monkeypatch):
+def test_failed_commits_are_retried_and_tokens_wait_for_them(
+    server_factory, client_factory, monkeypatch
+):
     from flush import failpoints
 
     monkeypatch.setitem(failpoints._POINTS, "before_delta_commit", ["error", 3])

@@ -1,7 +1,7 @@
 """The SDK against a real server on a loopback port, with real Delta tables."""
 
 import threading
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pyarrow as pa
@@ -41,8 +41,8 @@ EXPECTED = {
     "ID": 1, "BIG": Decimal(10**30), "AMOUNT": Decimal("12.35"), "F": 0.5, "S": "héllo",
     "BIN": b"\xca\xfe", "OK": True, "D": date(2013, 4, 28), "T": "20:57:01.123456",
     "NTZ": datetime(2013, 4, 28, 20, 57, 1, 500000),
-    "LTZ": datetime(2013, 4, 28, 13, 57, 1, tzinfo=timezone.utc),
-    "TZ": datetime(2013, 4, 29, 3, 57, 1, 123000, tzinfo=timezone.utc),
+    "LTZ": datetime(2013, 4, 28, 13, 57, 1, tzinfo=UTC),
+    "TZ": datetime(2013, 4, 29, 3, 57, 1, 123000, tzinfo=UTC),
     "V": '{"k":[1,2]}', "O": '{"b":1}', "A": "[7]",
 }  # fmt: skip
 
@@ -87,7 +87,7 @@ def test_table_ddl(server, client_factory):
     assert [t["name"] for t in client.list_tables()] == ["DB.NEW.TAB"]
     with pytest.raises(UnsupportedFeatureError, match="GEOGRAPHY"):
         client.create_table("db.new.geo", {"G": "GEOGRAPHY"})
-    with pytest.raises(SchemaError, match="DATABASE.SCHEMA.TABLE"):
+    with pytest.raises(SchemaError, match=r"DATABASE\.SCHEMA\.TABLE"):
         client.create_table("notqualified", {"ID": "INT"})
     client.drop_table("db.new.tab")
     with pytest.raises(TableNotFoundError, match="does not exist"):
@@ -113,7 +113,7 @@ def test_wait_for_commit_times_out_clearly(server, client_factory):
     client.create_table("db.s.t", {"ID": "INT"})
     channel = client.open_channel(request())
     channel.insert_rows([{"ID": 1}], end_offset_token="t1")
-    with pytest.raises(CommitTimeoutError, match="not committed within 0.3"):
+    with pytest.raises(CommitTimeoutError, match=r"not committed within 0\.3"):
         channel.wait_for_commit(timeout=0.3)
     with pytest.raises(ValueError, match="never inserted"):
         channel.wait_for_commit("unknown-token", timeout=5)
@@ -162,11 +162,14 @@ def test_insert_batch_takes_arrow_and_pandas(server, client_factory):
     channel.insert_batch(pa.record_batch({"id": [1, 2], "s": ["a", "b"]}), end_offset_token="1")
     channel.insert_batch(pa.table({"ID": [3], "X": [0.5]}))
     channel.insert_batch(pd.DataFrame({"Id": [4], "S": ["c"]}), end_offset_token="4")
-    with pytest.raises(InvalidValueError, match='Row 1, column "S".*longer than 3'):
+    with pytest.raises(InvalidValueError, match=r'Row 1, column "S".*longer than 3'):
         channel.insert_batch(pa.table({"ID": [5, 6], "S": ["ok", "long"]}))
     assert channel.wait_for_commit(timeout=30) == "4"
     assert table_rows(info["location"], "ID", "S") == [
-        (Decimal(1), "a"), (Decimal(2), "b"), (Decimal(3), None), (Decimal(4), "c")
+        (Decimal(1), "a"),
+        (Decimal(2), "b"),
+        (Decimal(3), None),
+        (Decimal(4), "c"),
     ]
 
 
@@ -234,7 +237,7 @@ def test_hundred_channels_on_one_table_and_batch_lookup(server, client_factory):
         channel.insert_rows([{"C": i, "N": n} for n in range(10)], end_offset_token=f"{i}-9")
     for channel in channels:
         channel.wait_for_commit(timeout=60)
-    statuses = client.get_latest_committed_offset_tokens(channels + [("db.s.t", "missing")])
+    statuses = client.get_latest_committed_offset_tokens([*channels, ("db.s.t", "missing")])
     assert [s.offset_token for s in statuses[:100]] == [f"{i}-9" for i in range(100)]
     assert all(s.ok for s in statuses[:100])
     assert statuses[100].status == "CHANNEL_NOT_FOUND"
@@ -304,7 +307,9 @@ def test_drop_channel_removes_its_token(server, client_factory):
 
 
 async def test_async_client_round_trip(server):
-    async with AsyncStreamingIngestClient("async", url=server.url, max_client_lag="100 ms") as client:
+    async with AsyncStreamingIngestClient(
+        "async", url=server.url, max_client_lag="100 ms"
+    ) as client:
         info = await client.create_table("db.s.t", {"ID": "INT"})
         channel = await client.open_channel(request())
         for i in range(5):
@@ -317,7 +322,7 @@ async def test_async_client_round_trip(server):
 def test_max_client_lag_is_validated():
     from ingest_sdk import ConfigurationError, StreamingIngestClient
 
-    with pytest.raises(ConfigurationError, match="between 0.05 seconds and 10 minutes"):
+    with pytest.raises(ConfigurationError, match=r"between 0\.05 seconds and 10 minutes"):
         StreamingIngestClient("x", max_client_lag="11 minutes")
     with pytest.raises(ConfigurationError, match="unknown unit"):
         StreamingIngestClient("x", max_client_lag="2 fortnights")

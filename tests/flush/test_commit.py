@@ -1,0 +1,96 @@
+"""The commit protocol module on its own: files, stats, app transactions, recovery, failpoints."""
+
+import orjson
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from flush import ChannelProgress, TableWriter, commits_after, create_table, table_schema_of
+from flush.commit import ChannelFencedError, app_id
+from flush.failpoints import _parse
+from ingest_sdk import SchemaError, TableSchema, convert_rows
+from ingest_sdk.wire import pack_txn_version
+
+SCHEMA = TableSchema.parse({"ID": "INT NOT NULL", "S": "VARCHAR(10)", "TS": "TIMESTAMP_NTZ"})
+
+
+def part(*ids):
+    batch, _ = convert_rows(SCHEMA, [{"ID": i, "S": f"s{i}", "TS": "2024-01-01"} for i in ids])
+    return pa.Table.from_batches([batch])
+
+
+@pytest.fixture
+def writer(tmp_path):
+    create_table(str(tmp_path), SCHEMA)
+    return TableWriter(str(tmp_path), SCHEMA)
+
+
+def test_one_commit_holds_files_tokens_and_app_transactions(writer):
+    channels = [ChannelProgress("a", 1, 3, "t-a", 2), ChannelProgress("b", 2, 1, None, 1)]
+    record = writer.commit_flush([part(1, 2), part(3)], channels, first_row_id=100)
+    table = DeltaTable(writer.table_uri)
+    assert record.version == table.version() == 1
+    assert record.next_row_id == 103 and record.rows == 3
+    assert table.transaction_version(app_id("a")) == pack_txn_version(1, 3)
+    assert table.transaction_version(app_id("b")) == pack_txn_version(2, 1)
+    data = table.to_pyarrow_table()
+    assert data.column("_INGEST_ROW_ID").to_pylist() == [100, 101, 102]
+    (add,) = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert add["path"].startswith("_ingest/") and add["num_records"] == 3
+    stats = orjson.loads(table.history(1)[0]["ingest"])
+    assert stats["channels"][0]["offset_token"] == "t-a"
+    assert commits_after(writer.table_uri, 0) == [record]
+    assert table_schema_of(table) == SCHEMA  # the row id stays hidden
+
+
+def test_file_stats_let_delta_rs_skip_files(writer):
+    writer.commit_flush([part(1, 2)], [ChannelProgress("a", 1, 1, "1", 2)], 0)
+    writer.commit_flush([part(50, 60)], [ChannelProgress("a", 1, 2, "2", 2)], 2)
+    table = DeltaTable(writer.table_uri)
+    assert len(table.file_uris()) == 2
+    assert len(table.file_uris(partition_filters=None)) == 2
+    dataset = table.to_pyarrow_dataset()
+    from decimal import Decimal
+
+    import pyarrow.compute as pc
+
+    fragments = list(dataset.get_fragments(filter=pc.field("ID") > pa.scalar(Decimal(10))))
+    assert len(fragments) == 1  # min/max statistics exclude the first file
+
+
+def test_a_retried_flush_whose_commit_landed_is_not_committed_twice(writer):
+    channels = [ChannelProgress("a", 1, 1, "1", 2)]
+    first = writer.commit_flush([part(1, 2)], channels, 0)
+    again = writer.commit_flush([part(1, 2)], channels, 0)  # the answer was "lost"
+    assert again.version == first.version
+    assert DeltaTable(writer.table_uri).to_pyarrow_table().num_rows == 2
+
+
+def test_a_stale_writer_is_fenced_by_its_app_transaction(writer):
+    stale = TableWriter(writer.table_uri, SCHEMA)
+    writer.commit_flush([part(1)], [ChannelProgress("a", 2, 1, "new", 1)], 0)
+    with pytest.raises(ChannelFencedError, match="newer generation") as info:
+        stale.commit_flush([part(9)], [ChannelProgress("a", 1, 5, "old", 1)], 1)
+    assert info.value.channels == ["a"]
+    assert DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist() == [1]
+
+
+def test_token_only_flush_commits_metadata_without_files(writer):
+    record = writer.commit_flush([], [ChannelProgress("a", 1, 1, "99", 0)], 0)
+    table = DeltaTable(writer.table_uri)
+    assert record.rows == 0 and table.file_uris() == []
+    assert commits_after(writer.table_uri, 0)[0].channels[0].offset_token == "99"
+
+
+def test_reserved_row_id_name_is_refused(tmp_path):
+    with pytest.raises(SchemaError, match="reserved"):
+        create_table(str(tmp_path), TableSchema.parse({"_ingest_row_id": "INT"}))
+
+
+def test_failpoint_spec_parsing():
+    assert _parse("a=kill, b=error*2,c") == {
+        "a": ["kill", None],
+        "b": ["error", 2],
+        "c": ["kill", None],
+    }
+    assert _parse("") == {}
