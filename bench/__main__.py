@@ -1,15 +1,21 @@
-"""`make bench`: run every benchmark and print its JSON result (one document per line)."""
+"""`make bench`: run every benchmark and print its JSON result (one document per line).
+
+``python -m bench conversion`` runs one of them by name.
+"""
+
+import sys
 
 import orjson
 
-from bench import conversion
+from bench import conversion, ingest
 
-BENCHMARKS = [conversion.run]
+BENCHMARKS = {"conversion": conversion.run, "ingest": ingest.run}
 
 
 def main() -> None:
-    for benchmark in BENCHMARKS:
-        print(orjson.dumps(benchmark()).decode(), flush=True)
+    names = sys.argv[1:] or list(BENCHMARKS)
+    for name in names:
+        print(orjson.dumps(BENCHMARKS[name]()).decode(), flush=True)
 
 
 if __name__ == "__main__":

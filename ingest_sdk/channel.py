@@ -251,8 +251,9 @@ class AsyncChannel:
                 self._acked_seq = seq
                 self._sent += len(items)
                 self._queued_bytes -= size
-                if token is not None:
-                    self._token_seq[token] = seq
+                for item in items:  # every token in this request commits with it
+                    if item.offset_token is not None:
+                        self._token_seq[item.offset_token] = seq
                 self._changed.notify_all()
 
     async def _fail(self, error: IngestError) -> None:

@@ -108,6 +108,17 @@ def test_offset_tokens_advance_only_after_commit(server, client_factory):
     assert channel.get_latest_committed_offset_token() == "t1"
 
 
+async def test_wait_for_commit_finds_every_token_of_a_coalesced_request(server):
+    async with AsyncStreamingIngestClient("c", url=server.url, max_client_lag=0.2) as client:
+        await client.create_table("db.s.t", {"ID": "INT"})
+        channel = await client.open_channel(request())
+        # No await yields between these, so the sender sends all 200 in one request.
+        for i in range(200):
+            await channel.insert_rows([{"ID": i}], end_offset_token=str(i))
+        assert await channel.wait_for_commit("17", timeout=30) == "199"
+        assert channel._acked_seq == 1  # one request carried every token
+
+
 def test_wait_for_commit_times_out_clearly(server, client_factory):
     client = client_factory(server.url, max_client_lag=10.0)
     client.create_table("db.s.t", {"ID": "INT"})

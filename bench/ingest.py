@@ -1,0 +1,225 @@
+"""End-to-end ingest: this system beside the Parquet floor and the peer a user would pick.
+
+Side by side, on the same generated 8-column rows:
+1. floor: pyarrow writing the rows to one Parquet file;
+2. peer: every producer batch committed straight to Delta with ``write_deltalake``;
+3. this system: N producer threads (default 8) through the SDK and a server process
+   to committed Delta, with 100-row dict batches and 10,000-row Arrow batches.
+
+Reported: rows/s, p50/p99 latency from ``insert_rows`` to its token being committed,
+the server's peak RSS and buffer use, and the ratios to (1) and (2).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, write_deltalake
+
+from bench.conversion import SCHEMA, make_rows
+from ingest_sdk import OpenChannelRequest, StreamingIngestClient, convert_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = "bench.public.events"
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def _arrow(rows: list[dict[str, Any]]) -> pa.Table:
+    batch, _ = convert_rows(SCHEMA, rows)
+    assert batch is not None
+    return pa.Table.from_batches([batch])
+
+
+def floor_parquet(table: pa.Table, folder: Path) -> dict[str, float]:
+    started = time.perf_counter()
+    pq.write_table(table, folder / "floor.parquet")
+    seconds = time.perf_counter() - started
+    return {"rows": table.num_rows, "rows_per_s": round(table.num_rows / seconds)}
+
+
+def peer_write_deltalake(batches: list[pa.Table], folder: Path) -> dict[str, float]:
+    """One producer committing each of its batches as its own Delta append."""
+    uri = str(folder / "peer")
+    latencies = []
+    started = time.perf_counter()
+    for batch in batches:
+        begin = time.perf_counter()
+        write_deltalake(uri, batch, mode="append")
+        latencies.append(time.perf_counter() - begin)
+    seconds = time.perf_counter() - started
+    rows = sum(b.num_rows for b in batches)
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == rows
+    return {
+        "rows": rows,
+        "batch_rows": batches[0].num_rows,
+        "rows_per_s": round(rows / seconds),
+        "latency_p50_ms": round(_percentile(latencies, 0.5) * 1000, 1),
+        "latency_p99_ms": round(_percentile(latencies, 0.99) * 1000, 1),
+    }
+
+
+class _Server:
+    def __init__(self, warehouse: Path) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "channel_server", "--port", "0", "--warehouse", str(warehouse),
+             "--log-level", "WARNING"],
+            stdout=subprocess.PIPE, env=env, cwd=ROOT,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        self.url = orjson.loads(self.process.stdout.readline())["url"]
+
+    def peak_rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + "/metrics") as response:  # noqa: S310 - loopback
+            for line in response.read().decode().splitlines():
+                if line.startswith(f"ingest_{name} "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(60)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def this_system(
+    url: str, work: list[list[Any]], arrow: bool, lag: float, table_name: str
+) -> dict[str, float]:
+    """``work[p]`` is producer p's list of batches (dict rows, or Arrow tables)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def producer(index: int, batches: list[Any], client: StreamingIngestClient) -> None:
+        try:
+            database, schema, table = table_name.split(".")
+            channel = client.open_channel(OpenChannelRequest(f"p{index}", database, schema, table))
+            pending: queue.Queue[tuple[str, float] | None] = queue.Queue()
+
+            def waiter() -> None:
+                while (item := pending.get()) is not None:
+                    token, began = item
+                    channel.wait_for_commit(token, timeout=120)
+                    with lock:
+                        latencies.append(time.perf_counter() - began)
+
+            watcher = threading.Thread(target=waiter)
+            watcher.start()
+            for number, batch in enumerate(batches):
+                token = str(number)
+                began = time.perf_counter()
+                if arrow:
+                    channel.insert_batch(batch, end_offset_token=token)
+                else:
+                    channel.insert_rows(batch, end_offset_token=token)
+                pending.put((token, began))
+            pending.put(None)
+            watcher.join()
+        except BaseException as exc:
+            errors.append(exc)
+
+    client = StreamingIngestClient("bench", url=url, max_client_lag=lag)
+    client.create_table(table_name, SCHEMA.declarations())
+    threads = [
+        threading.Thread(target=producer, args=(i, batches, client)) for i, batches in enumerate(work)
+    ]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    client.close()
+    if errors:
+        raise errors[0]
+    rows = sum(len(b) if not arrow else b.num_rows for batches in work for b in batches)
+    return {
+        "producers": len(work),
+        "rows": rows,
+        "rows_per_s": round(rows / seconds),
+        "latency_p50_ms": round(statistics.median(latencies) * 1000, 1),
+        "latency_p99_ms": round(_percentile(latencies, 0.99) * 1000, 1),
+    }
+
+
+def run(producers: int = 8, small_batches: int = 150, big_batches: int = 6) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    try:
+        small_rows = make_rows(producers * small_batches * 100, seed=1)
+        big_rows = make_rows(producers * big_batches * 10_000, seed=2)
+        all_rows = _arrow(big_rows)
+        floor = floor_parquet(all_rows, folder)
+        small_work = [
+            [small_rows[(p * small_batches + b) * 100 : (p * small_batches + b + 1) * 100]
+             for b in range(small_batches)]
+            for p in range(producers)
+        ]  # fmt: skip
+        peer = peer_write_deltalake([_arrow(batch) for batch in small_work[0][:100]], folder)
+        big_work = [
+            [all_rows.slice((p * big_batches + b) * 10_000, 10_000) for b in range(big_batches)]
+            for p in range(producers)
+        ]
+        server = _Server(folder / "warehouse")
+        try:
+            dict_100 = this_system(server.url, small_work, arrow=False, lag=1.0,
+                                   table_name="bench.public.small")  # fmt: skip
+            arrow_10k = this_system(server.url, big_work, arrow=True, lag=1.0,
+                                    table_name="bench.public.big")  # fmt: skip
+            rss = server.peak_rss_bytes()
+            buffer_peak = server.metric("buffer_bytes_peak")
+            buffer_limit = server.metric("buffer_bytes_limit")
+        finally:
+            server.stop()
+        small_ratio = dict_100["rows_per_s"] / peer["rows_per_s"]
+        floor_share = arrow_10k["rows_per_s"] / floor["rows_per_s"]
+        return {
+            "benchmark": "ingest_end_to_end",
+            "floor_pyarrow_parquet": floor,
+            "peer_write_deltalake_per_batch": peer,
+            "this_system_dict_rows_100": dict_100,
+            "this_system_arrow_batches_10000": arrow_10k,
+            "server_peak_rss_mb": round(rss / 2**20, 1),
+            "server_buffer_peak_mb": round(buffer_peak / 2**20, 2),
+            "server_buffer_limit_mb": round(buffer_limit / 2**20, 1),
+            "ratio_dict_100_vs_peer": round(small_ratio, 1),
+            "ratio_arrow_10000_vs_floor": round(floor_share, 3),
+            "targets": {
+                "dict_100_vs_peer_min": 30,
+                "arrow_10000_vs_floor_min": 0.25,
+                "p99_latency_max_ms": 1500,
+                "met": {
+                    "dict_100_vs_peer": small_ratio >= 30,
+                    "arrow_10000_vs_floor": floor_share >= 0.25,
+                    "p99_latency": max(dict_100["latency_p99_ms"], arrow_10k["latency_p99_ms"]) < 1500,
+                    "buffer_bounded": buffer_peak <= buffer_limit,
+                },
+            },
+        }
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
