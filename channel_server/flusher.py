@@ -65,6 +65,9 @@ class TableFlusher:
         self.retry_max = retry_max
         self.on_flush = on_flush
         self.task: asyncio.Task[None] | None = None
+        #: Moving estimate of one flush's duration; flushes start this much before the
+        #: deadline so rows are committed by arrival + max_client_lag, not after it.
+        self.flush_estimate = 0.0
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"flush {self.table.info.full_name}")
@@ -83,7 +86,8 @@ class TableFlusher:
                 table.wakeup.clear()
                 await table.wakeup.wait()
                 continue
-            delay = min(batch.deadline for batch in table.pending) - time.monotonic()
+            earliest = min(batch.deadline for batch in table.pending)
+            delay = earliest - self.flush_estimate - time.monotonic()
             if delay > 0 and not table.flush_now:
                 table.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
@@ -152,5 +156,7 @@ class TableFlusher:
                 if channel is not None and channel.generation == item.generation:
                     channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
             self.budget.release(sum(b.nbytes for b in batches))
+            took = time.monotonic() - started
+            self.flush_estimate = 0.7 * self.flush_estimate + 0.3 * took
             if self.on_flush is not None:
-                self.on_flush(record.rows, time.monotonic() - started)
+                self.on_flush(record.rows, took)

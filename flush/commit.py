@@ -172,7 +172,7 @@ class TableWriter:
         next_row_id = first_row_id + rows
         actions: list[AddAction | RemoveAction] = []
         if rows:
-            data = pa.concat_tables(parts).combine_chunks()
+            data = pa.concat_tables(parts)  # chunks are written as they are: no copy
             data = data.append_column(
                 self.arrow_schema.field(ROW_ID_COLUMN),
                 pa.array(range(first_row_id, next_row_id), pa.int64()),

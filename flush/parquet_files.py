@@ -20,7 +20,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
@@ -56,39 +55,47 @@ def _stat_value(value: Any) -> Any:
     return value
 
 
-def file_stats(table: pa.Table) -> str:
-    """Delta file statistics as JSON text: numRecords, minValues, maxValues, nullCount."""
+def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> str:
+    """Delta file statistics (numRecords, minValues, maxValues, nullCount) as JSON text.
+
+    Taken from the statistics the Parquet writer computed anyway, so no extra pass
+    over the data: per column the min of the row-group minimums, the max of the
+    maximums and the sum of null counts.
+    """
     minimum: dict[str, Any] = {}
     maximum: dict[str, Any] = {}
     nulls: dict[str, int] = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        nulls[name] = column.null_count
-        kind = column.type
-        if not (
-            pa.types.is_integer(kind)
-            or pa.types.is_floating(kind)
-            or pa.types.is_decimal(kind)
-            or pa.types.is_date(kind)
-            or pa.types.is_timestamp(kind)
-            or pa.types.is_string(kind)
-        ):
+    for index, field in enumerate(schema):
+        kind = field.type
+        keep_bounds = not (pa.types.is_binary(kind) or pa.types.is_boolean(kind))
+        low: Any = None
+        high: Any = None
+        nulls[field.name] = 0
+        for group in range(metadata.num_row_groups):
+            column = metadata.row_group(group).column(index)
+            stats = column.statistics
+            if stats is None:
+                keep_bounds = False
+                continue
+            nulls[field.name] += stats.null_count or 0
+            if not stats.has_min_max:
+                if column.num_values > (stats.null_count or 0):
+                    keep_bounds = False  # values without bounds: say nothing
+                continue
+            low = stats.min if low is None else min(low, stats.min)
+            high = stats.max if high is None else max(high, stats.max)
+        if not keep_bounds or low is None:
             continue
-        if column.null_count == len(column):
+        if isinstance(low, str) and max(len(low), len(high)) > MAX_STRING_STAT:
             continue
-        if pa.types.is_string(kind) and pc.max(pc.utf8_length(column)).as_py() > MAX_STRING_STAT:
-            continue
-        bounds = pc.min_max(column)
-        low, high = bounds["min"].as_py(), bounds["max"].as_py()
-        if isinstance(low, float) and (low != low or high != high):
-            continue  # NaN has no order
-        minimum[name], maximum[name] = _stat_value(low), _stat_value(high)
-    stats = {
-        "numRecords": table.num_rows,
+        minimum[field.name], maximum[field.name] = _stat_value(low), _stat_value(high)
+    stats_json = {
+        "numRecords": metadata.num_rows,
         "minValues": minimum,
         "maxValues": maximum,
         "nullCount": nulls,
     }
-    return orjson.dumps(stats).decode()
+    return orjson.dumps(stats_json).decode()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -114,9 +121,13 @@ def write_parquet_file(
     directory.mkdir(parents=True, exist_ok=True)
     relative = f"{folder}/{uuid.uuid4().hex}.parquet"
     target = Path(table_uri) / relative
+    collected: list[pq.FileMetaData] = []
     with open(target, "wb") as handle:
-        pq.write_table(data, handle, compression=compression, **parquet_options)
+        pq.write_table(
+            data, handle, compression=compression, metadata_collector=collected, **parquet_options
+        )
         handle.flush()
         os.fsync(handle.fileno())
     _fsync_dir(directory)
-    return WrittenFile(relative, target.stat().st_size, data.num_rows, file_stats(data))
+    stats = file_stats(collected[0], data.schema)
+    return WrittenFile(relative, target.stat().st_size, data.num_rows, stats)

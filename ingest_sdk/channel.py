@@ -96,11 +96,18 @@ class AsyncChannel:
         self._acked_seq = 0
         self._token_seq: dict[str, int] = {}
         self._changed = asyncio.Condition()
+        # Held for a whole enqueue (including a wait for room): asyncio locks are FIFO, so
+        # batches enter the queue in the order their enqueue calls were scheduled.
+        self._enqueue_order = asyncio.Lock()
         self._sender: asyncio.Task[None] | None = None
         self._error: IngestError | None = None
         self._closed = False
 
     # -- state ------------------------------------------------------------------------------
+
+    def buffer_full(self) -> bool:
+        """Whether the send buffer is at its limit (read from any thread; a hint only)."""
+        return self._queued_bytes >= self._client.limits.max_buffer_bytes
 
     def is_valid(self) -> bool:
         return self._error is None and not self._closed
@@ -147,7 +154,7 @@ class AsyncChannel:
         else:
             batches = [batch]
         limit = self._client.limits.max_buffer_bytes
-        async with self._changed:
+        async with self._enqueue_order, self._changed:
             for index, item in enumerate(batches):
                 size = item.nbytes if item is not None else 0
 

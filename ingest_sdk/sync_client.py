@@ -9,7 +9,9 @@ and only the hand-off to the send buffer crosses to the loop thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -48,12 +50,42 @@ class _LoopThread:
         self.loop.close()
 
 
+#: Hand-offs to the loop thread a producer may have outstanding before it waits for one.
+MAX_PENDING_HANDOFFS = 64
+
+
 class Channel:
-    """Sync handle of an open channel; see :class:`ingest_sdk.channel.AsyncChannel`."""
+    """Sync handle of an open channel; see :class:`ingest_sdk.channel.AsyncChannel`.
+
+    ``insert_rows`` converts in the calling thread and hands the batch to the loop
+    thread without waiting for it (the order is kept by the channel's FIFO enqueue);
+    it waits only when the send buffer is full or many hand-offs are outstanding.
+    A failure of a hand-off is raised by the next call.
+    """
 
     def __init__(self, loop: _LoopThread, channel: AsyncChannel) -> None:
         self._loop = loop
         self._channel = channel
+        self._handoffs: deque[concurrent.futures.Future[None]] = deque()
+        self._lock = threading.Lock()  # one producer thread per handle at a time
+
+    def _submit(self, batch: Any, end_offset_token: str | None) -> None:
+        with self._lock:
+            while self._handoffs and self._handoffs[0].done():
+                self._handoffs.popleft().result()  # raises a failed hand-off
+            future = asyncio.run_coroutine_threadsafe(
+                self._channel.enqueue(batch, end_offset_token), self._loop.loop
+            )
+            self._handoffs.append(future)
+            while self._handoffs and (
+                len(self._handoffs) > MAX_PENDING_HANDOFFS or self._channel.buffer_full()
+            ):
+                self._handoffs.popleft().result()  # backpressure: wait for the oldest
+
+    def _drain(self) -> None:
+        with self._lock:
+            while self._handoffs:
+                self._handoffs.popleft().result()
 
     @property
     def name(self) -> str:
@@ -75,7 +107,7 @@ class Channel:
     ) -> InsertValidationResponse:
         batch, response, queue = self._channel.prepare_rows(rows)
         if queue:
-            self._loop.run(self._channel.enqueue(batch, end_offset_token))
+            self._submit(batch, end_offset_token)
         return response
 
     def insert_row(
@@ -84,19 +116,22 @@ class Channel:
         return self.insert_rows([row], end_offset_token=offset_token)
 
     def insert_batch(self, data: Any, end_offset_token: str | None = None) -> None:
-        checked = self._channel.prepare_batch(data)
-        self._loop.run(self._channel.enqueue(checked, end_offset_token))
+        self._submit(self._channel.prepare_batch(data), end_offset_token)
 
     def wait_for_commit(
         self, offset_token: str | None = None, timeout: float | None = None
     ) -> str | None:
+        self._drain()
         return self._loop.run(self._channel.wait_for_commit(offset_token, timeout))
 
     def get_latest_committed_offset_token(self) -> str | None:
         return self._loop.run(self._channel.get_latest_committed_offset_token())
 
     def close(self, timeout: float | None = None) -> None:
-        self._loop.run(self._channel.close(timeout))
+        try:
+            self._drain()
+        finally:
+            self._loop.run(self._channel.close(timeout))
 
     def is_valid(self) -> bool:
         return self._channel.is_valid()
