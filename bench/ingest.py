@@ -115,14 +115,20 @@ def _producer_process(
     url: str, table_name: str, index: int, batches: int, batch_rows: int, arrow: bool,
     lag: float, barrier: Any, results: Any, rate: float | None = None,
 ) -> None:  # fmt: skip
-    """One producer application: its own process, client and channel."""
-    rows = make_rows(batches * batch_rows, seed=100 + index)
+    """One producer application: its own process, client and channel.
+
+    It prepares up to 50,000 distinct rows and cycles through them, so long runs do not
+    need gigabytes of generated rows per process.
+    """
+    distinct = min(batches, max(1, 50_000 // batch_rows))
+    rows = make_rows(distinct * batch_rows, seed=100 + index)
     if arrow:
-        work: list[Any] = [
+        pool: list[Any] = [
             _arrow(rows[i : i + batch_rows]) for i in range(0, len(rows), batch_rows)
         ]
     else:
-        work = [rows[i : i + batch_rows] for i in range(0, len(rows), batch_rows)]
+        pool = [rows[i : i + batch_rows] for i in range(0, len(rows), batch_rows)]
+    work = [pool[number % distinct] for number in range(batches)]
     database, schema, table = table_name.split(".")
     latencies: list[float] = []
     with StreamingIngestClient(f"p{index}", url=url, max_client_lag=lag) as client:
@@ -199,7 +205,7 @@ def this_system(
     }
 
 
-def run(producers: int = 8, small_batches: int = 1500, big_batches: int = 30) -> dict[str, Any]:
+def run(producers: int = 8, small_batches: int = 3000, big_batches: int = 100) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     try:
         all_rows = _arrow(make_rows(1_000_000, seed=2))

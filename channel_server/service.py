@@ -62,6 +62,9 @@ class IngestService:
         self.budget = BufferBudget(config.limits.max_buffer_bytes)
         self.metrics = Metrics()
         self._tables: dict[int, TableState] = {}
+        # Table definitions by name: every insert looks its table up, and a definition only
+        # changes by create/drop through this service.
+        self._definitions: dict[str, TableInfo] = {}
         self._flushers: dict[int, TableFlusher] = {}
         self.started_at = time.time()
 
@@ -127,7 +130,13 @@ class IngestService:
         return self.catalog.create_table(database, schema_name, table, uri, schema), True
 
     def describe_table(self, name: str) -> TableInfo:
-        return self.catalog.get_table(*split_table_name(name))
+        info = self._definitions.get(name)
+        if info is None:
+            info = self.catalog.get_table(*split_table_name(name))
+            if len(self._definitions) > 10_000:
+                self._definitions.clear()  # bounded: names are client-chosen spellings
+            self._definitions[name] = info
+        return info
 
     def list_tables(self) -> list[TableInfo]:
         return self.catalog.list_tables()
@@ -145,6 +154,7 @@ class IngestService:
             if flusher is not None:
                 await flusher.stop()
         self.catalog.drop_table(info.id)
+        self._definitions.clear()
         await asyncio.to_thread(drop_table, info.uri)
         return info
 
