@@ -131,6 +131,11 @@ def _field(
     return value
 
 
+def _handle(body: dict[str, Any]) -> tuple[str, str, int]:
+    """The (table, channel, generation) that name a channel handle in a request body."""
+    return _field(body, "table", str), _field(body, "channel", str), _field(body, "generation", int)
+
+
 def _coordinate(request: web.Request, key: str, header: str) -> int:
     """A channel coordinate from the query string, or else from its header."""
     raw = request.rel_url.query.get(key, request.headers.get(header))
@@ -321,9 +326,7 @@ async def insert_rows(request: web.Request) -> web.Response:
 async def wait_for_commit(request: web.Request) -> web.Response:
     body = await _body(request)
     channel = await request.app[SERVICE].wait_for_commit(
-        _field(body, "table", str),
-        _field(body, "channel", str),
-        _field(body, "generation", int),
+        *_handle(body),
         _field(body, "batch_seq", int),
         float(_field(body, "timeout", (int, float), required=False) or 30.0),
     )
@@ -335,9 +338,7 @@ async def wait_for_commit(request: web.Request) -> web.Response:
 async def close_channel(request: web.Request) -> web.Response:
     body = await _body(request)
     channel = await request.app[SERVICE].close_channel(
-        _field(body, "table", str),
-        _field(body, "channel", str),
-        _field(body, "generation", int),
+        *_handle(body),
         float(_field(body, "timeout", (int, float), required=False) or 60.0),
     )
     return _json(

@@ -62,6 +62,14 @@ def assert_exactly_once(warehouse: Path, total: int) -> None:
     assert sorted(ids) == list(range(total)), "lost rows"
 
 
+def start_producer(url, count):
+    """A client whose channel has sent rows 0..count-1 (the server may die flushing them)."""
+    client = StreamingIngestClient("p", url=url, max_client_lag=0.1, retry=RetryPolicy(deadline=2))
+    channel = client.open_channel(REQUEST)
+    channel.insert_rows([{"ID": n} for n in range(count)], end_offset_token=str(count - 1))
+    return client
+
+
 def setup_table(url):
     with StreamingIngestClient("admin", url=url) as admin:
         admin.create_table(TABLE, {"ID": "INT NOT NULL"})
@@ -92,10 +100,7 @@ def test_kill_while_rows_are_buffered(process_server_factory):
 def test_kill_after_parquet_write_before_commit(process_server_factory):
     server = process_server_factory(failpoints="after_parquet_write=kill").start()
     setup_table(server.url)
-    client = StreamingIngestClient("p", url=server.url, max_client_lag=0.1,
-                                   retry=RetryPolicy(deadline=2))  # fmt: skip
-    channel = client.open_channel(REQUEST)
-    channel.insert_rows([{"ID": n} for n in range(50)], end_offset_token="49")
+    client = start_producer(server.url, 50)
     assert server.wait_killed() != 0  # the first flush wrote its file and died
     ingest = server.warehouse / "DB" / "S" / "EVENTS" / "_ingest"
     orphans = list(ingest.glob("*.parquet"))
@@ -112,10 +117,7 @@ def test_kill_after_parquet_write_before_commit(process_server_factory):
 def test_kill_after_commit_before_catalog_update(process_server_factory):
     server = process_server_factory(failpoints="after_delta_commit=kill").start()
     setup_table(server.url)
-    client = StreamingIngestClient("p", url=server.url, max_client_lag=0.1,
-                                   retry=RetryPolicy(deadline=2))  # fmt: skip
-    channel = client.open_channel(REQUEST)
-    channel.insert_rows([{"ID": n} for n in range(60)], end_offset_token="59")
+    client = start_producer(server.url, 60)
     assert server.wait_killed() != 0
     assert sorted(committed_ids(server.warehouse)) == list(range(60))  # the commit stands
     server.start(failpoints="")  # recovery replays the commit into the catalog
