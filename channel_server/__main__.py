@@ -17,7 +17,7 @@ from pathlib import Path
 from aiohttp import web
 
 from channel_server.app import create_app
-from channel_server.config import FlushPolicy, Limits, ServerConfig
+from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig
 from ingest_sdk.durations import parse_duration
 from ingest_sdk.wire import dumps
 
@@ -64,6 +64,29 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default="30 days",
         help="remove channels idle this long (default 30 days)",
     )
+    parser.add_argument(
+        "--auto-compaction",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compact a table in the background past the thresholds (default on)",
+    )
+    parser.add_argument(
+        "--compact-after-files",
+        type=int,
+        default=32,
+        help="intermediate files that start a compaction (default 32)",
+    )
+    parser.add_argument(
+        "--compact-after-mb",
+        type=float,
+        default=256,
+        help="intermediate MiB that start a compaction (default 256)",
+    )
+    parser.add_argument(
+        "--spark-master",
+        default=None,
+        help="Spark master for compaction (default $SPARK_MASTER or local[*])",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     tokens = set(args.auth_token)
@@ -86,6 +109,12 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             default_max_client_lag=parse_duration(args.default_max_client_lag, "max client lag"),
         ),
         limits=Limits(max_buffer_bytes=int(args.buffer_limit_mb * MiB)),
+        compaction=CompactionTrigger(
+            enabled=args.auto_compaction,
+            max_intermediate_files=args.compact_after_files,
+            max_intermediate_bytes=int(args.compact_after_mb * MiB),
+            spark_master=args.spark_master,
+        ),
     )
 
 

@@ -15,6 +15,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -39,6 +40,7 @@ class TableInfo:
     created_at: float
     applied_version: int
     next_row_id: int
+    clustering: tuple[str, ...] = ()
 
     @property
     def full_name(self) -> str:
@@ -97,6 +99,15 @@ class Catalog(ABC):
     def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int: ...
 
     @abstractmethod
+    def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None: ...
+
+    @abstractmethod
+    def record_migration(self, table_id: int, run: dict[str, Any]) -> int: ...
+
+    @abstractmethod
+    def list_migrations(self, table_id: int) -> list[dict[str, Any]]: ...
+
+    @abstractmethod
     def close(self) -> None: ...
 
 
@@ -111,7 +122,14 @@ CREATE TABLE IF NOT EXISTS tables (
     database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
     uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
     applied_version INTEGER NOT NULL DEFAULT 0, next_row_id INTEGER NOT NULL DEFAULT 0,
+    clustering TEXT NOT NULL DEFAULT '[]',
     UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS migrations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, table_id INTEGER NOT NULL,
+    started_at REAL NOT NULL, ended_at REAL NOT NULL, status TEXT NOT NULL,
+    files_in INTEGER NOT NULL, bytes_in INTEGER NOT NULL, rows_in INTEGER NOT NULL,
+    files_out INTEGER NOT NULL, bytes_out INTEGER NOT NULL, rows_out INTEGER NOT NULL,
+    version INTEGER, error TEXT);
 CREATE TABLE IF NOT EXISTS channels (
     table_id INTEGER NOT NULL, name TEXT NOT NULL, generation INTEGER NOT NULL,
     offset_token TEXT, rows_committed INTEGER NOT NULL DEFAULT 0,
@@ -119,7 +137,12 @@ CREATE TABLE IF NOT EXISTS channels (
     PRIMARY KEY (table_id, name));
 """
 _TABLE_COLUMNS = (
-    "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id"
+    "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
+    " clustering"
+)
+_MIGRATION_COLUMNS = (
+    "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
+    " bytes_out, rows_out, version, error"
 )
 _CHANNEL_COLUMNS = (
     "table_id, name, generation, offset_token, rows_committed, last_activity, created_at"
@@ -137,6 +160,7 @@ def _table(row: tuple) -> TableInfo:  # type: ignore[type-arg]
         created_at=row[6],
         applied_version=row[7],
         next_row_id=row[8],
+        clustering=tuple(orjson.loads(row[9])),
     )
 
 
@@ -237,6 +261,7 @@ class SqliteCatalog(Catalog):
         self._write(
             [
                 ("DELETE FROM channels WHERE table_id=?", (table_id,)),
+                ("DELETE FROM migrations WHERE table_id=?", (table_id,)),
                 ("DELETE FROM tables WHERE id=?", (table_id,)),
             ]
         )
@@ -306,6 +331,34 @@ class SqliteCatalog(Catalog):
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None:
+        self._write(
+            [
+                (
+                    "UPDATE tables SET clustering=? WHERE id=?",
+                    (orjson.dumps(list(columns)).decode(), table_id),
+                )
+            ]
+        )
+
+    def record_migration(self, table_id: int, run: dict[str, Any]) -> int:
+        """Record one compaction run (keys as :data:`_MIGRATION_COLUMNS`, without ids)."""
+        names = _MIGRATION_COLUMNS.split(", ")[2:]
+        with self._lock:
+            cursor = self._db.execute(
+                f"INSERT INTO migrations (table_id, {', '.join(names)}) VALUES "
+                f"(?, {', '.join('?' for _ in names)})",
+                (table_id, *(run.get(name) for name in names)),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def list_migrations(self, table_id: int) -> list[dict[str, Any]]:
+        rows = self._read(
+            f"SELECT {_MIGRATION_COLUMNS} FROM migrations WHERE table_id=? ORDER BY id", (table_id,)
+        )
+        names = _MIGRATION_COLUMNS.split(", ")
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int:
         stale = [

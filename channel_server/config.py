@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ingest_sdk.errors import ConfigurationError
 
-__all__ = ["FlushPolicy", "Limits", "ServerConfig"]
+__all__ = ["CompactionTrigger", "FlushPolicy", "Limits", "ServerConfig"]
 
 MiB = 1024 * 1024
 
@@ -36,6 +36,19 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionTrigger:
+    """When the service starts a background compaction of a table (a separate process,
+    ``python -m flush.compact``, so ingestion latency does not suffer)."""
+
+    enabled: bool = True
+    max_intermediate_files: int = 32
+    max_intermediate_bytes: int = 256 * MiB
+    spark_master: str | None = None  # default: $SPARK_MASTER or local[*]
+    target_file_mb: float = 128
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything ``python -m channel_server`` takes."""
 
@@ -48,6 +61,7 @@ class ServerConfig:
     retention_check_seconds: float = 3600.0
     flush: FlushPolicy = field(default_factory=FlushPolicy)
     limits: Limits = field(default_factory=Limits)
+    compaction: CompactionTrigger = field(default_factory=CompactionTrigger)
 
     def __post_init__(self) -> None:
         if self.limits.max_buffer_bytes <= 0:

@@ -55,7 +55,7 @@ class TableFlusher:
         budget: BufferBudget,
         retry_initial: float,
         retry_max: float,
-        on_flush: Callable[[int, float], None] | None = None,
+        on_flush: Callable[[TableState, int, float], None] | None = None,
     ) -> None:
         self.table = table
         self.catalog = catalog
@@ -145,6 +145,9 @@ class TableFlusher:
                 table.put_back(batches)
                 raise
             table.next_row_id = record.next_row_id
+            if record.rows:
+                table.ingest_files += 1
+                table.ingest_bytes += record.file_bytes
             # Step 4: the index. If this fails the commit still stands; start-up replays it.
             try:
                 await asyncio.to_thread(self.catalog.apply_commit, table.info.id, record)
@@ -159,4 +162,4 @@ class TableFlusher:
             took = time.monotonic() - started
             self.flush_estimate = 0.7 * self.flush_estimate + 0.3 * took
             if self.on_flush is not None:
-                self.on_flush(record.rows, took)
+                self.on_flush(table, record.rows, took)

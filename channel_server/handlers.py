@@ -175,6 +175,7 @@ def _table_json(info: TableInfo) -> dict[str, Any]:
         "table": info.name,
         "location": info.uri,
         "columns": info.schema.declarations(),
+        "clustering": list(info.clustering),
         "created_at": info.created_at,
     }
 
@@ -248,6 +249,29 @@ async def describe_table(request: web.Request) -> web.Response:
 async def drop_table(request: web.Request) -> web.Response:
     info = await request.app[SERVICE].drop_table(request.match_info["name"])
     return _json({"dropped": info.full_name})
+
+
+@routes.get("/v1/tables/{name}/migrations")
+async def migrations(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    return _json({"migrations": service.migrations(request.match_info["name"])})
+
+
+@routes.put("/v1/tables/{name}/clustering")
+async def set_clustering(request: web.Request) -> web.Response:
+    body = await _body(request)
+    columns = _field(body, "columns", list)
+    info = request.app[SERVICE].set_clustering(request.match_info["name"], columns)
+    return _json({**_table_json(info)})
+
+
+@routes.post("/v1/tables/{name}/compact")
+async def compact(request: web.Request) -> web.Response:
+    """Start a background compaction now (202); its run appears in the migration history."""
+    service = request.app[SERVICE]
+    info = service.describe_table(request.match_info["name"])
+    started = service.start_compaction(service._table_state(info))
+    return _json({"table": info.full_name, "started": started}, 202)
 
 
 @routes.post("/v1/channels/open")

@@ -17,6 +17,7 @@ class Metrics:
     flushes: int = 0
     flush_seconds_total: float = 0.0
     channels_opened: int = 0
+    compactions_started: int = 0
     rejected_requests: int = 0
     buffer_bytes: int = 0
 

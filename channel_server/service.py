@@ -7,7 +7,9 @@ rule of the commit protocol lives here and in :mod:`flush`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
 from channel_server.catalog import Catalog, ChannelRecord, TableInfo
 from channel_server.config import ServerConfig
@@ -22,6 +25,7 @@ from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from flush import commits_after, create_table, drop_table
+from flush.tables import INGEST_DIR
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
     ChannelInvalidatedError,
@@ -42,6 +46,17 @@ MAX_CHANNEL_NAME = 512
 class InsertOutcome:
     accepted_rows: int
     duplicate: bool
+
+
+def _intermediate_files(uri: str) -> tuple[int, int]:
+    """How many intermediate files (and bytes) the table's current version holds."""
+    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
+    paths = actions.column("path").to_pylist()
+    sizes = actions.column("size_bytes").to_pylist()
+    mine = [
+        size for path, size in zip(paths, sizes, strict=True) if path.startswith(INGEST_DIR + "/")
+    ]
+    return len(mine), sum(mine)
 
 
 def _channel_name(name: Any) -> str:
@@ -84,6 +99,73 @@ class IngestService:
                 log.info("recovered commit %d of %s", record.version, info.full_name)
         return replayed
 
+    # -- compaction ----------------------------------------------------------------------
+
+    def _after_flush(self, table: TableState, rows: int, seconds: float) -> None:
+        self.metrics.record_flush(rows, seconds)
+        trigger = self.config.compaction
+        if trigger.enabled and (
+            table.ingest_files > trigger.max_intermediate_files
+            or table.ingest_bytes > trigger.max_intermediate_bytes
+        ):
+            self.start_compaction(table)
+
+    def start_compaction(self, table: TableState) -> bool:
+        """Start ``python -m flush.compact`` for a table unless one is running."""
+        if table.compaction is not None and not table.compaction.done():
+            return False
+        table.compaction = asyncio.create_task(
+            self._run_compaction(table), name=f"compact {table.info.full_name}"
+        )
+        return True
+
+    async def _run_compaction(self, table: TableState) -> None:
+        trigger = self.config.compaction
+        args = [
+            sys.executable, "-m", "flush.compact",
+            "--warehouse", str(self.config.warehouse),
+            "--catalog", str(self.config.catalog_file),
+            "--table", table.info.full_name,
+            "--target-file-mb", str(trigger.target_file_mb),
+            *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
+            *trigger.extra_args,
+        ]  # fmt: skip
+        log.info("starting compaction of %s", table.info.full_name)
+        self.metrics.compactions_started += 1
+        process = await asyncio.create_subprocess_exec(
+            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            _, errors = await process.communicate()
+        except asyncio.CancelledError:
+            process.kill()
+            await process.wait()
+            raise
+        if process.returncode != 0:
+            log.error("compaction of %s failed: %s", table.info.full_name, errors.decode()[-2000:])
+        table.ingest_files, table.ingest_bytes = await asyncio.to_thread(
+            _intermediate_files, table.info.uri
+        )
+
+    def set_clustering(self, table_name: str, columns: list[str]) -> TableInfo:
+        """Columns compaction sorts by (empty: ingestion order); must be table columns."""
+        info = self.describe_table(table_name)
+        resolved = []
+        for name in columns:
+            column = info.schema.find(name) if isinstance(name, str) else None
+            if column is None:
+                raise InvalidRequestError(
+                    f"clustering column {name!r} is not a column of {info.full_name} "
+                    f"(columns: {', '.join(c.name for c in info.schema)})"
+                )
+            resolved.append(column.name)
+        self.catalog.set_clustering(info.id, tuple(resolved))
+        self._definitions.clear()
+        return self.describe_table(table_name)
+
+    def migrations(self, table_name: str) -> list[dict[str, Any]]:
+        return self.catalog.list_migrations(self.describe_table(table_name).id)
+
     async def stop(self) -> None:
         """Flush what is buffered (best effort), then stop every flusher."""
         for table_id, flusher in list(self._flushers.items()):
@@ -94,6 +176,10 @@ class IngestService:
                 except Exception:
                     log.exception("final flush of %s failed", table.info.full_name)
             await flusher.stop()
+            if table.compaction is not None and not table.compaction.done():
+                table.compaction.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await table.compaction
 
     def remove_inactive_channels(self) -> int:
         before = time.time() - self.config.channel_retention_seconds
@@ -162,13 +248,14 @@ class IngestService:
         table = self._tables.get(info.id)
         if table is None:
             table = self._tables[info.id] = TableState(info, next_row_id=info.next_row_id)
+            table.ingest_files, table.ingest_bytes = _intermediate_files(info.uri)
             flusher = TableFlusher(
                 table,
                 self.catalog,
                 self.budget,
                 self.config.flush.retry_initial,
                 self.config.flush.retry_max,
-                on_flush=self.metrics.record_flush,
+                on_flush=self._after_flush,
             )
             self._flushers[info.id] = flusher
             flusher.start()

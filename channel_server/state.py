@@ -123,6 +123,10 @@ class TableState:
     flush_now: bool = False
     flush_error: str | None = None
     dropped: bool = False
+    #: Intermediate files (and bytes) since the last compaction; drive the trigger.
+    ingest_files: int = 0
+    ingest_bytes: int = 0
+    compaction: asyncio.Task[None] | None = None
 
     def add(self, batch: PendingBatch, max_bytes: int) -> None:
         self.pending.append(batch)

@@ -56,6 +56,7 @@ class CommitRecord:
     channels: tuple[ChannelProgress, ...]
     next_row_id: int
     rows: int
+    file_bytes: int = 0  # size of the file this flush added (not kept in the log)
 
 
 class ChannelFencedError(RuntimeError):
@@ -171,6 +172,7 @@ class TableWriter:
         rows = sum(part.num_rows for part in parts)
         next_row_id = first_row_id + rows
         actions: list[AddAction | RemoveAction] = []
+        file_bytes = 0
         if rows:
             data = pa.concat_tables(parts)  # chunks are written as they are: no copy
             data = data.append_column(
@@ -180,6 +182,7 @@ class TableWriter:
             # Step 2
             written = write_parquet_file(self.table_uri, data)
             actions.append(written.add_action())
+            file_bytes = written.size
         failpoint("after_parquet_write")
         # Step 3
         properties = CommitProperties(
@@ -198,4 +201,4 @@ class TableWriter:
         # writer (compaction) the version read here may be a later one; recovery only
         # needs "at or after this flush", which that still is.
         self._table.update_incremental()
-        return CommitRecord(self._table.version(), tuple(channels), next_row_id, rows)
+        return CommitRecord(self._table.version(), tuple(channels), next_row_id, rows, file_bytes)

@@ -17,16 +17,19 @@ if TYPE_CHECKING:
 __all__ = ["read_delta", "spark_session"]
 
 
-def spark_session(master: str | None = None, app_name: str = "streaming-ingest") -> SparkSession:
+def spark_session(
+    master: str | None = None, app_name: str = "streaming-ingest", **config: str
+) -> SparkSession:
     """A Spark session configured for our tables (UTC session zone, proleptic dates).
 
-    ``master`` defaults to ``$SPARK_MASTER`` or ``local[*]``.
+    ``master`` defaults to ``$SPARK_MASTER`` or ``local[*]``; ``config`` adds Spark
+    settings (``{"spark.driver.memory": "4g"}``).
     """
     from pyspark.sql import SparkSession
 
     # Keep the driver on loopback unless told otherwise: no traffic off this machine.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return (
+    builder = (
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -36,8 +39,13 @@ def spark_session(master: str | None = None, app_name: str = "streaming-ingest")
         # Files are written by Arrow in the proleptic Gregorian calendar: never rebase.
         .config("spark.sql.parquet.datetimeRebaseModeInRead", "CORRECTED")
         .config("spark.sql.parquet.int96RebaseModeInRead", "CORRECTED")
-        .getOrCreate()
+        # Write timestamps as Delta expects them (INT64 micros), never legacy INT96.
+        .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        .config("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
     )
+    for key, value in config.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def read_delta(spark: SparkSession, table_uri: str, version: int | None = None) -> DataFrame:

@@ -114,6 +114,24 @@ class AsyncStreamingIngestClient:
     async def drop_table(self, name: str) -> None:
         await self.transport.request("DELETE", f"/v1/tables/{quote(name, safe='')}")
 
+    async def set_clustering(self, name: str, columns: Sequence[str]) -> dict[str, Any]:
+        """Columns compaction sorts each file by (empty: ingestion order)."""
+        return await self.transport.request(  # type: ignore[no-any-return]
+            "PUT", f"/v1/tables/{quote(name, safe='')}/clustering", json={"columns": list(columns)}
+        )
+
+    async def compact(self, name: str) -> bool:
+        """Start a background compaction of the table now; False if one is running."""
+        answer = await self.transport.request("POST", f"/v1/tables/{quote(name, safe='')}/compact")
+        return bool(answer["started"])
+
+    async def get_migration_history(self, name: str) -> list[dict[str, Any]]:
+        """Compaction runs of the table: times, files/bytes/rows in and out, version, status."""
+        answer = await self.transport.request(
+            "GET", f"/v1/tables/{quote(name, safe='')}/migrations"
+        )
+        return answer["migrations"]  # type: ignore[no-any-return]
+
     # -- channels ---------------------------------------------------------------------------
 
     async def open_channel(self, request: OpenChannelRequest) -> AsyncChannel:

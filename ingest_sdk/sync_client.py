@@ -191,6 +191,15 @@ class StreamingIngestClient:
     def drop_table(self, name: str) -> None:
         self._loop.run(self._client.drop_table(name))
 
+    def set_clustering(self, name: str, columns: Sequence[str]) -> dict[str, Any]:
+        return self._loop.run(self._client.set_clustering(name, columns))
+
+    def compact(self, name: str) -> bool:
+        return self._loop.run(self._client.compact(name))
+
+    def get_migration_history(self, name: str) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.get_migration_history(name))
+
     def open_channel(self, request: OpenChannelRequest) -> Channel:
         return Channel(self._loop, self._loop.run(self._client.open_channel(request)))
 

@@ -18,13 +18,15 @@ def spark():
 @pytest.fixture
 def server_factory(tmp_path):
     """Start real in-process servers: ``server_factory(**config_overrides)``."""
-    from channel_server import ServerConfig
+    from channel_server import CompactionTrigger, ServerConfig
     from tests.servers import ThreadServer
 
     started = []
 
     def start(**overrides):
         overrides.setdefault("warehouse", tmp_path / "warehouse")
+        # Background compaction starts Spark processes; only its own tests turn it on.
+        overrides.setdefault("compaction", CompactionTrigger(enabled=False))
         server = ThreadServer(ServerConfig(port=0, **overrides))
         started.append(server)
         return server

@@ -93,7 +93,7 @@ class ProcessServer:
         with open(self.log, "ab") as log:  # the child keeps its own copy of the handle
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "channel_server", "--port", str(self.port),
-                 "--warehouse", str(self.warehouse), *self.args],
+                 "--warehouse", str(self.warehouse), "--no-auto-compaction", *self.args],
                 stdout=subprocess.PIPE, stderr=log, env=env, cwd=ROOT,
             )  # fmt: skip
         assert self.process.stdout is not None

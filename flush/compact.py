@@ -1,0 +1,126 @@
+"""``python -m flush.compact``: compact (and maintain) tables of a warehouse with Spark.
+
+    python -m flush.compact --warehouse ./warehouse --table DB.SCHEMA.TABLE
+    python -m flush.compact --warehouse ./warehouse --all --spark-master spark://host:7077
+
+Each run is recorded in the catalog's migration history (also shown over HTTP and
+the SDK). Progress goes to stderr; one JSON line per table to stdout.
+
+This is the composition point of compaction: it reads table locations and
+clustering columns from the catalog and records runs there; the job itself
+(:mod:`flush.compaction`) knows only the Delta table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from flush.compaction import CompactionPolicy, CompactionResult, compact_table
+from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_table
+
+MiB = 1024 * 1024
+
+
+def _progress(table: str) -> Any:
+    started = time.monotonic()
+
+    def report(message: str) -> None:
+        print(
+            f"[{time.monotonic() - started:7.1f}s] {table}: {message}", file=sys.stderr, flush=True
+        )
+
+    return report
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m flush.compact",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--warehouse", required=True, help="the service's warehouse folder")
+    parser.add_argument("--catalog", help="catalog file (default <warehouse>/catalog.sqlite)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--table", action="append", help="DB.SCHEMA.TABLE (repeatable)")
+    which.add_argument("--all", action="store_true", help="every table in the catalog")
+    parser.add_argument("--target-file-mb", type=float, default=128, help="default 128")
+    parser.add_argument("--spark-master", default=os.environ.get("SPARK_MASTER", "local[*]"))
+    parser.add_argument("--spark-driver-memory", default=None, help="e.g. 4g")
+    parser.add_argument("--spark-executor-memory", default=None, help="e.g. 8g")
+    parser.add_argument("--maintenance", action=argparse.BooleanOptionalAction, default=True,
+                        help="also checkpoint, clean the log and vacuum (default on)")  # fmt: skip
+    parser.add_argument("--retention-hours", type=float, default=DEFAULT_RETENTION_HOURS,
+                        help="vacuum keeps unreferenced files this long (default 168)")  # fmt: skip
+    parser.add_argument("--allow-short-retention", action="store_true",
+                        help="permit a retention under 1 hour (tests only)")  # fmt: skip
+    return parser.parse_args(argv)
+
+
+def run_record(result: CompactionResult) -> dict[str, Any]:
+    record = asdict(result)
+    record.pop("bins")
+    record.pop("table_uri")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from channel_server.catalog import SqliteCatalog
+    from flush.spark_tables import spark_session
+    from ingest_sdk.schema import split_table_name
+
+    catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
+    tables = (
+        catalog.list_tables()
+        if args.all
+        else [catalog.get_table(*split_table_name(name)) for name in args.table]
+    )
+    config = {}
+    if args.spark_driver_memory:
+        config["spark.driver.memory"] = args.spark_driver_memory
+    if args.spark_executor_memory:
+        config["spark.executor.memory"] = args.spark_executor_memory
+    spark = spark_session(args.spark_master, app_name="streaming-ingest-compaction", **config)
+    spark.sparkContext.setLogLevel("ERROR")
+    failures = 0
+    try:
+        for info in tables:
+            report = _progress(info.full_name)
+            policy = CompactionPolicy(
+                target_file_bytes=int(args.target_file_mb * MiB), clustering=info.clustering
+            )
+            try:
+                result = compact_table(spark, info.uri, policy, progress=report)
+            except Exception as exc:
+                failures += 1
+                result = CompactionResult(
+                    info.uri, time.time(), time.time(), "FAILED", error=repr(exc)
+                )
+                report(f"failed: {exc!r}")
+            catalog.record_migration(info.id, run_record(result))
+            output: dict[str, Any] = {"table": info.full_name, **run_record(result)}
+            if args.maintenance:
+                done = maintain_table(
+                    info.uri, args.retention_hours, allow_short_retention=args.allow_short_retention
+                )
+                output["vacuumed_files"] = len(done.deleted_files)
+                report(f"maintenance: checkpoint at {done.checkpoint_version}, "
+                       f"{len(done.deleted_files)} file(s) vacuumed")  # fmt: skip
+            report(f"{result.status} in {result.duration:.1f}s")
+            import orjson
+
+            print(orjson.dumps(output).decode(), flush=True)
+    finally:
+        spark.stop()
+        catalog.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

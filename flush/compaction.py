@@ -1,0 +1,294 @@
+"""Compaction: rewrite a mixed table's small files into large, sorted, zstd files.
+
+A run, for one table:
+  1. reads the current snapshot with delta-rs and picks the intermediate files
+     (under ``_ingest/``) and undersized optimized files, packed in bins toward
+     the target file size;
+  2. per bin, reads the files with Spark, sorts by the table's clustering columns
+     (default: ingestion order, the hidden row id) and writes one zstd Parquet file
+     under ``_compacted/``;
+  3. checks that the row ids going out equal those coming in (count and set);
+  4. commits, with delta-rs, one transaction that removes the inputs and adds the
+     outputs with ``dataChange=false`` and full statistics, so change-feed readers
+     see nothing new. If an input file is gone by then (a concurrent delete or
+     compaction), the run is abandoned and its outputs deleted.
+
+Concurrent flush commits only append, so they never conflict. delta-rs 1.6 does
+not detect a concurrent *removal* of our inputs for this kind of commit, so the
+job checks it itself right before committing, and a lock file keeps two
+compactions of one table apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable
+from deltalake.transaction import AddAction, RemoveAction
+
+from flush.failpoints import failpoint
+from flush.parquet_files import WrittenFile, file_stats
+from flush.tables import INGEST_DIR, ROW_ID_COLUMN
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "COMPACTED_DIR",
+    "CompactionAbandoned",
+    "CompactionPolicy",
+    "CompactionResult",
+    "compact_table",
+    "plan_bins",
+]
+
+#: Folder (inside the table) for files written by compaction.
+COMPACTED_DIR = "_compacted"
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPolicy:
+    """What a compaction run does.
+
+    Attributes:
+        target_file_bytes: bins are filled toward this size; an optimized file this
+            large (or at least ``min_optimized_share`` of it) is left alone.
+        clustering: columns to sort each output file by; empty means ingestion order.
+        min_optimized_share: optimized files smaller than this share of the target
+            are compacted again.
+    """
+
+    target_file_bytes: int = 128 * MiB
+    clustering: tuple[str, ...] = ()
+    min_optimized_share: float = 0.5
+
+
+@dataclass(slots=True)
+class CompactionResult:
+    """One run, as recorded in the migration history."""
+
+    table_uri: str
+    started_at: float
+    ended_at: float = 0.0
+    status: str = "NOTHING_TO_DO"  # SUCCEEDED, ABANDONED, FAILED, NOTHING_TO_DO
+    files_in: int = 0
+    bytes_in: int = 0
+    rows_in: int = 0
+    files_out: int = 0
+    bytes_out: int = 0
+    rows_out: int = 0
+    version: int | None = None
+    error: str | None = None
+    bins: list[int] = field(default_factory=list)
+
+    @property
+    def duration(self) -> float:
+        return self.ended_at - self.started_at
+
+
+class CompactionAbandoned(RuntimeError):
+    """The inputs changed under the run (a concurrent delete or compaction)."""
+
+
+def _is_intermediate(path: str) -> bool:
+    return path.startswith(INGEST_DIR + "/")
+
+
+def plan_bins(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[list[dict[str, Any]]]:
+    """Pack the files worth compacting into bins of about ``target_file_bytes``.
+
+    Files are taken in log order (oldest first) so bins hold neighbouring rows.
+    A bin of one already-optimized file is dropped: rewriting it changes nothing.
+    """
+    small = policy.target_file_bytes * policy.min_optimized_share
+    candidates = [f for f in files if _is_intermediate(f["path"]) or f["size_bytes"] < small]
+    bins: list[list[dict[str, Any]]] = []
+    current: list[dict[str, Any]] = []
+    size = 0
+    for item in candidates:
+        if current and size + item["size_bytes"] > policy.target_file_bytes:
+            bins.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += item["size_bytes"]
+    if current:
+        bins.append(current)
+    return [b for b in bins if len(b) > 1 or _is_intermediate(b[0]["path"])]
+
+
+@contextlib.contextmanager
+def _table_lock(table_uri: str) -> Iterator[None]:
+    """One compaction per table at a time (an advisory lock file in the table folder)."""
+    with open(Path(table_uri) / "_compaction.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            raise CompactionAbandoned("another compaction of this table is running") from exc
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _sorted_ids(paths: list[str]) -> pa.Array:
+    """Every row id in these files, sorted (to compare the sets going in and out)."""
+    chunks = [
+        chunk
+        for path in paths
+        for chunk in pq.read_table(path, columns=[ROW_ID_COLUMN]).column(0).chunks
+    ]
+    ids = pa.chunked_array(chunks, pa.int64())
+    return ids.take(pc.sort_indices(ids)).combine_chunks()
+
+
+def _write_files(
+    spark: SparkSession, table_uri: str, inputs: list[str], clustering: tuple[str, ...],
+    outputs: int, folder: str,
+) -> list[WrittenFile]:  # fmt: skip
+    """Spark reads ``inputs`` and writes ``outputs`` sorted zstd files; the driver describes them.
+
+    With clustering columns the rows are range-partitioned on them first, so the files
+    of one run cover non-overlapping ranges; otherwise they keep ingestion order.
+    """
+    target = Path(table_uri) / COMPACTED_DIR / folder
+    frame = spark.read.parquet(*inputs)
+    if clustering:
+        frame = frame.repartitionByRange(outputs, *clustering)
+    else:
+        frame = (
+            frame.repartition(1)
+            if outputs == 1
+            else frame.repartitionByRange(outputs, ROW_ID_COLUMN)
+        )
+    (
+        frame.sortWithinPartitions(*clustering, ROW_ID_COLUMN)
+        .write.option("compression", "zstd")
+        .mode("error")
+        .parquet(str(target))
+    )
+    for side_file in [*target.glob("_SUCCESS"), *target.glob(".*.crc")]:
+        side_file.unlink()  # Spark's markers and checksums: not data, never referenced
+    schema = pq.read_schema(inputs[0])
+    written = []
+    for part in sorted(target.glob("part-*.parquet")):
+        metadata = pq.read_metadata(part)
+        relative = str(part.relative_to(table_uri))
+        stats = file_stats(metadata, schema)
+        written.append(WrittenFile(relative, part.stat().st_size, metadata.num_rows, stats))
+    return written
+
+
+def compact_table(
+    spark: SparkSession,
+    table_uri: str,
+    policy: CompactionPolicy = CompactionPolicy(),
+    progress: Callable[[str], None] = lambda message: None,
+) -> CompactionResult:
+    """Run one compaction of a table; see the module docstring for the steps.
+
+    Returns:
+        The run's result; ``status`` says whether it committed (SUCCEEDED), found
+        nothing to do, or was ABANDONED (inputs changed; outputs deleted).
+
+    Raises:
+        Exception: an unexpected failure; outputs are deleted first.
+    """
+    result = CompactionResult(table_uri, started_at=time.time())
+    run = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    outputs: list[WrittenFile] = []
+    try:
+        with _table_lock(table_uri):
+            # Step 1: the snapshot and the plan.
+            table = DeltaTable(table_uri)
+            files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+            bins = plan_bins(files, policy)
+            if not bins:
+                result.ended_at = time.time()
+                return result
+            inputs = [item for group in bins for item in group]
+            result.files_in = len(inputs)
+            result.bytes_in = sum(item["size_bytes"] for item in inputs)
+            result.rows_in = sum(item["num_records"] for item in inputs)
+            result.bins = [len(group) for group in bins]
+            progress(f"{len(inputs)} files ({result.bytes_in / MiB:.1f} MiB) in {len(bins)} bin(s)")
+            # Step 2: rewrite with Spark: each bin in ingestion order, or with clustering
+            # all inputs range-partitioned on the clustering columns into as many files.
+            if policy.clustering:
+                paths = [str(Path(table_uri) / item["path"]) for item in inputs]
+                outputs.extend(
+                    _write_files(spark, table_uri, paths, policy.clustering, len(bins), run)
+                )
+                progress(f"{len(bins)} clustered file(s) written")
+            else:
+                for index, group in enumerate(bins):
+                    paths = [str(Path(table_uri) / item["path"]) for item in group]
+                    folder = f"{run}-{index:05d}"
+                    outputs.extend(_write_files(spark, table_uri, paths, (), 1, folder))
+                    progress(f"bin {index + 1}/{len(bins)} written ({len(group)} files)")
+            result.files_out = len(outputs)
+            result.bytes_out = sum(o.size for o in outputs)
+            result.rows_out = sum(o.rows for o in outputs)
+            # Step 3: nothing lost, nothing doubled.
+            in_paths = [str(Path(table_uri) / item["path"]) for item in inputs]
+            out_paths = [str(Path(table_uri) / o.path) for o in outputs]
+            if result.rows_out != result.rows_in or not _sorted_ids(in_paths).equals(
+                _sorted_ids(out_paths)
+            ):
+                raise RuntimeError(
+                    f"row ids out ({result.rows_out}) differ from row ids in ({result.rows_in})"
+                )
+            failpoint("compaction_before_commit")
+            # Step 4: one commit, if every input is still live.
+            latest = DeltaTable(table_uri)
+            live = {
+                row["path"] for row in pa.table(latest.get_add_actions(flatten=True)).to_pylist()
+            }
+            gone = [item["path"] for item in inputs if item["path"] not in live]
+            if gone:
+                raise CompactionAbandoned(f"{len(gone)} input file(s) were removed concurrently")
+            now = int(time.time() * 1000)
+            actions: list[AddAction | RemoveAction] = [
+                RemoveAction(item["path"], False, now, item["size_bytes"]) for item in inputs
+            ]
+            actions += [o.add_action(data_change=False) for o in outputs]
+            latest.create_write_transaction(
+                actions,
+                "append",
+                latest.schema(),
+                # delta-rs rebases over concurrent flush appends, which never conflict.
+                commit_properties=CommitProperties(custom_metadata={"ingest.compaction": run}),
+            )
+            failpoint("compaction_after_commit")
+            latest.update_incremental()
+            result.version = latest.version()
+            result.status = "SUCCEEDED"
+            progress(
+                f"committed version {result.version}: {result.files_in} -> {result.files_out} files"
+            )
+    except CompactionAbandoned as exc:
+        result.status, result.error = "ABANDONED", str(exc)
+        _remove_outputs(table_uri, run)
+    except BaseException as exc:
+        result.status, result.error = "FAILED", f"{type(exc).__name__}: {exc}"
+        _remove_outputs(table_uri, run)
+        result.ended_at = time.time()
+        raise
+    result.ended_at = time.time()
+    return result
+
+
+def _remove_outputs(table_uri: str, run: str) -> None:
+    for folder in (Path(table_uri) / COMPACTED_DIR).glob(f"{run}*"):
+        shutil.rmtree(folder, ignore_errors=True)

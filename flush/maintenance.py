@@ -1,0 +1,103 @@
+"""Table maintenance: Delta checkpoints, log cleanup and vacuum of unreferenced files.
+
+Delta's own vacuum (delta-rs's included) skips folders whose names start with
+``_``, which is where this system keeps its data files (``_ingest/`` and
+``_compacted/``), so those are vacuumed here with the same rule: a file is
+deleted only when it is older than the retention period *and* no version a
+reader may still be on references it. The versions kept are the latest one and,
+for every commit inside the retention window that may have removed files (any
+commit that is not a flush; flushes only add), the version just before it.
+Files of a flush or compaction still writing are newer than the retention, so
+they are never touched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from flush.commit import COMMIT_METADATA_KEY
+from flush.tables import INGEST_DIR
+
+__all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceResult", "maintain_table", "vacuum_data_folders"]
+
+DEFAULT_RETENTION_HOURS = 168.0
+#: Below this a vacuum could delete files that a slow reader or a pending commit needs.
+MIN_RETENTION_HOURS = 1.0
+DATA_FOLDERS = (INGEST_DIR, "_compacted")
+
+
+@dataclass(slots=True)
+class MaintenanceResult:
+    checkpoint_version: int
+    deleted_files: list[str] = field(default_factory=list)
+
+
+def _relative_paths(table: DeltaTable, root: Path) -> set[str]:
+    prefix = root.resolve().as_uri()
+    paths = set()
+    for uri in table.file_uris():
+        local = uri[len(prefix) :].lstrip("/") if uri.startswith(prefix) else uri
+        paths.add(local.removeprefix(str(root.resolve())).lstrip("/"))
+    return paths
+
+
+def vacuum_data_folders(
+    table_uri: str,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    *,
+    dry_run: bool = False,
+    allow_short_retention: bool = False,
+) -> list[str]:
+    """Delete unreferenced files in ``_ingest/`` and ``_compacted/``; returns their paths.
+
+    Raises:
+        ValueError: a retention under one hour without ``allow_short_retention``.
+    """
+    if retention_hours < MIN_RETENTION_HOURS and not allow_short_retention:
+        raise ValueError(
+            f"a retention under {MIN_RETENTION_HOURS} hour may delete files that readers or "
+            "pending commits still need; pass allow_short_retention=True to force it"
+        )
+    root = Path(table_uri)
+    cutoff = time.time() - retention_hours * 3600
+    table = DeltaTable(table_uri)
+    keep = _relative_paths(table, root)
+    for entry in table.history():
+        version = entry.get("version", 0)
+        recent = entry.get("timestamp", 0) / 1000 >= cutoff
+        if recent and version > 0 and COMMIT_METADATA_KEY not in entry:
+            keep |= _relative_paths(DeltaTable(table_uri, version=version - 1), root)
+    deleted = []
+    for folder in DATA_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            relative = str(path.relative_to(root))
+            if path.is_file() and relative not in keep and path.stat().st_mtime < cutoff:
+                deleted.append(relative)
+                if not dry_run:
+                    path.unlink()
+    if not dry_run:
+        for folder in DATA_FOLDERS:  # drop emptied run folders of compaction
+            for directory in sorted((root / folder).glob("*/"), reverse=True):
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+    return deleted
+
+
+def maintain_table(
+    table_uri: str,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    *,
+    allow_short_retention: bool = False,
+) -> MaintenanceResult:
+    """Checkpoint the log, clean up expired log files, and vacuum the data folders."""
+    table = DeltaTable(table_uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    deleted = vacuum_data_folders(
+        table_uri, retention_hours, allow_short_retention=allow_short_retention
+    )
+    return MaintenanceResult(checkpoint_version=table.version(), deleted_files=deleted)
