@@ -7,9 +7,9 @@ import sys
 
 import orjson
 
-from bench import conversion, ingest
+from bench import compaction, conversion, ingest
 
-BENCHMARKS = {"conversion": conversion.run, "ingest": ingest.run}
+BENCHMARKS = {"conversion": conversion.run, "ingest": ingest.run, "compaction": compaction.run}
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ commit the catalog has not recorded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 import pyarrow as pa
@@ -56,7 +56,8 @@ class CommitRecord:
     channels: tuple[ChannelProgress, ...]
     next_row_id: int
     rows: int
-    file_bytes: int = 0  # size of the file this flush added (not kept in the log)
+    # Size of the file this flush added: known to the writer, not kept in the log.
+    file_bytes: int = field(default=0, compare=False)
 
 
 class ChannelFencedError(RuntimeError):

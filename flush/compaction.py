@@ -162,16 +162,16 @@ def _write_files(
     With clustering columns the rows are range-partitioned on them first, so the files
     of one run cover non-overlapping ranges; otherwise they keep ingestion order.
     """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     target = Path(table_uri) / COMPACTED_DIR / folder
-    frame = spark.read.parquet(*inputs)
-    if clustering:
-        frame = frame.repartitionByRange(outputs, *clustering)
+    schema = pq.read_schema(inputs[0])
+    # The schema is known: giving it spares Spark a job that opens every footer.
+    frame = spark.read.schema(from_arrow_schema(schema)).parquet(*inputs)
+    if outputs == 1:
+        frame = frame.repartition(1)  # one file: no range sampling needed
     else:
-        frame = (
-            frame.repartition(1)
-            if outputs == 1
-            else frame.repartitionByRange(outputs, ROW_ID_COLUMN)
-        )
+        frame = frame.repartitionByRange(outputs, *(clustering or (ROW_ID_COLUMN,)))
     (
         frame.sortWithinPartitions(*clustering, ROW_ID_COLUMN)
         .write.option("compression", "zstd")
@@ -180,7 +180,6 @@ def _write_files(
     )
     for side_file in [*target.glob("_SUCCESS"), *target.glob(".*.crc")]:
         side_file.unlink()  # Spark's markers and checksums: not data, never referenced
-    schema = pq.read_schema(inputs[0])
     written = []
     for part in sorted(target.glob("part-*.parquet")):
         metadata = pq.read_metadata(part)

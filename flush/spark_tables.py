@@ -33,6 +33,9 @@ def spark_session(
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
         .appName(app_name)
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")  # our jobs report their own progress
+        # List input files on the driver: compaction passes thousands of explicit paths.
+        .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "100000")
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")

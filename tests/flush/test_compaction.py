@@ -1,5 +1,6 @@
 """Spark compaction on real Delta tables, with the shared Spark session."""
 
+import itertools
 import os
 import random
 import subprocess
@@ -105,7 +106,7 @@ def test_clustering_makes_file_ranges_disjoint(spark, table_uri):
         (a["min.K"], a["max.K"])
         for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()
     )
-    for (_, high), (low, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, high), (low, _) in itertools.pairwise(ranges):
         assert high < low, ranges  # non-overlapping per-file ranges
     assert snapshot(table_uri).equals(before)
 
