@@ -268,9 +268,7 @@ async def set_clustering(request: web.Request) -> web.Response:
 @routes.post("/v1/tables/{name}/compact")
 async def compact(request: web.Request) -> web.Response:
     """Start a background compaction now (202); its run appears in the migration history."""
-    service = request.app[SERVICE]
-    info = service.describe_table(request.match_info["name"])
-    started = service.start_compaction(service._table_state(info))
+    info, started = request.app[SERVICE].compact_now(request.match_info["name"])
     return _json({"table": info.full_name, "started": started}, 202)
 
 
@@ -304,7 +302,7 @@ async def insert_rows(request: web.Request) -> web.Response:
     is_arrow = request.content_type == ARROW_CONTENT_TYPE
     generation = _coordinate(request, "generation", HEADER_GENERATION)
     batch_seq = _coordinate(request, "batch_seq", HEADER_BATCH_SEQ)
-    channel = service._open_channel_state(table_name, channel_name, generation)
+    channel = service.channel_state(table_name, channel_name, generation)
     if batch_seq <= channel.last_seq:  # a retry: answer before reading or checking the body
         outcome = service.insert(table_name, channel_name, generation, batch_seq, None, None)
         return _json({"accepted_rows": 0, "duplicate": outcome.duplicate, "insert_errors": []})

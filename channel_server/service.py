@@ -147,6 +147,11 @@ class IngestService:
             _intermediate_files, table.info.uri
         )
 
+    def compact_now(self, table_name: str) -> tuple[TableInfo, bool]:
+        """Start a background compaction of a table; False if one is already running."""
+        info = self.describe_table(table_name)
+        return info, self.start_compaction(self._table_state(info))
+
     def set_clustering(self, table_name: str, columns: list[str]) -> TableInfo:
         """Columns compaction sorts by (empty: ingestion order); must be table columns."""
         info = self.describe_table(table_name)
@@ -304,9 +309,7 @@ class IngestService:
         self.metrics.channels_opened += 1
         return channel
 
-    def _open_channel_state(
-        self, table_name: str, channel_name: str, generation: int
-    ) -> ChannelState:
+    def channel_state(self, table_name: str, channel_name: str, generation: int) -> ChannelState:
         """The live state of a handle, or raise *channel invalidated* with the reason."""
         try:
             info = self.describe_table(table_name)
@@ -346,7 +349,7 @@ class IngestService:
         A ``batch_seq`` at or below the newest accepted one is a retry: acknowledged,
         ignored.
         """
-        channel = self._open_channel_state(table_name, channel_name, generation)
+        channel = self.channel_state(table_name, channel_name, generation)
         if batch_seq <= channel.last_seq:
             self.metrics.duplicate_batches += 1
             return InsertOutcome(0, duplicate=True)
@@ -375,7 +378,7 @@ class IngestService:
         self, table_name: str, channel_name: str, generation: int, batch_seq: int, timeout: float
     ) -> ChannelState:
         """Wait until the channel's batches up to ``batch_seq`` are committed (or timeout)."""
-        channel = self._open_channel_state(table_name, channel_name, generation)
+        channel = self.channel_state(table_name, channel_name, generation)
         if batch_seq > channel.last_seq:
             raise InvalidRequestError(
                 f"batch {batch_seq} was never received on channel {channel_name} (newest is "
@@ -390,7 +393,7 @@ class IngestService:
         self, table_name: str, channel_name: str, generation: int, timeout: float
     ) -> ChannelState:
         """Flush now, wait until everything the handle sent is committed, then close it."""
-        channel = self._open_channel_state(table_name, channel_name, generation)
+        channel = self.channel_state(table_name, channel_name, generation)
         channel.table.request_flush()
         await channel.wait_committed(
             channel.last_seq, min(timeout, self.config.limits.max_wait_seconds)
