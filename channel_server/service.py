@@ -394,7 +394,10 @@ class IngestService:
     ) -> ChannelState:
         """Flush now, wait until everything the handle sent is committed, then close it."""
         channel = self.channel_state(table_name, channel_name, generation)
-        channel.table.request_flush()
+        if channel.committed_seq < channel.last_seq:
+            # Only when something of this handle waits: a needless request would flush
+            # other channels' batches early.
+            channel.table.request_flush()
         await channel.wait_committed(
             channel.last_seq, min(timeout, self.config.limits.max_wait_seconds)
         )
