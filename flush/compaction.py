@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
@@ -144,12 +145,7 @@ def _table_lock(table_uri: str) -> Iterator[None]:
 
 def _sorted_ids(paths: list[str]) -> pa.Array:
     """Every row id in these files, sorted (to compare the sets going in and out)."""
-    chunks = [
-        chunk
-        for path in paths
-        for chunk in pq.read_table(path, columns=[ROW_ID_COLUMN]).column(0).chunks
-    ]
-    ids = pa.chunked_array(chunks, pa.int64())
+    ids = ds.dataset(paths, format="parquet").to_table(columns=[ROW_ID_COLUMN]).column(0)
     return ids.take(pc.sort_indices(ids)).combine_chunks()
 
 
