@@ -17,7 +17,9 @@ def test_background_compaction_past_the_file_threshold(server_factory, client_fa
     assert client.set_clustering("db.s.t", ["k"])["clustering"] == ["K"]
     channel = client.open_channel(OpenChannelRequest("c", "DB", "S", "T"))
     for n in range(6):  # six flushes: more than four intermediate files
-        channel.insert_rows([{"ID": n * 10 + i, "K": i} for i in range(10)], end_offset_token=str(n))
+        channel.insert_rows(
+            [{"ID": n * 10 + i, "K": i} for i in range(10)], end_offset_token=str(n)
+        )
         channel.wait_for_commit(timeout=30)
     deadline = time.monotonic() + 240
     history = []
@@ -29,7 +31,9 @@ def test_background_compaction_past_the_file_threshold(server_factory, client_fa
     assert run["status"] == "SUCCEEDED" and run["files_in"] >= 5 and run["files_out"] == 1
     assert server.service.metrics.compactions_started >= 1
     table = DeltaTable(info["location"])
-    assert sorted(int(v) for v in table.to_pyarrow_table().column("ID").to_pylist()) == list(range(60))
+    assert sorted(int(v) for v in table.to_pyarrow_table().column("ID").to_pylist()) == list(
+        range(60)
+    )
     channel.insert_rows([{"ID": 60}], end_offset_token="6")  # ingestion goes on
     assert channel.wait_for_commit(timeout=30) == "6"
 

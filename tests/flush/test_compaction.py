@@ -64,7 +64,10 @@ def snapshot(uri):
 def test_compaction_bins_files_and_changes_no_row(spark, table_uri):
     flush_many(table_uri, 30, 50)
     before = snapshot(table_uri)
-    sizes = [a["size_bytes"] for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()]
+    sizes = [
+        a["size_bytes"]
+        for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()
+    ]
     target = sum(sizes[:10]) + 1  # ten files per bin
     result = compact_table(spark, table_uri, CompactionPolicy(target_file_bytes=target))
     assert result.status == "SUCCEEDED", result.error
@@ -85,11 +88,16 @@ def test_compaction_bins_files_and_changes_no_row(spark, table_uri):
 
 def test_statistics_let_delta_rs_skip_files(spark, table_uri):
     flush_many(table_uri, 20, 50)
-    sizes = sum(a["size_bytes"] for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist())
+    sizes = sum(
+        a["size_bytes"]
+        for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()
+    )
     result = compact_table(spark, table_uri, CompactionPolicy(target_file_bytes=sizes // 4 + 1))
     assert result.files_out >= 4
     actions = pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()
-    assert all(a["num_records"] > 0 and a["min.ID"] is not None and a["null_count.K"] == 0 for a in actions)
+    assert all(
+        a["num_records"] > 0 and a["min.ID"] is not None and a["null_count.K"] == 0 for a in actions
+    )
     dataset = DeltaTable(table_uri).to_pyarrow_dataset()
     fragments = list(dataset.get_fragments(filter=pc.field("ID") < pa.scalar(Decimal(10))))
     assert len(fragments) == 1  # min/max of the row-ordered files exclude all others
@@ -98,7 +106,10 @@ def test_statistics_let_delta_rs_skip_files(spark, table_uri):
 def test_clustering_makes_file_ranges_disjoint(spark, table_uri):
     flush_many(table_uri, 24, 100)
     before = snapshot(table_uri)
-    total = sum(a["size_bytes"] for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist())
+    total = sum(
+        a["size_bytes"]
+        for a in pa.table(DeltaTable(table_uri).get_add_actions(flatten=True)).to_pylist()
+    )
     policy = CompactionPolicy(target_file_bytes=total // 3 + 1, clustering=("K",))
     result = compact_table(spark, table_uri, policy)
     assert result.status == "SUCCEEDED" and result.files_out >= 2
@@ -118,7 +129,9 @@ def test_plan_leaves_large_optimized_files_alone():
         {"path": "_compacted/r/small.parquet", "size_bytes": 100},
     ]
     bins = plan_bins(files, CompactionPolicy(target_file_bytes=1000))
-    assert [[f["path"] for f in b] for b in bins] == [["_ingest/a.parquet", "_compacted/r/small.parquet"]]
+    assert [[f["path"] for f in b] for b in bins] == [
+        ["_ingest/a.parquet", "_compacted/r/small.parquet"]
+    ]
     assert plan_bins(files[1:2], CompactionPolicy(target_file_bytes=1000)) == []
 
 
@@ -170,7 +183,9 @@ def test_compaction_while_producers_insert(spark, server_factory, client_factory
     total = inserted[-1]
     assert channel.wait_for_commit(timeout=60) == str(total - 1)
     assert any(r.status == "SUCCEEDED" for r in results)
-    ids = sorted(int(v) for v in DeltaTable(info["location"]).to_pyarrow_table().column("ID").to_pylist())
+    ids = sorted(
+        int(v) for v in DeltaTable(info["location"]).to_pyarrow_table().column("ID").to_pylist()
+    )
     assert ids == list(range(total))  # none lost, none doubled
     assert channel.get_latest_committed_offset_token() == str(total - 1)
 
