@@ -18,7 +18,6 @@ __all__ = [
     "HEADER_BATCH_SEQ",
     "HEADER_END_OFFSET_TOKEN",
     "HEADER_GENERATION",
-    "HEADER_START_OFFSET_TOKEN",
     "JSON_CONTENT_TYPE",
     "decode_arrow",
     "encode_arrow",
@@ -30,7 +29,6 @@ ARROW_CONTENT_TYPE = "application/vnd.apache.arrow.stream"
 JSON_CONTENT_TYPE = "application/json"
 HEADER_GENERATION = "X-Ingest-Generation"
 HEADER_BATCH_SEQ = "X-Ingest-Batch-Seq"
-HEADER_START_OFFSET_TOKEN = "X-Ingest-Start-Offset-Token"
 HEADER_END_OFFSET_TOKEN = "X-Ingest-End-Offset-Token"
 #: Offset tokens are free text chosen by the producer, at most this long.
 MAX_OFFSET_TOKEN_LENGTH = 2048
