@@ -132,17 +132,23 @@ class IngestService:
         ]  # fmt: skip
         log.info("starting compaction of %s", table.info.full_name)
         self.metrics.compactions_started += 1
-        process = await asyncio.create_subprocess_exec(
-            *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-        )
+        # Its progress goes to a log file, not a pipe: nothing to drain if the service stops.
+        log_path = Path(self.config.warehouse) / "_logs" / f"compaction-{table.info.id}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log_file:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdout=asyncio.subprocess.DEVNULL, stderr=log_file
+            )
         try:
-            _, errors = await process.communicate()
+            await process.wait()
         except asyncio.CancelledError:
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
             await process.wait()
             raise
         if process.returncode != 0:
-            log.error("compaction of %s failed: %s", table.info.full_name, errors.decode()[-2000:])
+            tail = log_path.read_bytes()[-2000:].decode(errors="replace")
+            log.error("compaction of %s failed (log %s): %s", table.info.full_name, log_path, tail)
         table.ingest_files, table.ingest_bytes = await asyncio.to_thread(
             _intermediate_files, table.info.uri
         )
