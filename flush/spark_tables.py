@@ -55,9 +55,8 @@ def read_delta(spark: SparkSession, table_uri: str, version: int | None = None) 
     """A DataFrame over one version of a Delta table (the newest by default)."""
     table = DeltaTable(table_uri, version=version)
     files = table.file_uris()
-    schema = table.schema().to_arrow()
     if not files:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        return spark.createDataFrame([], from_arrow_schema(schema))
+        return spark.createDataFrame([], from_arrow_schema(table.schema().to_arrow()))
     return spark.read.parquet(*files)

@@ -14,6 +14,7 @@ from datetime import date, datetime, time, tzinfo
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.errors import InvalidValueError
@@ -173,8 +174,8 @@ class TimestampConverter(ValueConverter):
             if value is not None and (value.tzinfo is not None) is not want_aware:
                 return None
         array = pa.array(values, self.arrow_type)
-        if self.micro_unit > 1:
-            return self.build([None if v is None else self.convert(v) for v in values])
+        if self.micro_unit > 1:  # truncate the fraction to the column precision (toward -inf)
+            return pc.floor_temporal(array, multiple=self.micro_unit, unit="microsecond")
         return array
 
     def build(self, storage_values: list[Any]) -> pa.Array:
