@@ -86,13 +86,12 @@ class TableFlusher:
                 table.wakeup.clear()
                 await table.wakeup.wait()
                 continue
-            earliest = min(batch.deadline for batch in table.pending)
-            delay = earliest - self.flush_estimate - time.monotonic()
+            delay = table.earliest_deadline - self.flush_estimate - time.monotonic()
             if delay > 0 and not table.flush_now:
                 table.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(table.wakeup.wait(), delay)
-                continue  # re-evaluate: new batches may have an earlier deadline
+                continue  # re-evaluate: a batch with an earlier deadline may have woken us
             table.flush_now = False
             async for attempt in AsyncRetrying(
                 wait=wait_exponential_jitter(

@@ -9,6 +9,7 @@ memory can never be followed by later rows of the same handle.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -117,6 +118,8 @@ class TableState:
     channels: dict[str, ChannelState] = field(default_factory=dict)
     pending: list[PendingBatch] = field(default_factory=list)
     pending_bytes: int = 0
+    #: The earliest deadline among ``pending`` (inf when empty), kept as batches come and go.
+    earliest_deadline: float = math.inf
     #: Held for a whole flush, and by open/drop, so a generation changes between flushes only.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
@@ -129,26 +132,35 @@ class TableState:
     compaction: asyncio.Task[None] | None = None
 
     def add(self, batch: PendingBatch, max_bytes: int) -> None:
+        """Queue a batch; wake the flusher only if it must now flush sooner than it planned."""
         self.pending.append(batch)
         self.pending_bytes += batch.nbytes
+        wake = batch.deadline < self.earliest_deadline
+        self.earliest_deadline = min(self.earliest_deadline, batch.deadline)
         if self.pending_bytes >= max_bytes:
-            self.flush_now = True
-        self.wakeup.set()
+            self.flush_now = wake = True
+        if wake:
+            self.wakeup.set()
 
     def take_pending(self) -> list[PendingBatch]:
         batches, self.pending, self.pending_bytes = self.pending, [], 0
+        self.earliest_deadline = math.inf
         return batches
 
     def put_back(self, batches: list[PendingBatch]) -> None:
         """Return batches of a failed flush to the front, in their original order."""
         self.pending[:0] = batches
         self.pending_bytes += sum(batch.nbytes for batch in batches)
+        self.earliest_deadline = min(
+            [self.earliest_deadline, *(batch.deadline for batch in batches)]
+        )
 
     def discard_channel(self, channel: ChannelState) -> int:
         """Drop the uncommitted batches of one channel generation; returns bytes freed."""
         kept = [b for b in self.pending if b.channel is not channel]
         freed = self.pending_bytes - sum(b.nbytes for b in kept)
         self.pending, self.pending_bytes = kept, self.pending_bytes - freed
+        self.earliest_deadline = min((b.deadline for b in kept), default=math.inf)
         return freed
 
     def request_flush(self) -> None:
