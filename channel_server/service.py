@@ -25,7 +25,7 @@ from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from flush import commits_after, create_table, drop_table
-from flush.tables import INGEST_DIR
+from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
     ChannelInvalidatedError,
@@ -50,12 +50,8 @@ class InsertOutcome:
 
 def _intermediate_files(uri: str) -> tuple[int, int]:
     """How many intermediate files (and bytes) the table's current version holds."""
-    actions = pa.table(DeltaTable(uri).get_add_actions(flatten=True))
-    paths = actions.column("path").to_pylist()
-    sizes = actions.column("size_bytes").to_pylist()
-    mine = [
-        size for path, size in zip(paths, sizes, strict=True) if path.startswith(INGEST_DIR + "/")
-    ]
+    files = live_files(DeltaTable(uri))
+    mine = [f["size_bytes"] for f in files if f["path"].startswith(INGEST_DIR + "/")]
     return len(mine), sum(mine)
 
 

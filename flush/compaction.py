@@ -40,7 +40,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, file_stats
-from flush.tables import INGEST_DIR, ROW_ID_COLUMN
+from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -207,7 +207,7 @@ def compact_table(
         with _table_lock(table_uri):
             # Step 1: the snapshot and the plan.
             table = DeltaTable(table_uri)
-            files = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+            files = live_files(table)
             bins = plan_bins(files, policy)
             if not bins:
                 result.ended_at = time.time()
@@ -247,9 +247,7 @@ def compact_table(
             failpoint("compaction_before_commit")
             # Step 4: one commit, if every input is still live.
             latest = DeltaTable(table_uri)
-            live = {
-                row["path"] for row in pa.table(latest.get_add_actions(flatten=True)).to_pylist()
-            }
+            live = {row["path"] for row in live_files(latest)}
             gone = [item["path"] for item in inputs if item["path"] not in live]
             if gone:
                 raise CompactionAbandoned(f"{len(gone)} input file(s) were removed concurrently")

@@ -20,7 +20,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from flush.commit import COMMIT_METADATA_KEY
-from flush.tables import INGEST_DIR
+from flush.tables import INGEST_DIR, live_files
 
 __all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceResult", "maintain_table", "vacuum_data_folders"]
 
@@ -34,15 +34,6 @@ DATA_FOLDERS = (INGEST_DIR, "_compacted")
 class MaintenanceResult:
     checkpoint_version: int
     deleted_files: list[str] = field(default_factory=list)
-
-
-def _relative_paths(table: DeltaTable, root: Path) -> set[str]:
-    prefix = root.resolve().as_uri()
-    paths = set()
-    for uri in table.file_uris():
-        local = uri[len(prefix) :].lstrip("/") if uri.startswith(prefix) else uri
-        paths.add(local.removeprefix(str(root.resolve())).lstrip("/"))
-    return paths
 
 
 def vacuum_data_folders(
@@ -65,12 +56,12 @@ def vacuum_data_folders(
     root = Path(table_uri)
     cutoff = time.time() - retention_hours * 3600
     table = DeltaTable(table_uri)
-    keep = _relative_paths(table, root)
+    keep = {f["path"] for f in live_files(table)}
     for entry in table.history():
         version = entry.get("version", 0)
         recent = entry.get("timestamp", 0) / 1000 >= cutoff
         if recent and version > 0 and COMMIT_METADATA_KEY not in entry:
-            keep |= _relative_paths(DeltaTable(table_uri, version=version - 1), root)
+            keep |= {f["path"] for f in live_files(DeltaTable(table_uri, version=version - 1))}
     deleted = []
     for folder in DATA_FOLDERS:
         for path in sorted((root / folder).rglob("*")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -22,6 +23,7 @@ __all__ = [
     "create_table",
     "delta_schema",
     "drop_table",
+    "live_files",
     "table_schema_of",
 ]
 
@@ -51,6 +53,13 @@ def table_schema_of(table: DeltaTable) -> TableSchema:
     hidden = HIDDEN_KEY.encode()
     fields = [f for f in pa.schema(table.schema()) if hidden not in (f.metadata or {})]
     return TableSchema.from_arrow(pa.schema(fields))
+
+
+def live_files(table: DeltaTable) -> list[dict[str, Any]]:
+    """The data files of a table version, one dict per add action: ``path`` (relative to
+    the table, as the log holds it), ``size_bytes``, ``num_records`` and flattened stats."""
+    rows: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return rows
 
 
 def drop_table(uri: str) -> None:
