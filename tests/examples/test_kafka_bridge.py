@@ -79,6 +79,14 @@ def produce(kafka, topic, records, rate=None):
     assert producer.flush(30) == 0
 
 
+def produce_in_background(kafka, topic, total, rate):
+    """Records {"ID": 0..total-1} sent at ``rate`` per second by a started thread."""
+    records = [{"ID": n, "V": "x"} for n in range(total)]
+    sender = threading.Thread(target=produce, args=(kafka, topic, records, rate))
+    sender.start()
+    return sender
+
+
 def table_rows(location):
     return DeltaTable(location).to_pyarrow_table().sort_by(ROW_ID_COLUMN).to_pylist()
 
@@ -133,10 +141,7 @@ def test_records_arrive_exactly_once_in_order_with_tokens(kafka, server, client_
 def test_sigkill_at_random_points_and_restart(kafka, server, client_factory):
     _, location = setup(server, client_factory, "t2")
     total = 2000
-    sender = threading.Thread(
-        target=produce, args=(kafka, "t2", [{"ID": n, "V": "x"} for n in range(total)], 800)
-    )
-    sender.start()
+    sender = produce_in_background(kafka, "t2", total, rate=800)
     rng = random.Random(7)
     for _ in range(3):
         bridge = Bridge(kafka, server.url, "t2", "db.kafka.t2", "g2").start()
@@ -155,10 +160,7 @@ def test_sigkill_at_random_points_and_restart(kafka, server, client_factory):
 def test_rebalance_between_two_instances(kafka, server, client_factory):
     _, location = setup(server, client_factory, "t3")
     total = 1500
-    sender = threading.Thread(
-        target=produce, args=(kafka, "t3", [{"ID": n, "V": "x"} for n in range(total)], 600)
-    )
-    sender.start()
+    sender = produce_in_background(kafka, "t3", total, rate=600)
     first = Bridge(kafka, server.url, "t3", "db.kafka.t3", "g3").start()
     time.sleep(1.5)
     second = Bridge(kafka, server.url, "t3", "db.kafka.t3", "g3").start()  # partitions move
@@ -218,10 +220,7 @@ def test_server_restart_mid_stream(kafka, process_server_factory):
     with StreamingIngestClient("admin", url=server.url) as admin:
         location = admin.create_table("db.kafka.t5", COLUMNS)["location"]
     total = 1500
-    sender = threading.Thread(
-        target=produce, args=(kafka, "t5", [{"ID": n, "V": "x"} for n in range(total)], 600)
-    )
-    sender.start()
+    sender = produce_in_background(kafka, "t5", total, rate=600)
     bridge = Bridge(kafka, server.url, "t5", "db.kafka.t5", "g5").start()
     time.sleep(1.5)
     server.kill()  # rows buffered in the server are lost with it
