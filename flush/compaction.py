@@ -4,11 +4,16 @@ A run, for one table:
   1. reads the current snapshot with delta-rs and picks the intermediate files
      (under ``_ingest/``) and undersized optimized files, packed in bins toward
      the target file size;
-  2. per bin, reads the files with Spark, sorts by the table's clustering columns
-     (default: ingestion order, the hidden row id) and writes one zstd Parquet file
-     under ``_compacted/``;
-  3. checks that the row ids going out equal those coming in (count and set);
-  4. commits, with delta-rs, one transaction that removes the inputs and adds the
+  2. rewrites them with Spark into zstd files under ``_compacted/<run>/``:
+     - per bin, one Spark task (:mod:`flush.bin_rewrite`) reads the bin's files
+       with Arrow, sorts them by the clustering columns (default: ingestion order,
+       the hidden row id), writes one file and checks its row ids against those
+       it read;
+     - with clustering columns and more than one bin, Spark SQL range-partitions
+       all inputs on those columns into as many files, so their ranges do not
+       overlap, and the driver checks the row ids going out against those coming
+       in (count and set);
+  3. commits, with delta-rs, one transaction that removes the inputs and adds the
      outputs with ``dataChange=false`` and full statistics, so change-feed readers
      see nothing new. If an input file is gone by then (a concurrent delete or
      compaction), the run is abandoned and its outputs deleted.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import shutil
 import time
 import uuid
@@ -38,8 +44,9 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from flush.bin_rewrite import BinTask, rewrite_bin
 from flush.failpoints import failpoint
-from flush.parquet_files import WrittenFile, file_stats
+from flush.parquet_files import WrittenFile, file_stats, fsync_dir
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
 
 if TYPE_CHECKING:
@@ -149,27 +156,71 @@ def _sorted_ids(paths: list[str]) -> pa.Array:
     return ids.take(pc.sort_indices(ids)).combine_chunks()
 
 
-def _write_files(
-    spark: SparkSession, table_uri: str, inputs: list[str], clustering: tuple[str, ...],
-    outputs: int, folder: str,
-) -> list[WrittenFile]:  # fmt: skip
-    """Spark reads ``inputs`` and writes ``outputs`` sorted zstd files; the driver describes them.
+def _check_row_ids(table_uri: str, inputs: list[str], outputs: list[WrittenFile]) -> None:
+    out_paths = [str(Path(table_uri) / o.path) for o in outputs]
+    ids_in, ids_out = _sorted_ids(inputs), _sorted_ids(out_paths)
+    if not ids_in.equals(ids_out):
+        raise RuntimeError(f"row ids out ({len(ids_out)}) differ from row ids in ({len(ids_in)})")
 
-    With clustering columns the rows are range-partitioned on them first, so the files
-    of one run cover non-overlapping ranges; otherwise they keep ingestion order.
+
+def _rewrite_bins(
+    spark: SparkSession, table_uri: str, bins: list[list[dict[str, Any]]],
+    clustering: tuple[str, ...], run: str,
+) -> list[WrittenFile]:  # fmt: skip
+    """One Spark task per bin; each writes and checks one file (see :mod:`flush.bin_rewrite`)."""
+    tasks = [
+        BinTask(
+            table_uri=table_uri,
+            inputs=tuple(item["path"] for item in group),
+            output=f"{COMPACTED_DIR}/{run}/bin-{index:05d}.zstd.parquet",
+            sort_columns=clustering,
+            row_id_column=ROW_ID_COLUMN,
+            expected_rows=_logged_rows(group),
+        )
+        for index, group in enumerate(bins)
+    ]
+    try:
+        return spark.sparkContext.parallelize(tasks, len(tasks)).map(rewrite_bin).collect()
+    except Exception as exc:
+        raise RuntimeError(f"a bin rewrite task failed: {_task_failure(exc)}") from exc
+
+
+def _logged_rows(group: list[dict[str, Any]]) -> int | None:
+    """The bin's row count from the Delta log's stats, if every file has them."""
+    counts: list[int | None] = [item.get("num_records") for item in group]
+    known = [count for count in counts if count is not None]
+    return sum(known) if len(known) == len(counts) else None
+
+
+def _task_failure(exc: Exception) -> str:
+    """The Python error line out of a Spark job failure (its text is a long Java trace)."""
+    lines = [line.strip() for line in str(exc).splitlines()]
+    found = [line for line in lines if line.startswith(("flush.", "BinCheckFailed")) or (
+        ": " in line and line.split(": ", 1)[0].endswith(("Error", "Failed", "Exception"))
+        and not line.startswith(("py4j", "org.apache", "java."))
+    )]  # fmt: skip
+    return found[-1] if found else (lines[0] if lines else type(exc).__name__)
+
+
+def _rewrite_clustered(
+    spark: SparkSession, table_uri: str, inputs: list[str], clustering: tuple[str, ...],
+    outputs: int, run: str,
+) -> list[WrittenFile]:  # fmt: skip
+    """Spark SQL range-partitions ``inputs`` on ``clustering`` into ``outputs`` sorted files.
+
+    The files of one run cover non-overlapping ranges of the clustering columns.
+    Spark's writer does not fsync, so the driver does before anything is committed.
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    target = Path(table_uri) / COMPACTED_DIR / folder
-    schema = pq.read_schema(inputs[0])
+    target = Path(table_uri) / COMPACTED_DIR / run
+    schema = pq.read_schema(inputs[-1])
     # The schema is known: giving it spares Spark a job that opens every footer.
-    frame = spark.read.schema(from_arrow_schema(schema)).parquet(*inputs)
-    if outputs == 1:
-        frame = frame.repartition(1)  # one file: no range sampling needed
-    else:
-        frame = frame.repartitionByRange(outputs, *(clustering or (ROW_ID_COLUMN,)))
     (
-        frame.sortWithinPartitions(*clustering, ROW_ID_COLUMN)
+        spark.read.schema(from_arrow_schema(schema))
+        .parquet(*inputs)
+        .repartitionByRange(outputs, *clustering)
+        .sortWithinPartitions(*clustering, ROW_ID_COLUMN)
         .write.option("compression", "zstd")
         .mode("error")
         .parquet(str(target))
@@ -178,10 +229,13 @@ def _write_files(
         side_file.unlink()  # Spark's markers and checksums: not data, never referenced
     written = []
     for part in sorted(target.glob("part-*.parquet")):
+        with open(part, "rb") as handle:
+            os.fsync(handle.fileno())
         metadata = pq.read_metadata(part)
         relative = str(part.relative_to(table_uri))
         stats = file_stats(metadata, schema)
         written.append(WrittenFile(relative, part.stat().st_size, metadata.num_rows, stats))
+    fsync_dir(target)
     return written
 
 
@@ -218,34 +272,27 @@ def compact_table(
             result.rows_in = sum(item["num_records"] for item in inputs)
             result.bins = [len(group) for group in bins]
             progress(f"{len(inputs)} files ({result.bytes_in / MiB:.1f} MiB) in {len(bins)} bin(s)")
-            # Step 2: rewrite with Spark: each bin in ingestion order, or with clustering
-            # all inputs range-partitioned on the clustering columns into as many files.
-            if policy.clustering:
+            # Step 2: rewrite with Spark, and check that nothing was lost or doubled.
+            if policy.clustering and len(bins) > 1:
                 paths = [str(Path(table_uri) / item["path"]) for item in inputs]
+                progress(f"range-partitioning into {len(bins)} clustered files")
                 outputs.extend(
-                    _write_files(spark, table_uri, paths, policy.clustering, len(bins), run)
+                    _rewrite_clustered(spark, table_uri, paths, policy.clustering, len(bins), run)
                 )
-                progress(f"{len(bins)} clustered file(s) written")
+                _check_row_ids(table_uri, paths, outputs)
             else:
-                for index, group in enumerate(bins):
-                    paths = [str(Path(table_uri) / item["path"]) for item in group]
-                    folder = f"{run}-{index:05d}"
-                    outputs.extend(_write_files(spark, table_uri, paths, (), 1, folder))
-                    progress(f"bin {index + 1}/{len(bins)} written ({len(group)} files)")
+                progress(f"rewriting {len(bins)} bin(s), one Spark task each")
+                outputs.extend(_rewrite_bins(spark, table_uri, bins, policy.clustering, run))
             result.files_out = len(outputs)
             result.bytes_out = sum(o.size for o in outputs)
             result.rows_out = sum(o.rows for o in outputs)
-            # Step 3: nothing lost, nothing doubled.
-            in_paths = [str(Path(table_uri) / item["path"]) for item in inputs]
-            out_paths = [str(Path(table_uri) / o.path) for o in outputs]
-            if result.rows_out != result.rows_in or not _sorted_ids(in_paths).equals(
-                _sorted_ids(out_paths)
-            ):
+            if result.rows_out != result.rows_in:
                 raise RuntimeError(
-                    f"row ids out ({result.rows_out}) differ from row ids in ({result.rows_in})"
+                    f"rows out ({result.rows_out}) differ from rows in ({result.rows_in})"
                 )
+            progress(f"{len(outputs)} file(s) written and checked")
             failpoint("compaction_before_commit")
-            # Step 4: one commit, if every input is still live.
+            # Step 3: one commit, if every input is still live.
             latest = DeltaTable(table_uri)
             live = {row["path"] for row in live_files(latest)}
             gone = [item["path"] for item in inputs if item["path"] not in live]

@@ -26,7 +26,7 @@ from deltalake.transaction import AddAction
 
 from flush.tables import INGEST_DIR
 
-__all__ = ["WrittenFile", "file_stats", "write_parquet_file"]
+__all__ = ["WrittenFile", "file_stats", "fsync_dir", "write_parquet_file"]
 
 #: Strings longer than this get no min/max statistics (a truncated max would be wrong).
 MAX_STRING_STAT = 64
@@ -99,7 +99,8 @@ def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> str:
     return orjson.dumps(stats_json).decode()
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a new or renamed file's directory entry durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -135,6 +136,6 @@ def write_parquet_file(
         )
         handle.flush()
         os.fsync(handle.fileno())
-    _fsync_dir(directory)
+    fsync_dir(directory)
     stats = file_stats(collected[0], data.schema)
     return WrittenFile(relative, target.stat().st_size, data.num_rows, stats)

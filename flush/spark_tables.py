@@ -7,6 +7,7 @@ files that delta-rs resolves for it (see ARCHITECTURE.md, "Key decisions").
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from deltalake import DeltaTable
@@ -23,12 +24,15 @@ def spark_session(
     """A Spark session configured for our tables (UTC session zone, proleptic dates).
 
     ``master`` defaults to ``$SPARK_MASTER`` or ``local[*]``; ``config`` adds Spark
-    settings (``{"spark.driver.memory": "4g"}``).
+    settings (``{"spark.driver.memory": "4g"}``). Python tasks (compaction's bin
+    rewrites) run on ``$PYSPARK_PYTHON``, by default this interpreter; on a cluster,
+    point it at a Python that has this package and pyarrow installed.
     """
     from pyspark.sql import SparkSession
 
     # Keep the driver on loopback unless told otherwise: no traffic off this machine.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]"))
         .appName(app_name)

@@ -10,14 +10,17 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
 from channel_server.catalog import SqliteCatalog
-from flush import ROW_ID_COLUMN, ChannelProgress, TableWriter, create_table
+from flush import ROW_ID_COLUMN, ChannelProgress, TableWriter, compaction, create_table
+from flush.bin_rewrite import BinCheckFailed, BinTask, rewrite_bin
 from flush.compaction import CompactionPolicy, compact_table, plan_bins
 from flush.maintenance import maintain_table, vacuum_data_folders
 from flush.spark_tables import read_delta
@@ -75,8 +78,15 @@ def test_compaction_bins_files_and_changes_no_row(spark, table_uri):
     assert result.rows_in == result.rows_out == 1500
     table = DeltaTable(table_uri)
     assert len(table.file_uris()) == 3
-    assert all("/_compacted/" in uri and uri.endswith(".zstd.parquet") for uri in table.file_uris())
+    assert all("/_compacted/" in uri for uri in table.file_uris())
+    for uri in table.file_uris():
+        columns = pq.read_metadata(uri).row_group(0)
+        for index in range(columns.num_columns):
+            column = columns.column(index)
+            assert column.compression == "ZSTD" and column.statistics.has_min_max
     assert snapshot(table_uri).equals(before)  # every row and value unchanged
+    ids = [pq.read_table(uri, columns=[ROW_ID_COLUMN]).column(0) for uri in table.file_uris()]
+    assert all(i.equals(i.take(pc.sort_indices(i))) for i in ids)  # each in ingestion order
     cdf = table.load_cdf(starting_version=result.version, ending_version=result.version)
     assert cdf.read_all().num_rows == 0  # a change feed sees nothing new
     assert table.history(1)[0]["ingest.compaction"]
@@ -120,6 +130,72 @@ def test_clustering_makes_file_ranges_disjoint(spark, table_uri):
     for (_, high), (low, _) in itertools.pairwise(ranges):
         assert high < low, ranges  # non-overlapping per-file ranges
     assert snapshot(table_uri).equals(before)
+
+
+def test_one_clustered_bin_is_sorted_by_the_clustering_columns(spark, table_uri):
+    flush_many(table_uri, 10, 40)
+    before = snapshot(table_uri)
+    result = compact_table(spark, table_uri, CompactionPolicy(clustering=("K", "S")))
+    assert result.status == "SUCCEEDED" and result.files_out == 1
+    (uri,) = DeltaTable(table_uri).file_uris()
+    data = pq.read_table(uri)
+    keys = [("K", "ascending"), ("S", "ascending"), (ROW_ID_COLUMN, "ascending")]
+    assert data.equals(data.sort_by(keys))
+    assert snapshot(table_uri).equals(before)
+
+
+def test_files_from_both_rewrite_paths_compact_together(spark, table_uri):
+    """Spark SQL's clustered files, left undersized, merge with new flushes in a bin task."""
+    flush_many(table_uri, 12, 50)
+    total = sum(a["size_bytes"] for a in live_actions(table_uri))
+    clustered = CompactionPolicy(target_file_bytes=total // 2 + 1, clustering=("K",))
+    first = compact_table(spark, table_uri, clustered)
+    assert first.files_out >= 2  # the Spark SQL range-partitioning pass
+    more = TableWriter(table_uri, SCHEMA)
+    batch, _ = convert_rows(
+        SCHEMA, [{"ID": 10_000 + i, "K": i, "S": "x", "TS": 1} for i in range(30)]
+    )
+    more.commit_flush([pa.Table.from_batches([batch])], [ChannelProgress("d", 1, 1, "0", 30)], 600)
+    before = snapshot(table_uri)
+    result = compact_table(spark, table_uri, CompactionPolicy(target_file_bytes=total * 10))
+    assert result.status == "SUCCEEDED", result.error
+    assert (result.files_in, result.files_out) == (first.files_out + 1, 1)
+    assert snapshot(table_uri).equals(before)
+
+
+def test_a_bin_whose_rows_do_not_check_out_fails_the_run_and_commits_nothing(spark, table_uri):
+    """An input read twice (repeated row ids) is caught inside the Spark task."""
+    flush_many(table_uri, 4, 10)
+    files = live_actions(table_uri)
+    doubled = [[files[0], files[0], *files[1:]]]
+    with pytest.raises(RuntimeError, match=r"a bin rewrite task failed: .*repeated row ids"):
+        compaction._rewrite_bins(spark, table_uri, doubled, (), "bad-run")
+    assert not list(Path(table_uri).glob("_compacted/bad-run/*"))  # refused before writing
+    version = DeltaTable(table_uri).version()
+    assert compact_table(spark, table_uri, CompactionPolicy()).status == "SUCCEEDED"
+    assert DeltaTable(table_uri).version() == version + 1
+
+
+def test_bin_rewrite_checks_rows_against_the_log_and_repeated_ids(table_uri):
+    flush_many(table_uri, 3, 10)
+    paths = tuple(a["path"] for a in live_actions(table_uri))
+    task = BinTask(table_uri, paths, "_compacted/r/out.parquet", (), ROW_ID_COLUMN, 31)
+    with pytest.raises(BinCheckFailed, match="read 30 rows from 3 files whose Delta stats say 31"):
+        rewrite_bin(task)
+    repeated = BinTask(
+        table_uri, (*paths, paths[0]), "_compacted/r/out.parquet", (), ROW_ID_COLUMN, None
+    )
+    with pytest.raises(BinCheckFailed, match="repeated row ids"):
+        rewrite_bin(repeated)
+    written = rewrite_bin(
+        BinTask(table_uri, paths, "_compacted/r/out.parquet", ("K",), ROW_ID_COLUMN, 30)
+    )
+    assert written.rows == 30 and orjson.loads(written.stats)["numRecords"] == 30
+    assert not list((Path(table_uri) / "_compacted" / "r").glob(".*.tmp"))  # renamed into place
+
+
+def live_actions(uri):
+    return pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
 
 
 def test_plan_leaves_large_optimized_files_alone():
