@@ -87,6 +87,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default=None,
         help="Spark master for compaction (default $SPARK_MASTER or local[*])",
     )
+    parser.add_argument(
+        "--compaction-worker-idle",
+        default="10 minutes",
+        help="stop the compaction worker (and its JVM) after this idle time (default 10 minutes)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     tokens = set(args.auth_token)
@@ -114,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             max_intermediate_files=args.compact_after_files,
             max_intermediate_bytes=int(args.compact_after_mb * MiB),
             spark_master=args.spark_master,
+            worker_idle_seconds=parse_duration(args.compaction_worker_idle, "worker idle time"),
         ),
     )
 

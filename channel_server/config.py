@@ -37,8 +37,9 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class CompactionTrigger:
-    """When the service starts a background compaction of a table (a separate process,
-    ``python -m flush.compact``, so ingestion latency does not suffer)."""
+    """When the service starts a background compaction of a table, and where it runs:
+    a separate, long-lived worker process (``python -m flush.compact --serve``), so
+    ingestion latency does not suffer and its Spark session stays warm between runs."""
 
     enabled: bool = True
     max_intermediate_files: int = 32
@@ -46,6 +47,8 @@ class CompactionTrigger:
     spark_master: str | None = None  # default: $SPARK_MASTER or local[*]
     target_file_mb: float = 128
     extra_args: tuple[str, ...] = ()
+    #: The worker (and its JVM) is stopped after this long without a compaction.
+    worker_idle_seconds: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from channel_server.catalog import Catalog, ChannelRecord, TableInfo
+from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
@@ -77,6 +78,11 @@ class IngestService:
         # changes by create/drop through this service.
         self._definitions: dict[str, TableInfo] = {}
         self._flushers: dict[int, TableFlusher] = {}
+        self.compaction_worker = CompactionWorker(
+            self._compaction_command(),
+            Path(config.warehouse) / "_logs" / "compaction-worker.log",
+            config.compaction.worker_idle_seconds,
+        )
         self.started_at = time.time()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -107,7 +113,7 @@ class IngestService:
             self.start_compaction(table)
 
     def start_compaction(self, table: TableState) -> bool:
-        """Start ``python -m flush.compact`` for a table unless one is running."""
+        """Queue a compaction of a table in the worker unless one is queued or running."""
         if table.compaction is not None and not table.compaction.done():
             return False
         table.compaction = asyncio.create_task(
@@ -115,36 +121,32 @@ class IngestService:
         )
         return True
 
-    async def _run_compaction(self, table: TableState) -> None:
+    def _compaction_command(self) -> list[str]:
         trigger = self.config.compaction
-        args = [
-            sys.executable, "-m", "flush.compact",
+        return [
+            sys.executable, "-m", "flush.compact", "--serve",
             "--warehouse", str(self.config.warehouse),
             "--catalog", str(self.config.catalog_file),
-            "--table", table.info.full_name,
             "--target-file-mb", str(trigger.target_file_mb),
             *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
             *trigger.extra_args,
         ]  # fmt: skip
-        log.info("starting compaction of %s", table.info.full_name)
+
+    async def _run_compaction(self, table: TableState) -> None:
+        name = table.info.full_name
+        log.info("compacting %s", name)
         self.metrics.compactions_started += 1
-        # Its progress goes to a log file, not a pipe: nothing to drain if the service stops.
-        log_path = Path(self.config.warehouse) / "_logs" / f"compaction-{table.info.id}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log_file:
-            process = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.DEVNULL, stderr=log_file
-            )
         try:
-            await process.wait()
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            raise
-        if process.returncode != 0:
-            tail = log_path.read_bytes()[-2000:].decode(errors="replace")
-            log.error("compaction of %s failed (log %s): %s", table.info.full_name, log_path, tail)
+            record = await self.compaction_worker.compact(name)
+        except CompactionWorkerDied as exc:
+            log.error("compaction of %s failed: %s", name, exc)
+        else:
+            if record.get("status") == "FAILED":
+                log.error("compaction of %s failed: %s (log %s)", name, record.get("error"),
+                          self.compaction_worker.log_path)  # fmt: skip
+            else:
+                log.info("compaction of %s: %s, %s -> %s files", name, record.get("status"),
+                         record.get("files_in"), record.get("files_out"))  # fmt: skip
         table.ingest_files, table.ingest_bytes = await asyncio.to_thread(
             _intermediate_files, table.info.uri
         )
@@ -187,6 +189,7 @@ class IngestService:
                 table.compaction.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await table.compaction
+        await self.compaction_worker.stop()
 
     def remove_inactive_channels(self) -> int:
         before = time.time() - self.config.channel_retention_seconds

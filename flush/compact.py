@@ -2,9 +2,16 @@
 
     python -m flush.compact --warehouse ./warehouse --table DB.SCHEMA.TABLE
     python -m flush.compact --warehouse ./warehouse --all --spark-master spark://host:7077
+    python -m flush.compact --warehouse ./warehouse --serve
 
 Each run is recorded in the catalog's migration history (also shown over HTTP and
 the SDK). Progress goes to stderr; one JSON line per table to stdout.
+
+``--serve`` keeps one Spark session warm and compacts the tables named on stdin,
+one JSON object per line (``{"table": "DB.SCHEMA.TABLE"}``), answering each with
+one JSON line on stdout, until stdin closes. The channel service runs its
+background compactions this way: a run in a warm session takes about a quarter of
+the time of one in a fresh process.
 
 This is the composition point of compaction: it reads table locations and
 clustering columns from the catalog and records runs there; the job itself
@@ -19,7 +26,9 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import orjson
 
 from flush.compaction import CompactionPolicy, CompactionResult, compact_table
 from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_table
@@ -49,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--table", action="append", help="DB.SCHEMA.TABLE (repeatable)")
     which.add_argument("--all", action="store_true", help="every table in the catalog")
+    which.add_argument("--serve", action="store_true",
+                       help="compact the tables named on stdin, one JSON line each")  # fmt: skip
     parser.add_argument("--target-file-mb", type=float, default=128, help="default 128")
     parser.add_argument("--spark-master", default=os.environ.get("SPARK_MASTER", "local[*]"))
     parser.add_argument("--spark-driver-memory", default=None, help="e.g. 4g")
@@ -69,18 +80,76 @@ def run_record(result: CompactionResult) -> dict[str, Any]:
     return record
 
 
+def compact_and_record(
+    spark: Any, catalog: Any, info: Any, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Compact one catalog table, record the run in its history, maintain it; the JSON record."""
+    report = _progress(info.full_name)
+    policy = CompactionPolicy(
+        target_file_bytes=int(args.target_file_mb * MiB), clustering=info.clustering
+    )
+    try:
+        result = compact_table(spark, info.uri, policy, progress=report)
+    except Exception as exc:
+        result = CompactionResult(info.uri, time.time(), time.time(), "FAILED", error=repr(exc))
+        report(f"failed: {exc!r}")
+    catalog.record_migration(info.id, run_record(result))
+    output: dict[str, Any] = {"table": info.full_name, **run_record(result)}
+    if args.maintenance:
+        done = maintain_table(
+            info.uri, args.retention_hours, allow_short_retention=args.allow_short_retention
+        )
+        output["vacuumed_files"] = len(done.deleted_files)
+        report(f"maintenance: checkpoint at {done.checkpoint_version}, "
+               f"{len(done.deleted_files)} file(s) vacuumed")  # fmt: skip
+    report(f"{result.status} in {result.duration:.1f}s")
+    return output
+
+
+def serve(
+    spark: Any, catalog: Any, args: argparse.Namespace, requests: IO[str], replies: IO[str]
+) -> None:
+    """Answer each request line with one JSON line until ``requests`` ends.
+
+    A bad request (not JSON, no such table) gets ``{"status": "FAILED", "error": ...}``
+    and the worker goes on; only a broken Spark session ends it.
+    """
+    from ingest_sdk.schema import split_table_name
+
+    for line in requests:
+        if not line.strip():
+            continue
+        name = None
+        try:
+            request = orjson.loads(line)
+            name = request["table"]
+            info = catalog.get_table(*split_table_name(name))
+        except Exception as exc:
+            answer: dict[str, Any] = {"table": name, "status": "FAILED", "error": repr(exc)}
+        else:
+            answer = compact_and_record(spark, catalog, info, args)
+        replies.write(orjson.dumps(answer).decode() + "\n")
+        replies.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from channel_server.catalog import SqliteCatalog
     from flush.spark_tables import spark_session
     from ingest_sdk.schema import split_table_name
 
+    replies = sys.stdout
+    if args.serve:
+        # Answers get their own copy of stdout; anything else printed (by Spark, by a
+        # library) goes to stderr, so the answer stream holds only answers.
+        replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
-    tables = (
-        catalog.list_tables()
-        if args.all
-        else [catalog.get_table(*split_table_name(name)) for name in args.table]
-    )
+    tables = []  # resolved before Spark starts: a mistyped name fails fast
+    if args.all:
+        tables = catalog.list_tables()
+    elif args.table:
+        tables = [catalog.get_table(*split_table_name(name)) for name in args.table]
     config = {}
     if args.spark_driver_memory:
         config["spark.driver.memory"] = args.spark_driver_memory
@@ -90,31 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("ERROR")
     failures = 0
     try:
+        if args.serve:
+            serve(spark, catalog, args, sys.stdin, replies)
+            return 0
         for info in tables:
-            report = _progress(info.full_name)
-            policy = CompactionPolicy(
-                target_file_bytes=int(args.target_file_mb * MiB), clustering=info.clustering
-            )
-            try:
-                result = compact_table(spark, info.uri, policy, progress=report)
-            except Exception as exc:
-                failures += 1
-                result = CompactionResult(
-                    info.uri, time.time(), time.time(), "FAILED", error=repr(exc)
-                )
-                report(f"failed: {exc!r}")
-            catalog.record_migration(info.id, run_record(result))
-            output: dict[str, Any] = {"table": info.full_name, **run_record(result)}
-            if args.maintenance:
-                done = maintain_table(
-                    info.uri, args.retention_hours, allow_short_retention=args.allow_short_retention
-                )
-                output["vacuumed_files"] = len(done.deleted_files)
-                report(f"maintenance: checkpoint at {done.checkpoint_version}, "
-                       f"{len(done.deleted_files)} file(s) vacuumed")  # fmt: skip
-            report(f"{result.status} in {result.duration:.1f}s")
-            import orjson
-
+            output = compact_and_record(spark, catalog, info, args)
+            failures += output["status"] == "FAILED"
             print(orjson.dumps(output).decode(), flush=True)
     finally:
         spark.stop()

@@ -1,5 +1,7 @@
 """The service starts compaction in the background and reports its history."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -64,3 +66,86 @@ def test_stopping_the_service_stops_a_running_compaction(server_factory, client_
     gc.collect()  # a leaked subprocess transport would warn (an error in this suite) here
     logs = list((server.config.warehouse / "_logs").glob("compaction-*.log"))
     assert len(logs) == 1
+
+
+def _wait_for_runs(client, table, count, timeout=240):
+    deadline = time.monotonic() + timeout
+    history = []
+    while time.monotonic() < deadline and len(history) < count:
+        time.sleep(0.5)
+        history = client.get_migration_history(table)
+    assert len(history) >= count, history
+    return history
+
+
+def _two_tables_with_flushes(client, flushes=3):
+    channels = {}
+    for name in ("db.s.a", "db.s.b"):
+        client.create_table(name, {"ID": "INT NOT NULL"})
+        _, _, table = name.split(".")
+        channels[name] = client.open_channel(OpenChannelRequest("c", "DB", "S", table))
+        for n in range(flushes):
+            channels[name].insert_rows([{"ID": n}], end_offset_token=str(n))
+            channels[name].wait_for_commit(timeout=30)
+    return channels
+
+
+def _ids(server, name):
+    location = server.service.describe_table(name).uri
+    return sorted(int(v) for v in DeltaTable(location).to_pyarrow_table().column("ID").to_pylist())
+
+
+def test_one_warm_worker_serves_every_table_and_stops_when_idle(server_factory, client_factory):
+    trigger = CompactionTrigger(
+        max_intermediate_files=1000, spark_master="local[1]", worker_idle_seconds=5
+    )
+    server = server_factory(compaction=trigger)
+    client = client_factory(server.url, max_client_lag=0.05)
+    _two_tables_with_flushes(client)
+    assert client.compact("db.s.a") is True
+    assert client.compact("db.s.b") is True  # queued behind a, in the same worker
+    for name in ("db.s.a", "db.s.b"):
+        (run,) = _wait_for_runs(client, name, 1)
+        assert run["status"] == "SUCCEEDED" and (run["files_in"], run["files_out"]) == (3, 1)
+        assert _ids(server, name) == [0, 1, 2]
+    worker = server.service.compaction_worker
+    assert worker.starts == 1  # the second table found the worker (and Spark) warm
+    deadline = time.monotonic() + 60
+    while worker.pid is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert worker.pid is None  # stopped after five idle seconds
+    channel = client.open_channel(OpenChannelRequest("c2", "DB", "S", "A"))
+    channel.insert_rows([{"ID": 3}], end_offset_token="3")
+    channel.wait_for_commit(timeout=30)
+    assert client.compact("db.s.a") is True
+    assert [r["status"] for r in _wait_for_runs(client, "db.s.a", 2)] == ["SUCCEEDED"] * 2
+    assert worker.starts == 2 and _ids(server, "db.s.a") == [0, 1, 2, 3]
+
+
+def test_a_worker_killed_mid_run_loses_nothing_and_is_replaced(server_factory, client_factory):
+    trigger = CompactionTrigger(max_intermediate_files=1000, spark_master="local[1]")
+    server = server_factory(compaction=trigger)
+    client = client_factory(server.url, max_client_lag=0.05)
+    _two_tables_with_flushes(client, flushes=4)
+    worker = server.service.compaction_worker
+    assert client.compact("db.s.a") is True
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and b"DB.S.A: 4 files" not in _read(worker.log_path):
+        time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGKILL)  # mid-run: after planning, before or in the rewrite
+    state = server.service._table_state(server.service.describe_table("db.s.a"))
+    while time.monotonic() < deadline and not state.compaction.done():
+        time.sleep(0.1)
+    assert state.compaction.done() and worker.pid is None
+    assert _ids(server, "db.s.a") == [0, 1, 2, 3]  # the table is readable and unchanged
+    assert client.compact("db.s.a") is True  # a new worker takes over
+    runs = _wait_for_runs(client, "db.s.a", 1)
+    assert runs[-1]["status"] == "SUCCEEDED" and runs[-1]["files_in"] == 4
+    assert worker.starts == 2 and _ids(server, "db.s.a") == [0, 1, 2, 3]
+
+
+def _read(path):
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""

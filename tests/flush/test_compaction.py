@@ -319,6 +319,26 @@ def test_cli_records_the_migration_history_and_maintains(tmp_path):
     assert list((Path(uri) / "_delta_log").glob("*.checkpoint.parquet"))
 
 
+def test_serve_answers_each_request_and_survives_bad_ones(tmp_path):
+    warehouse, uri, info = _prepare_warehouse(tmp_path)
+    requests = b'not json\n{"table": "db.s.nope"}\n{"table": "db.s.t"}\n{"table": "db.s.t"}\n'
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-m", "flush.compact", "--warehouse", str(warehouse), "--serve",
+         "--spark-master", "local[1]", "--no-maintenance"],
+        input=requests, env=env, cwd=ROOT, capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    answers = [orjson.loads(line) for line in done.stdout.splitlines()]  # only answers on stdout
+    assert [a["status"] for a in answers] == ["FAILED", "FAILED", "SUCCEEDED", "NOTHING_TO_DO"]
+    assert "JSONDecodeError" in answers[0]["error"] and "NOPE" in answers[1]["error"]
+    assert answers[2]["files_in"] == 12 and answers[2]["table"] == "DB.S.T"
+    catalog = SqliteCatalog(warehouse / "catalog.sqlite")
+    assert [r["status"] for r in catalog.list_migrations(info.id)] == ["SUCCEEDED", "NOTHING_TO_DO"]
+    catalog.close()
+    assert len(DeltaTable(uri).file_uris()) == 1
+
+
 def test_vacuum_refuses_short_retention_by_default(table_uri):
     with pytest.raises(ValueError, match="retention under 1"):
         vacuum_data_folders(table_uri, 0.5)
