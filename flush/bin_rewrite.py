@@ -9,7 +9,8 @@ A task:
   1. reads its input files (pyarrow dataset, the table's schema);
   2. sorts the rows by the sort columns, then the row id (ingestion order when
      there are no sort columns), so the output is deterministic;
-  3. writes one zstd Parquet file with statistics for every column, fsyncs it
+  3. writes one zstd Parquet file with statistics for every column (dictionary
+     encoding only for columns whose values repeat), fsyncs it
      and renames it into place (a retried or speculative attempt writes the same
      bytes and replaces it atomically);
   4. reads the written file's row ids back and checks they are exactly the ids it
@@ -69,9 +70,7 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
             f"read {data.num_rows} rows from {len(paths)} files whose Delta stats say "
             f"{task.expected_rows}"
         )
-    _check_unique(data.column(task.row_id_column), task.output)
-    keys = [(name, "ascending") for name in (*task.sort_columns, task.row_id_column)]
-    data = data.take(pc.sort_indices(data, sort_keys=keys))
+    data = _sorted(data, task)
     target = root / task.output
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
@@ -79,7 +78,8 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
     with open(partial, "wb") as handle:
         pq.write_table(
             data, handle, compression="zstd", row_group_size=ROW_GROUP_ROWS,
-            write_statistics=True, metadata_collector=collected,
+            use_dictionary=_dictionary_columns(data), write_statistics=True,
+            metadata_collector=collected,
         )  # fmt: skip
         handle.flush()
         os.fsync(handle.fileno())
@@ -94,7 +94,34 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
     return WrittenFile(task.output, target.stat().st_size, data.num_rows, stats)
 
 
-def _check_unique(ids: pa.ChunkedArray, output: str) -> None:
-    """Row ids are unique per table: a repeated id means an input was read twice."""
+def _sorted(data: pa.Table, task: BinTask) -> pa.Table:
+    """The rows in output order; refuses repeated row ids (unique per table).
+
+    Flushes hand out row ids in commit order, so a bin of intermediate files read
+    in log order is usually in ingestion order already: then the sort is skipped.
+    """
+    ids = data.column(task.row_id_column)
+    if not task.sort_columns and len(ids) > 1:
+        values = ids.combine_chunks()
+        if pc.all(pc.greater(values[1:], values[:-1])).as_py():
+            return data  # strictly increasing: sorted and without repeats
     if pc.count_distinct(ids).as_py() != len(ids):
-        raise BinCheckFailed(f"{output}: the inputs hold repeated row ids")
+        raise BinCheckFailed(f"{task.output}: the inputs hold repeated row ids")
+    keys = [(name, "ascending") for name in (*task.sort_columns, task.row_id_column)]
+    return data.take(pc.sort_indices(data, sort_keys=keys))
+
+
+def _dictionary_columns(data: pa.Table, sample_rows: int = 65_536) -> list[str]:
+    """Columns worth dictionary encoding: each value repeats ten times or more in a sample.
+
+    For mostly-distinct columns a dictionary is built and then abandoned, which
+    costs time and, measured on the benchmark table, makes files 8% larger.
+    """
+    sample = data.slice(0, sample_rows)
+    if sample.num_rows == 0:
+        return []
+    return [
+        field.name
+        for field, column in zip(sample.schema, sample.columns, strict=True)
+        if pc.count_distinct(column).as_py() * 10 <= sample.num_rows
+    ]

@@ -194,6 +194,23 @@ def test_bin_rewrite_checks_rows_against_the_log_and_repeated_ids(table_uri):
     assert not list((Path(table_uri) / "_compacted" / "r").glob(".*.tmp"))  # renamed into place
 
 
+def test_bin_rewrite_uses_dictionaries_only_for_repeating_columns(table_uri):
+    writer = TableWriter(table_uri, SCHEMA)
+    rows = [{"ID": i, "K": i, "S": "ab"[i % 2], "TS": 1} for i in range(200)]
+    batch, _ = convert_rows(SCHEMA, rows)
+    writer.commit_flush([pa.Table.from_batches([batch])], [ChannelProgress("c", 1, 1, "0", 200)], 0)
+    paths = tuple(a["path"] for a in live_actions(table_uri))
+    written = rewrite_bin(
+        BinTask(table_uri, paths, "_compacted/r/d.parquet", (), ROW_ID_COLUMN, 200)
+    )
+    group = pq.read_metadata(Path(table_uri) / written.path).row_group(0)
+    encodings = {
+        group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)
+    }
+    assert "RLE_DICTIONARY" in encodings["S"] and "RLE_DICTIONARY" in encodings["TS"]
+    assert not {"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & set(encodings["ID"] + encodings["K"])
+
+
 def live_actions(uri):
     return pa.table(DeltaTable(uri).get_add_actions(flatten=True)).to_pylist()
 
