@@ -43,10 +43,6 @@ def spark_session(
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
-        # Our tables hold many small local files: opening one costs far less than the
-        # 4 MiB of reading Spark assumes, so pack more files per task (the clustered
-        # compaction of 1,000 files ran a third faster, measured).
-        .config("spark.sql.files.openCostInBytes", str(64 * 1024))
         # Files are written by Arrow in the proleptic Gregorian calendar: never rebase.
         .config("spark.sql.parquet.datetimeRebaseModeInRead", "CORRECTED")
         .config("spark.sql.parquet.int96RebaseModeInRead", "CORRECTED")
