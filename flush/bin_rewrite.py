@@ -27,6 +27,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,15 +36,50 @@ import pyarrow.parquet as pq
 
 from flush.parquet_files import WrittenFile, file_stats, fsync_dir
 
-__all__ = ["BinCheckFailed", "BinTask", "rewrite_bin"]
+__all__ = ["BinCheckFailed", "BinTask", "KeyRange", "range_boundaries", "rewrite_bin"]
 
 #: Rows per row group: large groups compress best; readers still skip by group stats.
 ROW_GROUP_ROWS = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
+class KeyRange:
+    """One of the ranges that ``boundaries`` cut the first sort column into.
+
+    A row's range is the number of boundaries at or below its value, so range
+    ``i`` holds ``boundaries[i-1] <= value < boundaries[i]``; nulls and NaN go to
+    the last range, where sorting puts them. The ranges cover every row once.
+    """
+
+    column: str
+    boundaries: tuple[Any, ...]
+    index: int
+
+    def predicate(self, kind: pa.DataType) -> ds.Expression | None:
+        """The dataset filter for this range (None: every row)."""
+        field = pc.field(self.column)
+        parts = []
+        if self.index > 0:
+            parts.append(field >= pa.scalar(self.boundaries[self.index - 1], kind))
+        if self.index < len(self.boundaries):
+            parts.append(field < pa.scalar(self.boundaries[self.index], kind))
+        if not parts:
+            return None
+        condition = parts[0] if len(parts) == 1 else parts[0] & parts[1]
+        if self.index == len(self.boundaries):  # the last range also takes null and NaN
+            condition = condition | field.is_null()
+            if pa.types.is_floating(kind):
+                condition = condition | field.is_nan()
+        return condition
+
+
+@dataclass(frozen=True, slots=True)
 class BinTask:
-    """What one task rewrites: ``inputs`` (relative to ``table_uri``) into ``output``."""
+    """What one task rewrites: ``inputs`` (relative to ``table_uri``) into ``output``.
+
+    With ``key_range`` the task reads all of a clustered run's inputs and keeps the
+    rows of its range, so the files of the run do not overlap on that column.
+    """
 
     table_uri: str
     inputs: tuple[str, ...]
@@ -51,6 +87,7 @@ class BinTask:
     sort_columns: tuple[str, ...]
     row_id_column: str
     expected_rows: int | None  # from the Delta log's stats; None when unknown
+    key_range: KeyRange | None = None
 
 
 class BinCheckFailed(RuntimeError):
@@ -64,7 +101,12 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
     # The newest input's schema: older undersized files (maybe written by another
     # engine) are cast to it by the dataset.
     schema = pq.read_schema(paths[-1])
-    data = ds.dataset(paths, schema=schema, format="parquet").to_table()
+    dataset = ds.dataset(paths, schema=schema, format="parquet")
+    if task.key_range is None:
+        data = dataset.to_table()
+    else:
+        kind = schema.field(task.key_range.column).type
+        data = dataset.to_table(filter=task.key_range.predicate(kind))
     if task.expected_rows is not None and data.num_rows != task.expected_rows:
         raise BinCheckFailed(
             f"read {data.num_rows} rows from {len(paths)} files whose Delta stats say "
@@ -92,6 +134,29 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
         )
     stats = file_stats(collected[0], data.schema)
     return WrittenFile(task.output, target.stat().st_size, data.num_rows, stats)
+
+
+def range_boundaries(paths: list[str], column: str, ranges: int) -> tuple[Any, ...]:
+    """Up to ``ranges - 1`` values cutting ``column`` into ranges of about equal rows.
+
+    Read from the column alone (cheap); nulls and NaN are left out (they go to the
+    last range). Repeated values give fewer, never empty, ranges.
+    """
+    schema = pq.read_schema(paths[-1])
+    values = ds.dataset(paths, schema=schema, format="parquet").to_table(columns=[column])
+    known = pc.drop_null(values.column(0))
+    if pa.types.is_floating(known.type):
+        known = known.filter(pc.invert(pc.is_nan(known)))
+    if len(known) == 0:
+        return ()
+    ordered = known.take(pc.sort_indices(known))
+    lowest = ordered[0].as_py()
+    picks: list[Any] = []
+    for number in range(1, ranges):
+        value = ordered[len(ordered) * number // ranges].as_py()
+        if value != lowest and (not picks or value != picks[-1]):
+            picks.append(value)
+    return tuple(picks)
 
 
 def _sorted(data: pa.Table, task: BinTask) -> pa.Table:

@@ -9,10 +9,13 @@ A run, for one table:
        with Arrow, sorts them by the clustering columns (default: ingestion order,
        the hidden row id), writes one file and checks its row ids against those
        it read;
-     - with clustering columns and more than one bin, Spark SQL range-partitions
-       all inputs on those columns into as many files, so their ranges do not
-       overlap, and the driver checks the row ids going out against those coming
-       in (count and set);
+     - with clustering columns and more than one bin, the files of the run must
+       cover non-overlapping ranges: up to ``MAX_RANGE_TASKS`` bins, the driver
+       cuts the first clustering column into as many ranges of about equal rows
+       and one Spark task per range reads all inputs, keeps its range and goes on
+       as above; past that, Spark SQL range-partitions all inputs on the
+       clustering columns, and the driver checks the row ids going out against
+       those coming in (count and set);
   3. commits, with delta-rs, one transaction that removes the inputs and adds the
      outputs with ``dataChange=false`` and full statistics, so change-feed readers
      see nothing new. If an input file is gone by then (a concurrent delete or
@@ -44,7 +47,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
-from flush.bin_rewrite import BinTask, rewrite_bin
+from flush.bin_rewrite import BinTask, KeyRange, range_boundaries, rewrite_bin
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, file_stats, fsync_dir
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
@@ -63,6 +66,11 @@ __all__ = [
 
 #: Folder (inside the table) for files written by compaction.
 COMPACTED_DIR = "_compacted"
+#: A clustered run of up to this many bins runs one Arrow task per key range, each
+#: reading all inputs: cheaper than Spark SQL's shuffle and row sort while the
+#: ranges are few (measured on 340 MB in 3 ranges: 12-14 s against 28-35 s). More
+#: bins go through Spark SQL's range partitioning, which reads the inputs once.
+MAX_RANGE_TASKS = 8
 MiB = 1024 * 1024
 
 
@@ -163,12 +171,11 @@ def _check_row_ids(table_uri: str, inputs: list[str], outputs: list[WrittenFile]
         raise RuntimeError(f"row ids out ({len(ids_out)}) differ from row ids in ({len(ids_in)})")
 
 
-def _rewrite_bins(
-    spark: SparkSession, table_uri: str, bins: list[list[dict[str, Any]]],
-    clustering: tuple[str, ...], run: str,
-) -> list[WrittenFile]:  # fmt: skip
-    """One Spark task per bin; each writes and checks one file (see :mod:`flush.bin_rewrite`)."""
-    tasks = [
+def _bin_tasks(
+    table_uri: str, bins: list[list[dict[str, Any]]], clustering: tuple[str, ...], run: str
+) -> list[BinTask]:
+    """One task per bin: its files, sorted by the clustering columns (or the row id)."""
+    return [
         BinTask(
             table_uri=table_uri,
             inputs=tuple(item["path"] for item in group),
@@ -179,6 +186,32 @@ def _rewrite_bins(
         )
         for index, group in enumerate(bins)
     ]
+
+
+def _range_tasks(
+    table_uri: str, inputs: list[dict[str, Any]], clustering: tuple[str, ...], ranges: int,
+    run: str,
+) -> list[BinTask]:  # fmt: skip
+    """One task per range of the first clustering column, each over all the inputs."""
+    paths = tuple(item["path"] for item in inputs)
+    column = clustering[0]
+    boundaries = range_boundaries([str(Path(table_uri) / p) for p in paths], column, ranges)
+    return [
+        BinTask(
+            table_uri=table_uri,
+            inputs=paths,
+            output=f"{COMPACTED_DIR}/{run}/range-{index:05d}.zstd.parquet",
+            sort_columns=clustering,
+            row_id_column=ROW_ID_COLUMN,
+            expected_rows=None,  # per range unknown; the run's total is checked
+            key_range=KeyRange(column, boundaries, index),
+        )
+        for index in range(len(boundaries) + 1)
+    ]
+
+
+def _run_tasks(spark: SparkSession, tasks: list[BinTask]) -> list[WrittenFile]:
+    """Each task in its own Spark task; each writes and checks one file."""
     try:
         return spark.sparkContext.parallelize(tasks, len(tasks)).map(rewrite_bin).collect()
     except Exception as exc:
@@ -273,16 +306,22 @@ def compact_table(
             result.bins = [len(group) for group in bins]
             progress(f"{len(inputs)} files ({result.bytes_in / MiB:.1f} MiB) in {len(bins)} bin(s)")
             # Step 2: rewrite with Spark, and check that nothing was lost or doubled.
-            if policy.clustering and len(bins) > 1:
+            if not policy.clustering or len(bins) == 1:
+                progress(f"rewriting {len(bins)} bin(s), one Spark task each")
+                tasks = _bin_tasks(table_uri, bins, policy.clustering, run)
+                outputs.extend(_run_tasks(spark, tasks))
+            elif len(bins) <= MAX_RANGE_TASKS:
+                tasks = _range_tasks(table_uri, inputs, policy.clustering, len(bins), run)
+                progress(f"rewriting {len(tasks)} range(s) of {policy.clustering[0]}, "
+                         "one Spark task each")  # fmt: skip
+                outputs.extend(_run_tasks(spark, tasks))
+            else:
                 paths = [str(Path(table_uri) / item["path"]) for item in inputs]
                 progress(f"range-partitioning into {len(bins)} clustered files")
                 outputs.extend(
                     _rewrite_clustered(spark, table_uri, paths, policy.clustering, len(bins), run)
                 )
                 _check_row_ids(table_uri, paths, outputs)
-            else:
-                progress(f"rewriting {len(bins)} bin(s), one Spark task each")
-                outputs.extend(_rewrite_bins(spark, table_uri, bins, policy.clustering, run))
             result.files_out = len(outputs)
             result.bytes_out = sum(o.size for o in outputs)
             result.rows_out = sum(o.rows for o in outputs)

@@ -1,6 +1,7 @@
 """Spark compaction on real Delta tables, with the shared Spark session."""
 
 import itertools
+import math
 import os
 import random
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
@@ -20,7 +22,7 @@ from deltalake.transaction import RemoveAction
 
 from channel_server.catalog import SqliteCatalog
 from flush import ROW_ID_COLUMN, ChannelProgress, TableWriter, compaction, create_table
-from flush.bin_rewrite import BinCheckFailed, BinTask, rewrite_bin
+from flush.bin_rewrite import BinCheckFailed, BinTask, KeyRange, range_boundaries, rewrite_bin
 from flush.compaction import CompactionPolicy, compact_table, plan_bins
 from flush.maintenance import maintain_table, vacuum_data_folders
 from flush.spark_tables import read_delta
@@ -113,7 +115,9 @@ def test_statistics_let_delta_rs_skip_files(spark, table_uri):
     assert len(fragments) == 1  # min/max of the row-ordered files exclude all others
 
 
-def test_clustering_makes_file_ranges_disjoint(spark, table_uri):
+@pytest.mark.parametrize("max_range_tasks", [8, 1], ids=["arrow-range-tasks", "spark-sql"])
+def test_clustering_makes_file_ranges_disjoint(spark, table_uri, monkeypatch, max_range_tasks):
+    monkeypatch.setattr(compaction, "MAX_RANGE_TASKS", max_range_tasks)
     flush_many(table_uri, 24, 100)
     before = snapshot(table_uri)
     total = sum(
@@ -130,6 +134,63 @@ def test_clustering_makes_file_ranges_disjoint(spark, table_uri):
     for (_, high), (low, _) in itertools.pairwise(ranges):
         assert high < low, ranges  # non-overlapping per-file ranges
     assert snapshot(table_uri).equals(before)
+
+
+def test_key_ranges_cover_every_value_once_with_null_and_nan_last():
+    values = pa.table({"X": pa.array([None, float("nan"), 1.0, 2.0, 3.0, 5.0, 7.0])})
+    dataset = ds.dataset(values)
+    ranges = [KeyRange("X", (2.0, 5.0), index) for index in range(3)]
+    held = [
+        dataset.to_table(filter=r.predicate(pa.float64())).column("X").to_pylist() for r in ranges
+    ]
+    assert held[0] == [1.0] and held[1] == [2.0, 3.0]
+    assert held[2][2:] == [5.0, 7.0] and held[2][0] is None and math.isnan(held[2][1])
+    assert KeyRange("X", (), 0).predicate(pa.float64()) is None  # one range: every row
+
+
+def test_range_boundaries_split_rows_evenly_and_skip_repeats(tmp_path):
+    path = str(tmp_path / "k.parquet")
+    keys = [None] * 50 + [float("nan")] * 5 + [1.0] * 60 + [float(i) for i in range(2, 42)]
+    pq.write_table(pa.table({"K": keys}), path)
+    boundaries = range_boundaries([path], "K", 4)
+    # 1.0 holds 60 of the 100 known values (nulls and NaN are left out): the cuts at
+    # the 25th and 50th value fall on it and are dropped, so no range is empty.
+    assert boundaries == (17.0,)
+    assert range_boundaries([path], "K", 1) == ()
+
+
+def test_clustering_by_a_column_with_nulls_and_nan_keeps_every_row(spark, tmp_path):
+    schema = TableSchema.parse({"ID": "INT NOT NULL", "F": "FLOAT"})
+    uri = str(tmp_path / "f")
+    create_table(uri, schema)
+    writer = TableWriter(uri, schema)
+    rng = random.Random(3)
+    for number in range(12):
+        rows = [
+            {"ID": number * 40 + i,
+             "F": rng.choice([None, float("nan"), rng.random() * 100, rng.random() * 100])}
+            for i in range(40)
+        ]  # fmt: skip
+        batch, _ = convert_rows(schema, rows)
+        progress = ChannelProgress("c", 1, number + 1, str(number), 40)
+        writer.commit_flush([pa.Table.from_batches([batch])], [progress], number * 40)
+
+    def rows(table):  # NaN != NaN, so compare it as text
+        return [
+            {k: "NaN" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
+            for row in table.to_pylist()
+        ]
+
+    before = rows(snapshot(uri))
+    assert sum(r["F"] == "NaN" for r in before) > 0 and sum(r["F"] is None for r in before) > 0
+    total = sum(a["size_bytes"] for a in live_actions(uri))
+    policy = CompactionPolicy(target_file_bytes=total // 3 + 1, clustering=("F",))
+    result = compact_table(spark, uri, policy)
+    assert result.status == "SUCCEEDED" and result.files_out >= 2, result.error
+    assert rows(snapshot(uri)) == before  # null and NaN rows kept, once each
+    ranges = sorted((a["min.F"], a["max.F"]) for a in live_actions(uri))
+    for (_, high), (low, _) in itertools.pairwise(ranges):
+        assert high < low, ranges
 
 
 def test_one_clustered_bin_is_sorted_by_the_clustering_columns(spark, table_uri):
@@ -169,7 +230,7 @@ def test_a_bin_whose_rows_do_not_check_out_fails_the_run_and_commits_nothing(spa
     files = live_actions(table_uri)
     doubled = [[files[0], files[0], *files[1:]]]
     with pytest.raises(RuntimeError, match=r"a bin rewrite task failed: .*repeated row ids"):
-        compaction._rewrite_bins(spark, table_uri, doubled, (), "bad-run")
+        compaction._run_tasks(spark, compaction._bin_tasks(table_uri, doubled, (), "bad-run"))
     assert not list(Path(table_uri).glob("_compacted/bad-run/*"))  # refused before writing
     version = DeltaTable(table_uri).version()
     assert compact_table(spark, table_uri, CompactionPolicy()).status == "SUCCEEDED"
