@@ -78,8 +78,14 @@ class CompactionWorker:
                     f"the compaction worker exited without answering (log {self.log_path}): "
                     f"{self._log_tail()}"
                 )
+            try:
+                answer: dict[str, Any] = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                await self._kill()  # out of step with us: start afresh next time
+                raise CompactionWorkerDied(
+                    f"the compaction worker answered {line[:200]!r} (log {self.log_path})"
+                ) from None
             self._idle_stop = asyncio.create_task(self._stop_when_idle())
-            answer: dict[str, Any] = orjson.loads(line)
             return answer
 
     async def stop(self) -> None:
