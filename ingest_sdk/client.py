@@ -121,7 +121,7 @@ class AsyncStreamingIngestClient:
         )
 
     async def compact(self, name: str) -> bool:
-        """Start a background compaction of the table now; False if one is running."""
+        """Queue a background compaction of the table now; False if one is queued or running."""
         answer = await self.transport.request("POST", f"/v1/tables/{quote(name, safe='')}/compact")
         return bool(answer["started"])
 
