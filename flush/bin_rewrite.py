@@ -98,14 +98,11 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
     """Rewrite one bin; see the module docstring. Raises :class:`BinCheckFailed`."""
     root = Path(task.table_uri)
     paths = [str(root / relative) for relative in task.inputs]
-    # The newest input's schema: older undersized files (maybe written by another
-    # engine) are cast to it by the dataset.
-    schema = pq.read_schema(paths[-1])
-    dataset = ds.dataset(paths, schema=schema, format="parquet")
+    dataset = _inputs_dataset(paths)
     if task.key_range is None:
         data = dataset.to_table()
     else:
-        kind = schema.field(task.key_range.column).type
+        kind = dataset.schema.field(task.key_range.column).type
         data = dataset.to_table(filter=task.key_range.predicate(kind))
     if task.expected_rows is not None and data.num_rows != task.expected_rows:
         raise BinCheckFailed(
@@ -142,8 +139,7 @@ def range_boundaries(paths: list[str], column: str, ranges: int) -> tuple[Any, .
     Read from the column alone (cheap); nulls and NaN are left out (they go to the
     last range). Repeated values give fewer, never empty, ranges.
     """
-    schema = pq.read_schema(paths[-1])
-    values = ds.dataset(paths, schema=schema, format="parquet").to_table(columns=[column])
+    values = _inputs_dataset(paths).to_table(columns=[column])
     known = pc.drop_null(values.column(0))
     if pa.types.is_floating(known.type):
         known = known.filter(pc.invert(pc.is_nan(known)))
@@ -157,6 +153,12 @@ def range_boundaries(paths: list[str], column: str, ranges: int) -> tuple[Any, .
         if value != lowest and (not picks or value != picks[-1]):
             picks.append(value)
     return tuple(picks)
+
+
+def _inputs_dataset(paths: list[str]) -> ds.Dataset:
+    """The input files as one dataset with the newest file's schema (the last path):
+    older undersized files, maybe written by another engine, are cast to it."""
+    return ds.dataset(paths, schema=pq.read_schema(paths[-1]), format="parquet")
 
 
 def _sorted(data: pa.Table, task: BinTask) -> pa.Table:
