@@ -58,7 +58,7 @@ class CompactionWorker:
             CompactionWorkerDied: the worker exited before answering.
         """
         async with self._turn:
-            self._cancel_idle_timer()
+            self._cancel_idle_stop()
             process = await self._running_process()
             assert process.stdin is not None and process.stdout is not None
             try:
@@ -90,7 +90,7 @@ class CompactionWorker:
 
     async def stop(self) -> None:
         """Stop the worker: close its input and let it finish, or kill it."""
-        self._cancel_idle_timer()
+        self._cancel_idle_stop()
         process, self._process = self._process, None
         if process is None or process.returncode is not None:
             return
@@ -99,9 +99,7 @@ class CompactionWorker:
         try:
             await asyncio.wait_for(process.wait(), timeout=30)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+            await _kill(process)
 
     async def _running_process(self) -> asyncio.subprocess.Process:
         process = self._process
@@ -128,15 +126,10 @@ class CompactionWorker:
 
     async def _kill(self) -> None:
         process, self._process = self._process, None
-        if process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-        if process.stdin is not None:
-            process.stdin.close()
+        if process is not None:
+            await _kill(process)
 
-    def _cancel_idle_timer(self) -> None:
+    def _cancel_idle_stop(self) -> None:
         if self._idle_stop is not None:
             self._idle_stop.cancel()
             self._idle_stop = None
@@ -146,3 +139,12 @@ class CompactionWorker:
             return self.log_path.read_bytes()[-2000:].decode(errors="replace")
         except OSError:
             return "(no log)"
+
+
+async def _kill(process: asyncio.subprocess.Process) -> None:
+    """Kill and reap a worker process and close its input (no transport left open)."""
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    await process.wait()
+    if process.stdin is not None:
+        process.stdin.close()
