@@ -111,8 +111,10 @@ def serve(
 ) -> None:
     """Answer each request line with one JSON line until ``requests`` ends.
 
-    A bad request (not JSON, no such table) gets ``{"status": "FAILED", "error": ...}``
-    and the worker goes on; only a broken Spark session ends it.
+    A bad request (not JSON, no such table) or a failed compaction gets
+    ``{"status": "FAILED", "error": ...}`` and the worker goes on. An error outside
+    the compaction itself (maintenance, the catalog) ends the worker; the service
+    reports it as died and starts a new one for the next run.
     """
     from ingest_sdk.schema import split_table_name
 

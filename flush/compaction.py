@@ -228,7 +228,7 @@ def _logged_rows(group: list[dict[str, Any]]) -> int | None:
 def _task_failure(exc: Exception) -> str:
     """The Python error line out of a Spark job failure (its text is a long Java trace)."""
     lines = [line.strip() for line in str(exc).splitlines()]
-    found = [line for line in lines if line.startswith(("flush.", "BinCheckFailed")) or (
+    found = [line for line in lines if line.startswith("flush.") or (
         ": " in line and line.split(": ", 1)[0].endswith(("Error", "Failed", "Exception"))
         and not line.startswith(("py4j", "org.apache", "java."))
     )]  # fmt: skip
