@@ -39,20 +39,16 @@ async def test_answers_come_back_in_turn_from_one_process(worker):
     assert worker.pid is None
 
 
-async def test_a_worker_that_dies_is_reported_with_its_log_and_replaced(worker):
-    with pytest.raises(CompactionWorkerDied, match="dying on purpose"):
-        await worker.compact("DIE")
+@pytest.mark.parametrize(
+    ("request_name", "reported"),
+    [("DIE", "dying on purpose"), ("GARBAGE", "this is not JSON")],
+    ids=["died-log-tail", "unreadable-answer"],
+)
+async def test_a_failed_worker_is_reported_and_replaced(worker, request_name, reported):
+    with pytest.raises(CompactionWorkerDied, match=reported):
+        await worker.compact(request_name)
     assert worker.pid is None
-    assert (await worker.compact("DB.S.T"))["status"] == "SUCCEEDED"
-    assert worker.starts == 2
-    await worker.stop()
-
-
-async def test_an_unreadable_answer_restarts_the_worker(worker):
-    with pytest.raises(CompactionWorkerDied, match="this is not JSON"):
-        await worker.compact("GARBAGE")
-    assert worker.pid is None
-    assert (await worker.compact("DB.S.T"))["table"] == "DB.S.T"
+    assert await worker.compact("DB.S.T") == {"table": "DB.S.T", "status": "SUCCEEDED"}
     assert worker.starts == 2
     await worker.stop()
 
