@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 from aiohttp import web
@@ -19,9 +18,11 @@ from aiohttp import web
 from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig
 from ingest_sdk.durations import parse_duration
+from ingest_sdk.logs import configure_logging
 from ingest_sdk.wire import dumps
 
 MiB = 1024 * 1024
+log = logging.getLogger("channel_server")
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
@@ -92,16 +93,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         default="10 minutes",
         help="stop the compaction worker (and its JVM) after this idle time (default 10 minutes)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("INGEST_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO (default), WARNING or ERROR; logs are JSON lines on stderr",
+    )
     args = parser.parse_args(argv)
     tokens = set(args.auth_token)
     if os.environ.get("INGEST_AUTH_TOKENS"):
         tokens |= set(os.environ["INGEST_AUTH_TOKENS"].split(","))
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        configure_logging(args.log_level)
+    except ValueError as exc:
+        parser.error(str(exc))
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -130,15 +134,20 @@ async def serve(config: ServerConfig) -> None:
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     host, port = runner.addresses[0][:2]
-    print(dumps({"event": "listening", "url": f"http://{host}:{port}"}).decode(), flush=True)
+    url = f"http://{host}:{port}"
+    print(dumps({"event": "listening", "url": url}).decode(), flush=True)
+    log.info("listening on %s", url, extra={"url": url, "warehouse": str(config.warehouse),
+             "buffer_limit_bytes": config.limits.max_buffer_bytes})  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
+        log.info("shutting down: flushing buffered rows")
     finally:
         await runner.cleanup()
+    log.info("stopped")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
 from channel_server.catalog import Catalog
+from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter
 from flush.commit import ChannelFencedError
+from ingest_sdk.wire import pack_txn_version
 
 __all__ = ["TableFlusher"]
 
@@ -45,6 +47,21 @@ def _progress(batches: list[PendingBatch]) -> list[ChannelProgress]:
     return list(by_channel.values())
 
 
+def _unfit(progress: ChannelProgress) -> str | None:
+    """Why a channel's position cannot go into a commit, or None if it can.
+
+    The door refuses such values; this keeps one channel's bad state (from a bug, or a
+    client older than a check) from failing every flush of its table.
+    """
+    try:
+        pack_txn_version(progress.generation, progress.batch_seq)
+        if progress.offset_token is not None:
+            progress.offset_token.encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
+        return str(exc)
+    return None
+
+
 class TableFlusher:
     """Flushes one table's buffer into Delta commits, forever, until stopped."""
 
@@ -55,6 +72,7 @@ class TableFlusher:
         budget: BufferBudget,
         retry_initial: float,
         retry_max: float,
+        metrics: Metrics,
         on_flush: Callable[[TableState, int, float], None] | None = None,
     ) -> None:
         self.table = table
@@ -64,6 +82,7 @@ class TableFlusher:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.on_flush = on_flush
+        self.metrics = metrics
         self.task: asyncio.Task[None] | None = None
         #: Moving estimate of one flush's duration; flushes start this much before the
         #: deadline so rows are committed by arrival + max_client_lag, not after it.
@@ -106,13 +125,38 @@ class TableFlusher:
 
     def _record_failure(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
+        name = self.table.info.full_name
         self.table.flush_error = f"{type(error).__name__}: {error}"
+        self.metrics.flush_failures.labels(name).inc()
         log.warning(
-            "flush of %s failed (attempt %d), retrying: %s",
-            self.table.info.full_name,
+            "flush of %s failed (attempt %d), retrying in %.2f s: %s",
+            name,
             state.attempt_number,
+            state.upcoming_sleep,
             self.table.flush_error,
+            extra={"table": name, "attempt": state.attempt_number},
         )
+
+    def _drop_unfit(
+        self, batches: list[PendingBatch], unfit: dict[str, str]
+    ) -> list[PendingBatch]:
+        """Invalidate the channels whose position cannot be committed and free their
+        batches; the rest of the flush goes on."""
+        kept = []
+        for batch in batches:
+            reason = unfit.get(batch.channel.name)
+            if reason is None:
+                kept.append(batch)
+                continue
+            if batch.channel.valid:
+                log.error("channel %s of %s cannot be committed and was invalidated: %s",
+                          batch.channel.name, self.table.info.full_name, reason)  # fmt: skip
+                batch.channel.invalidate(
+                    f"its uncommitted rows were discarded: they cannot be committed ({reason}); "
+                    "reopen the channel and resume after the latest committed offset token"
+                )
+            self.budget.release(batch.nbytes)
+        return kept
 
     async def flush_once(self) -> None:
         """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
@@ -124,9 +168,13 @@ class TableFlusher:
                     batches.append(batch)
                 else:  # a reopen or drop already discarded these; free them if one slipped by
                     self.budget.release(batch.nbytes)
+            progress = _progress(batches)
+            unfit = {p.channel: reason for p in progress if (reason := _unfit(p)) is not None}
+            if unfit:
+                batches = self._drop_unfit(batches, unfit)
+                progress = [p for p in progress if p.channel not in unfit]
             if not batches:
                 return
-            progress = _progress(batches)
             parts = [b.data for b in batches if b.data is not None and b.rows]
             started = time.monotonic()
             try:
@@ -158,7 +206,14 @@ class TableFlusher:
                 if channel is not None and channel.generation == item.generation:
                     channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
             self.budget.release(sum(b.nbytes for b in batches))
-            took = time.monotonic() - started
+            now = time.monotonic()
+            took = now - started
+            name = table.info.full_name
+            self.metrics.flush_duration.labels(name).observe(took)
+            self.metrics.rows_committed.labels(name).inc(record.rows)
+            latency = self.metrics.commit_latency.labels(name)
+            for batch in batches:
+                latency.observe(now - batch.arrived)
             self.flush_estimate = 0.7 * self.flush_estimate + 0.3 * took
             if self.on_flush is not None:
                 self.on_flush(table, record.rows, took)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
@@ -17,6 +18,19 @@ import pyarrow as pa
 from aiohttp import web
 
 from channel_server.catalog import TableInfo
+from channel_server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from channel_server.requests import (
+    bounded_int,
+    check_token,
+    coordinate,
+    field,
+    handle,
+    json_body,
+    on_error,
+    read_body,
+    timeout,
+    timezone,
+)
 from channel_server.service import IngestService
 from channel_server.state import ChannelState
 from ingest_sdk import ConversionOptions, InsertValidationResponse, OnErrorOption, convert_rows
@@ -34,10 +48,9 @@ from ingest_sdk.wire import (
     HEADER_BATCH_SEQ,
     HEADER_END_OFFSET_TOKEN,
     HEADER_GENERATION,
-    MAX_OFFSET_TOKEN_LENGTH,
     decode_arrow,
     dumps,
-    loads,
+    loads_exact,
 )
 
 __all__ = ["SERVICE", "auth_middleware", "error_middleware", "routes"]
@@ -47,6 +60,11 @@ SERVICE = web.AppKey("service", IngestService)
 AUTH_TOKENS = web.AppKey("auth_tokens", frozenset)
 #: JSON row batches this large are converted in a worker thread, off the event loop.
 THREAD_CONVERSION_ROWS = 2_000
+#: Keys of the request for the failure log line: the error, and the table and channel a
+#: JSON body named (query and path parameters are read directly).
+_FAILURE = web.RequestKey("failure", tuple)
+_TABLE = web.RequestKey("table", str)
+_CHANNEL = web.RequestKey("channel", str)
 routes = web.RouteTableDef()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -61,34 +79,66 @@ def _error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
 
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer every error as JSON with its wire code, and log one line per failed request."""
+    started = time.monotonic()
     try:
         return await handler(request)
-    except InsertValidationError as exc:
-        request.app[SERVICE].metrics.rejected_requests += 1
-        return _json(
-            _error_body(
-                "INSERT_VALIDATION", str(exc), insert_errors=[_insert_error(exc.insert_error)]
-            ),
-            400,
-        )
-    except IngestError as exc:
-        status, code = error_code_of(exc)
-        if status < 500:
-            request.app[SERVICE].metrics.rejected_requests += 1
-        details = getattr(exc, "details", {})
-        response = _json(_error_body(code, str(exc), **details), status)
-        if "retry_after" in details:
-            response.headers["Retry-After"] = f"{details['retry_after']:.3f}"
-        return response
+    except asyncio.CancelledError:
+        raise
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _json(_error_body(f"HTTP_{exc.status}", exc.reason or "error"), exc.status)
-    except asyncio.CancelledError:
-        raise
+        response = _failure(request, exc.status, f"HTTP_{exc.status}", exc.reason or "error", {})
+    except InsertValidationError as exc:
+        errors = [_insert_error(exc.insert_error)]
+        response = _failure(request, 400, "INSERT_VALIDATION", str(exc), {"insert_errors": errors})
+    except IngestError as exc:
+        status, code = error_code_of(exc)
+        response = _failure(request, status, code, str(exc), getattr(exc, "details", {}))
     except Exception as exc:
         log.exception("internal error in %s %s", request.method, request.path)
-        return _json(_error_body("INTERNAL", f"internal server error: {type(exc).__name__}"), 500)
+        message = f"internal server error: {type(exc).__name__}"
+        response = _failure(request, 500, "INTERNAL", message, {})
+    _log_failure(request, response, time.monotonic() - started)
+    return response
+
+
+def _failure(
+    request: web.Request, status: int, code: str, message: str, details: dict[str, Any]
+) -> web.Response:
+    request.app[SERVICE].metrics.rejected_requests.labels(code).inc()
+    request[_FAILURE] = (code, message)
+    response = _json(_error_body(code, message, **details), status)
+    if "retry_after" in details:
+        response.headers["Retry-After"] = f"{details['retry_after']:.3f}"
+    return response
+
+
+def _log_failure(request: web.Request, response: web.Response, seconds: float) -> None:
+    code, message = request[_FAILURE]
+    if code == "BACKPRESSURE":
+        level = logging.DEBUG  # expected under load, counted in the metrics, retried
+    else:
+        level = logging.ERROR if response.status >= 500 else logging.WARNING
+    query = request.rel_url.query
+    log.log(
+        level,
+        "%s %s -> %d %s: %s",
+        request.method,
+        request.path,
+        response.status,
+        code,
+        message,
+        extra={
+            "method": request.method,
+            "path": request.path,
+            "status": response.status,
+            "code": code,
+            "table": request.get(_TABLE) or request.match_info.get("name") or query.get("table"),
+            "channel": request.get(_CHANNEL) or query.get("channel"),
+            "duration_ms": round(seconds * 1000, 1),
+        },
+    )
 
 
 @web.middleware
@@ -104,67 +154,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-# -- request parsing -----------------------------------------------------------------------
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = loads(await request.read())
-    except ValueError as exc:
-        raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    return body
-
-
-def _field(
-    body: dict[str, Any] | Any, key: str, kind: type | tuple[type, ...], required: bool = True
-) -> Any:
-    value = body.get(key)
-    if value is None:
-        if required:
-            raise InvalidRequestError(f'the field "{key}" is required')
-        return None
-    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise InvalidRequestError(f'the field "{key}" must be a {names}, got {value!r}')
-    return value
-
-
-def _handle(body: dict[str, Any]) -> tuple[str, str, int]:
-    """The (table, channel, generation) that name a channel handle in a request body."""
-    return _field(body, "table", str), _field(body, "channel", str), _field(body, "generation", int)
-
-
-def _coordinate(request: web.Request, key: str, header: str) -> int:
-    """A channel coordinate from the query string, or else from its header."""
-    raw = request.rel_url.query.get(key, request.headers.get(header))
-    if raw is None:
-        raise InvalidRequestError(f'the parameter "{key}" is required')
-    try:
-        value = int(raw)
-    except (TypeError, ValueError) as exc:
-        raise InvalidRequestError(f'the parameter "{key}" must be an integer, got {raw!r}') from exc
-    if value < 0:
-        raise InvalidRequestError(f'the parameter "{key}" must not be negative')
-    return value
-
-
-def _token(value: Any, key: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > MAX_OFFSET_TOKEN_LENGTH:
-        raise InvalidRequestError(
-            f'"{key}" must be a string of at most {MAX_OFFSET_TOKEN_LENGTH} characters'
-        )
-    return value
-
-
-def _on_error(value: Any) -> OnErrorOption:
-    try:
-        return OnErrorOption.parse(value)
-    except ValueError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+# -- answers ---------------------------------------------------------------------------------
 
 
 def _table_json(info: TableInfo) -> dict[str, Any]:
@@ -212,23 +202,17 @@ async def health(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    text = service.metrics.prometheus(
-        {
-            "buffer_bytes_used": service.budget.used,
-            "buffer_bytes_peak": service.budget.peak,
-            "buffer_bytes_limit": service.budget.limit,
-        }
+    return web.Response(
+        body=request.app[SERVICE].metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE}
     )
-    return web.Response(text=text, content_type="text/plain")
 
 
 @routes.post("/v1/tables")
 async def create_table(request: web.Request) -> web.Response:
-    body = await _body(request)
-    name = _field(body, "name", str)
-    columns = _field(body, "columns", dict)
-    if_not_exists = bool(_field(body, "if_not_exists", bool, required=False))
+    body = await json_body(request)
+    name = field(body, "name", str)
+    columns = field(body, "columns", dict)
+    if_not_exists = bool(field(body, "if_not_exists", bool, required=False))
     info, created = await asyncio.to_thread(
         request.app[SERVICE].create_table, name, columns, if_not_exists
     )
@@ -259,8 +243,8 @@ async def migrations(request: web.Request) -> web.Response:
 
 @routes.put("/v1/tables/{name}/clustering")
 async def set_clustering(request: web.Request) -> web.Response:
-    body = await _body(request)
-    columns = _field(body, "columns", list)
+    body = await json_body(request)
+    columns = field(body, "columns", list)
     info = request.app[SERVICE].set_clustering(request.match_info["name"], columns)
     return _json({**_table_json(info)})
 
@@ -274,20 +258,20 @@ async def compact(request: web.Request) -> web.Response:
 
 @routes.post("/v1/channels/open")
 async def open_channel(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await json_body(request)
     lag = body.get("max_client_lag")
-    timezone = _field(body, "default_timezone", str, required=False) or "America/Los_Angeles"
+    zone = timezone(body.get("default_timezone") or "America/Los_Angeles")
     try:
-        ConversionOptions(default_timezone=timezone)
         max_client_lag = parse_max_client_lag(lag) if lag is not None else None
     except IngestError as exc:
         raise InvalidRequestError(str(exc)) from exc
+    table, name, _ = _handle(request, {"generation": 1, **body})
     channel = await request.app[SERVICE].open_channel(
-        _field(body, "table", str),
-        _field(body, "channel", str),
+        table,
+        name,
         max_client_lag=max_client_lag,
-        on_error=_on_error(body.get("on_error", "ABORT")),
-        default_timezone=timezone,
+        on_error=on_error(body.get("on_error", "ABORT")),
+        default_timezone=zone,
     )
     return _json({**_channel_json(channel), "columns": channel.table.info.schema.declarations()})
 
@@ -299,69 +283,91 @@ async def insert_rows(request: web.Request) -> web.Response:
     query = request.rel_url.query
     table_name = query.get("table") or ""
     channel_name = query.get("channel") or ""
-    is_arrow = request.content_type == ARROW_CONTENT_TYPE
-    generation = _coordinate(request, "generation", HEADER_GENERATION)
-    batch_seq = _coordinate(request, "batch_seq", HEADER_BATCH_SEQ)
+    generation = coordinate(request, "generation", HEADER_GENERATION)
+    batch_seq = coordinate(request, "batch_seq", HEADER_BATCH_SEQ)
     channel = service.channel_state(table_name, channel_name, generation)
     if batch_seq <= channel.last_seq:  # a retry: answer before reading or checking the body
         outcome = service.insert(table_name, channel_name, generation, batch_seq, None, None)
-        return _json({"accepted_rows": 0, "duplicate": outcome.duplicate, "insert_errors": []})
+        return _insert_answer(0, outcome.duplicate)
+    # Room in the buffer first, the body's length standing in for its rows: a body that
+    # would be refused is never read, decoded or checked.
+    held = service.admit(channel, request.content_length or 0)
+    try:
+        data, token, response = await _checked_batch(request, channel)
+        if data is _SKIPPED:
+            service.budget.release(held)
+            return _insert_answer(0, False, response)
+        outcome = service.insert(
+            table_name, channel_name, generation, batch_seq, data, token, held=held
+        )
+    except BaseException:
+        service.budget.release(held)
+        raise
+    return _insert_answer(outcome.accepted_rows, outcome.duplicate, response)
+
+
+def _insert_answer(
+    accepted: int, duplicate: bool, response: InsertValidationResponse | None = None
+) -> web.Response:
+    errors = response.insert_errors if response is not None else []
+    return _json({"accepted_rows": accepted, "duplicate": duplicate,
+                  "insert_errors": [_insert_error(e) for e in errors]})  # fmt: skip
+
+
+def _handle(request: web.Request, body: dict[str, Any]) -> tuple[str, str, int]:
+    """The channel handle a body names, remembered for the failure log line."""
+    table, channel = body.get("table"), body.get("channel")
+    request[_TABLE] = table if isinstance(table, str) else ""
+    request[_CHANNEL] = channel if isinstance(channel, str) else ""
+    return handle(body)
+
+
+#: Stands for "ON_ERROR=SKIP_BATCH met a bad row: nothing to buffer" in :func:`_checked_batch`.
+_SKIPPED: Any = object()
+
+
+async def _checked_batch(
+    request: web.Request, channel: ChannelState
+) -> tuple[pa.Table | None, str | None, InsertValidationResponse]:
+    """The rows of an insert request, checked against the table, and its end offset token."""
     schema = channel.table.info.schema
     options = ConversionOptions(default_timezone=channel.default_timezone)
-    response = InsertValidationResponse()
-    if is_arrow:
-        token = _token(request.headers.get(HEADER_END_OFFSET_TOKEN), HEADER_END_OFFSET_TOKEN)
+    if request.content_type == ARROW_CONTENT_TYPE:
+        token = check_token(request.headers.get(HEADER_END_OFFSET_TOKEN), HEADER_END_OFFSET_TOKEN)
         try:
-            received = decode_arrow(await request.read())
+            received = decode_arrow(await read_body(request))
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidRequestError(f"the body is not a valid Arrow IPC stream: {exc}") from exc
         data = check_arrow_batch(schema, received, options) if received.num_rows else None
+        return data, token, InsertValidationResponse()
+    body = await json_body(request, loads_exact)  # numbers of row values keep every digit
+    rows = field(body, "rows", list)
+    token = check_token(body.get("end_offset_token"), "end_offset_token")
+    mode = on_error(body["on_error"]) if "on_error" in body else channel.on_error
+    if len(rows) >= THREAD_CONVERSION_ROWS:
+        batch, response = await asyncio.to_thread(convert_rows, schema, rows, mode, options)
     else:
-        body = await _body(request)
-        rows = _field(body, "rows", list)
-        token = _token(body.get("end_offset_token"), "end_offset_token")
-        on_error = _on_error(body["on_error"]) if "on_error" in body else channel.on_error
-        if len(rows) >= THREAD_CONVERSION_ROWS:
-            batch, response = await asyncio.to_thread(convert_rows, schema, rows, on_error, options)
-        else:
-            batch, response = convert_rows(schema, rows, on_error, options)
-        if on_error is OnErrorOption.SKIP_BATCH and response.has_errors():
-            return _json(
-                {
-                    "accepted_rows": 0,
-                    "duplicate": False,
-                    "insert_errors": [_insert_error(e) for e in response.insert_errors],
-                }
-            )
-        data = pa.Table.from_batches([batch]) if batch is not None else None
-    outcome = service.insert(table_name, channel_name, generation, batch_seq, data, token)
-    return _json(
-        {
-            "accepted_rows": outcome.accepted_rows,
-            "duplicate": outcome.duplicate,
-            "insert_errors": [_insert_error(e) for e in response.insert_errors],
-        }
-    )
+        batch, response = convert_rows(schema, rows, mode, options)
+    if mode is OnErrorOption.SKIP_BATCH and response.has_errors():
+        return _SKIPPED, token, response
+    return (pa.Table.from_batches([batch]) if batch is not None else None), token, response
 
 
 @routes.post("/v1/channels/wait")
 async def wait_for_commit(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await json_body(request)
+    target = bounded_int(field(body, "batch_seq", int), "batch_seq")
     channel = await request.app[SERVICE].wait_for_commit(
-        *_handle(body),
-        _field(body, "batch_seq", int),
-        float(_field(body, "timeout", (int, float), required=False) or 30.0),
+        *_handle(request, body), target, timeout(body, 30.0)
     )
-    target = body["batch_seq"]
     return _json({**_channel_json(channel), "committed": channel.committed_seq >= target})
 
 
 @routes.post("/v1/channels/close")
 async def close_channel(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await json_body(request)
     channel = await request.app[SERVICE].close_channel(
-        *_handle(body),
-        float(_field(body, "timeout", (int, float), required=False) or 60.0),
+        *_handle(request, body), timeout(body, 60.0)
     )
     return _json(
         {
@@ -373,16 +379,17 @@ async def close_channel(request: web.Request) -> web.Response:
 
 @routes.post("/v1/channels/status")
 async def channel_status(request: web.Request) -> web.Response:
-    body = await _body(request)
-    wanted = _field(body, "channels", list)
+    body = await json_body(request)
+    wanted = field(body, "channels", list)
     service = request.app[SERVICE]
     answers = []
     for item in wanted:
         if not isinstance(item, dict):
             raise InvalidRequestError('each entry of "channels" must be an object {table, channel}')
+        generation = field(item, "generation", int, required=False)
         status = service.channel_status(
-            _field(item, "table", str), _field(item, "channel", str),
-            _field(item, "generation", int, required=False),
+            field(item, "table", str), field(item, "channel", str),
+            None if generation is None else bounded_int(generation, "generation"),
         )  # fmt: skip
         answers.append(asdict(status))
     return _json({"channels": answers})
@@ -390,10 +397,9 @@ async def channel_status(request: web.Request) -> web.Response:
 
 @routes.post("/v1/channels/drop")
 async def drop_channel(request: web.Request) -> web.Response:
-    body = await _body(request)
-    await request.app[SERVICE].drop_channel(
-        _field(body, "table", str), _field(body, "channel", str)
-    )
+    body = await json_body(request)
+    table, name, _ = _handle(request, {"generation": 1, **body})
+    await request.app[SERVICE].drop_channel(table, name)
     return _json({"dropped": True})
 
 

@@ -1,46 +1,106 @@
-"""Service counters, exposed as Prometheus text at ``/metrics``."""
+"""The service's Prometheus metrics, through ``prometheus-client``.
+
+One registry per service (not the library's global one), so several servers in
+one process (the tests) keep their own numbers. Counters and histograms carry a
+``table`` label where a user asks "which table?"; the label's series go away
+when the table is dropped. Buffer gauges read the live budget at scrape time,
+so they can never go stale.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import contextlib
+from collections.abc import Callable
 
-__all__ = ["Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "Metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: Seconds: a flush is milliseconds to seconds; insert-to-commit follows max_client_lag.
+_FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
 
-@dataclass(slots=True)
 class Metrics:
-    rows_inserted: int = 0
-    bytes_inserted: int = 0
-    batches_inserted: int = 0
-    duplicate_batches: int = 0
-    rows_committed: int = 0
-    flushes: int = 0
-    flush_seconds_total: float = 0.0
-    channels_opened: int = 0
-    compactions_started: int = 0
-    rejected_requests: int = 0
-    buffer_bytes: int = 0
+    """Every number ``GET /metrics`` shows."""
 
-    def record_insert(self, rows: int, nbytes: int, buffered: int) -> None:
-        self.rows_inserted += rows
-        self.bytes_inserted += nbytes
-        self.batches_inserted += 1
-        self.buffer_bytes = buffered
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.rows_inserted = Counter(
+            "ingest_rows_inserted", "Rows accepted into the server buffer.", ["table"], registry=r
+        )
+        self.bytes_inserted = Counter(
+            "ingest_bytes_inserted", "Bytes of rows accepted (Arrow size).", ["table"], registry=r
+        )
+        self.batches_inserted = Counter(
+            "ingest_batches_inserted", "Insert requests accepted.", ["table"], registry=r
+        )
+        self.duplicate_batches = Counter(
+            "ingest_duplicate_batches",
+            "Insert requests acknowledged and ignored: a batch_seq already received (retries).",
+            ["table"],
+            registry=r,
+        )
+        self.rows_committed = Counter(
+            "ingest_rows_committed", "Rows made durable in Delta commits.", ["table"], registry=r
+        )
+        self.flush_failures = Counter(
+            "ingest_flush_failures",
+            "Flush attempts that failed and will be retried.",
+            ["table"],
+            registry=r,
+        )
+        self.flush_duration = Histogram(
+            "ingest_flush_duration_seconds",
+            "Duration of one flush: Parquet write, Delta commit and catalog update.",
+            ["table"],
+            buckets=_FLUSH_BUCKETS,
+            registry=r,
+        )
+        self.commit_latency = Histogram(
+            "ingest_insert_to_commit_seconds",
+            "From a batch's arrival in the server to its Delta commit.",
+            ["table"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.channels_opened = Counter(
+            "ingest_channels_opened", "Channel opens (each a new generation).", ["table"],
+            registry=r,
+        )  # fmt: skip
+        self.compactions = Counter(
+            "ingest_compactions",
+            "Background compaction runs by outcome (SUCCEEDED, NOTHING_TO_DO, FAILED...).",
+            ["table", "status"],
+            registry=r,
+        )
+        self.rejected_requests = Counter(
+            "ingest_rejected_requests",
+            "Requests answered with an error, by error code (429 backpressure included).",
+            ["code"],
+            registry=r,
+        )
+        self._table_metrics = (
+            self.rows_inserted, self.bytes_inserted, self.batches_inserted,
+            self.duplicate_batches, self.rows_committed, self.flush_failures,
+            self.flush_duration, self.commit_latency, self.channels_opened,
+        )  # fmt: skip
 
-    def record_flush(self, rows: int, seconds: float) -> None:
-        self.rows_committed += rows
-        self.flushes += 1
-        self.flush_seconds_total += seconds
+    def watch(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        """A gauge whose value is ``read()`` at scrape time."""
+        Gauge(name, help_text, registry=self.registry).set_function(read)
 
-    def prometheus(self, extra: dict[str, float]) -> str:
-        lines = []
-        for item in fields(self):
-            value = getattr(self, item.name)
-            kind = "gauge" if item.name == "buffer_bytes" else "counter"
-            name = f"ingest_{item.name}" + (
-                "_total" if kind == "counter" and not item.name.endswith("_total") else ""
-            )
-            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
-        for name, value in extra.items():
-            lines += [f"# TYPE ingest_{name} gauge", f"ingest_{name} {value}"]
-        return "\n".join(lines) + "\n"
+    def forget_table(self, table: str) -> None:
+        """Remove a dropped table's series."""
+        for metric in self._table_metrics:
+            with contextlib.suppress(KeyError):  # the table never had this series
+                metric.remove(table)
+        for labels in list(self.compactions._metrics):  # no public way to list label values
+            if labels[0] == table:
+                self.compactions.remove(*labels)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

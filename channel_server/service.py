@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -25,16 +24,18 @@ from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
-from flush import commits_after, create_table, drop_table
+from flush import commits_after, create_table, drop_table, new_table_folder
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
     ChannelInvalidatedError,
     ChannelNotFoundError,
     InvalidRequestError,
+    SchemaError,
+    TableAlreadyExistsError,
     TableNotFoundError,
 )
-from ingest_sdk.schema import split_table_name
+from ingest_sdk.schema import check_object_name, split_table_name
 
 __all__ = ["IngestService", "InsertOutcome"]
 
@@ -57,12 +58,12 @@ def _intermediate_files(uri: str) -> tuple[int, int]:
 
 
 def _channel_name(name: Any) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > MAX_CHANNEL_NAME:
-        raise InvalidRequestError(
-            f"a channel name must be a non-empty string of at most {MAX_CHANNEL_NAME} "
-            f"characters, got {name!r}"
-        )
-    return name
+    if not isinstance(name, str):
+        raise InvalidRequestError(f"a channel name must be a string, got {name!r}")
+    try:
+        return check_object_name(name, "a channel name", MAX_CHANNEL_NAME)
+    except SchemaError as exc:
+        raise InvalidRequestError(str(exc)) from exc
 
 
 class IngestService:
@@ -73,10 +74,24 @@ class IngestService:
         self.catalog = catalog
         self.budget = BufferBudget(config.limits.max_buffer_bytes)
         self.metrics = Metrics()
+        self.metrics.watch("ingest_buffer_bytes_used", "Bytes of rows buffered in the server now.",
+                           lambda: self.budget.used)  # fmt: skip
+        self.metrics.watch("ingest_buffer_bytes_peak", "Most bytes of rows ever buffered at once.",
+                           lambda: self.budget.peak)  # fmt: skip
+        self.metrics.watch("ingest_buffer_bytes_limit", "Buffer limit; past it inserts get 429.",
+                           lambda: self.budget.limit)  # fmt: skip
+        self.metrics.watch("ingest_producers_waiting",
+                           "Producers refused for lack of buffer room, waiting their turn.",
+                           lambda: self.budget.waiting)  # fmt: skip
+        self.metrics.watch("ingest_open_channels", "Channel handles open on this server.",
+                           lambda: sum(len(t.channels) for t in self._tables.values()))  # fmt: skip
         self._tables: dict[int, TableState] = {}
         # Table definitions by name: every insert looks its table up, and a definition only
         # changes by create/drop through this service.
         self._definitions: dict[str, TableInfo] = {}
+        # What this process dropped, so a stale handle hears "dropped" only when it was.
+        self._dropped: set[tuple[str, str, str]] = set()
+        self._dropped_channels: set[tuple[int, str]] = set()
         self._flushers: dict[int, TableFlusher] = {}
         self.compaction_worker = CompactionWorker(
             self._compaction_command(),
@@ -104,7 +119,6 @@ class IngestService:
     # -- compaction ----------------------------------------------------------------------
 
     def _after_flush(self, table: TableState, rows: int, seconds: float) -> None:
-        self.metrics.record_flush(rows, seconds)
         trigger = self.config.compaction
         if trigger.enabled and (
             table.ingest_files > trigger.max_intermediate_files
@@ -135,18 +149,20 @@ class IngestService:
     async def _run_compaction(self, table: TableState) -> None:
         name = table.info.full_name
         log.info("compacting %s", name)
-        self.metrics.compactions_started += 1
         try:
             record = await self.compaction_worker.compact(name)
         except CompactionWorkerDied as exc:
-            log.error("compaction of %s failed: %s", name, exc)
+            log.error("compaction of %s failed: %s", name, exc, extra={"table": name})
+            self.metrics.compactions.labels(name, "FAILED").inc()
         else:
+            self.metrics.compactions.labels(name, str(record.get("status"))).inc()
             if record.get("status") == "FAILED":
                 log.error("compaction of %s failed: %s (log %s)", name, record.get("error"),
-                          self.compaction_worker.log_path)  # fmt: skip
+                          self.compaction_worker.log_path, extra={"table": name})  # fmt: skip
             else:
                 log.info("compaction of %s: %s, %s -> %s files", name, record.get("status"),
-                         record.get("files_in"), record.get("files_out"))  # fmt: skip
+                         record.get("files_in"), record.get("files_out"),
+                         extra={"table": name, "run": record})  # fmt: skip
         table.ingest_files, table.ingest_bytes = await asyncio.to_thread(
             _intermediate_files, table.info.uri
         )
@@ -203,27 +219,39 @@ class IngestService:
 
     # -- tables ----------------------------------------------------------------------------
 
-    def _table_uri(self, database: str, schema_name: str, name: str) -> str:
-        parts = [quote(part, safe="") for part in (database, schema_name, name)]
-        return str(Path(self.config.warehouse).resolve().joinpath(*parts))
-
     def create_table(
         self, name: str, columns: dict[str, str], if_not_exists: bool = False
     ) -> tuple[TableInfo, bool]:
         """Create a table (and its database and schema). Returns the table and whether it
-        was created."""
+        was created.
+
+        Nothing is ever deleted here: the table gets a new folder of its own
+        (:func:`flush.new_table_folder`), and a create that fails removes only that
+        folder, which it made itself a moment before.
+        """
         database, schema_name, table = split_table_name(name)
         schema = TableSchema.parse(columns)
-        if if_not_exists:
-            try:
-                return self.catalog.get_table(database, schema_name, table), False
-            except TableNotFoundError:
-                pass
-        uri = self._table_uri(database, schema_name, table)
-        if (Path(uri) / "_delta_log").exists():
-            drop_table(uri)  # left over by a drop that crashed half-way; the catalog decides
-        create_table(uri, schema)
-        return self.catalog.create_table(database, schema_name, table, uri, schema), True
+        try:
+            existing = self.catalog.get_table(database, schema_name, table)
+        except TableNotFoundError:
+            pass
+        else:
+            if if_not_exists:
+                return existing, False
+            raise TableAlreadyExistsError(
+                f"table {existing.full_name} already exists; use if_not_exists=true to keep "
+                "it, or drop it first"
+            )
+        folder = new_table_folder(self.config.warehouse, database, schema_name, table)
+        try:
+            create_table(str(folder), schema)
+            info = self.catalog.create_table(database, schema_name, table, str(folder), schema)
+        except BaseException:
+            drop_table(folder, self.config.warehouse)  # ours alone: made just above
+            raise
+        log.info("created table %s", info.full_name, extra={"table": info.full_name,
+                 "location": info.uri})  # fmt: skip
+        return info, True
 
     def describe_table(self, name: str) -> TableInfo:
         info = self._definitions.get(name)
@@ -251,7 +279,14 @@ class IngestService:
                 await flusher.stop()
         self.catalog.drop_table(info.id)
         self._definitions.clear()
-        await asyncio.to_thread(drop_table, info.uri)
+        if len(self._dropped) > 10_000:
+            self._dropped.clear()  # bounded; forgetting only softens a later message
+        self._dropped.add((info.database, info.schema_name, info.name))
+        self.metrics.forget_table(info.full_name)
+        log.info("dropped table %s", info.full_name, extra={"table": info.full_name})
+        if not await asyncio.to_thread(drop_table, info.uri, self.config.warehouse):
+            log.warning("dropped table %s but left its folder %s: not a table folder of the "
+                        "warehouse", info.full_name, info.uri)  # fmt: skip
         return info
 
     def _table_state(self, info: TableInfo) -> TableState:
@@ -265,6 +300,7 @@ class IngestService:
                 self.budget,
                 self.config.flush.retry_initial,
                 self.config.flush.retry_max,
+                self.metrics,
                 on_flush=self._after_flush,
             )
             self._flushers[info.id] = flusher
@@ -311,24 +347,55 @@ class IngestService:
                 default_timezone=default_timezone,
             )
             table.channels[name] = channel
-        self.metrics.channels_opened += 1
+        self.metrics.channels_opened.labels(table.info.full_name).inc()
+        log.info("opened channel %s on %s (generation %d)", name, table.info.full_name,
+                 channel.generation, extra={"table": table.info.full_name, "channel": name,
+                                            "generation": channel.generation})  # fmt: skip
         return channel
 
     def channel_state(self, table_name: str, channel_name: str, generation: int) -> ChannelState:
-        """The live state of a handle, or raise *channel invalidated* with the reason."""
+        """The live state of a handle, or the error that says why it has none.
+
+        Raises:
+            TableNotFoundError: the table does not exist (and was not dropped here).
+            ChannelNotFoundError: the channel was never opened on the table.
+            ChannelInvalidatedError: the handle was replaced (reopen, drop, restart, close).
+        """
         try:
             info = self.describe_table(table_name)
         except TableNotFoundError as exc:
-            raise ChannelInvalidatedError(
-                f"channel {channel_name}: its table was dropped ({exc})"
-            ) from exc
+            if split_table_name(table_name) in self._dropped:
+                raise ChannelInvalidatedError(
+                    f"channel {channel_name}: its table {table_name} was dropped; recreate the "
+                    "table and open the channel again"
+                ) from exc
+            raise
         table = self._tables.get(info.id)
         channel = table.channels.get(channel_name) if table else None
         if channel is None:
+            if (info.id, channel_name) in self._dropped_channels:
+                raise ChannelInvalidatedError(
+                    f"channel {channel_name} on {info.full_name} was dropped; open it again"
+                )
+            if self.catalog.get_channel(info.id, channel_name) is not None:
+                reason = "it is not open on this server (the server restarted since)"
+            elif (info.database, info.schema_name, info.name) in self._dropped:
+                reason = "its table was dropped and created again since this handle was opened"
+            else:
+                raise ChannelNotFoundError(
+                    f"channel {channel_name} does not exist on {info.full_name}; open it "
+                    "before inserting"
+                )
             raise ChannelInvalidatedError(
-                f"channel {channel_name} on {info.full_name} is not open on this server (it was "
-                "dropped, or the server restarted); reopen it and resume after the latest "
-                "committed offset token"
+                f"channel {channel_name} on {info.full_name}: {reason}; reopen it and resume "
+                "after the latest committed offset token"
+            )
+        if generation > channel.generation:
+            raise ChannelInvalidatedError(
+                f"channel {channel_name} on {info.full_name}: this handle's generation "
+                f"{generation} was never opened on this server (its open generation is "
+                f"{channel.generation}); the handle comes from another server or an older copy "
+                "of the warehouse. Reopen the channel"
             )
         if channel.generation != generation:
             raise ChannelInvalidatedError(
@@ -348,19 +415,30 @@ class IngestService:
         batch_seq: int,
         data: pa.Table | None,
         offset_token: str | None,
+        held: int | None = None,
     ) -> InsertOutcome:
         """Buffer one checked batch (or a token-only batch) of a channel generation.
 
         A ``batch_seq`` at or below the newest accepted one is a retry: acknowledged,
         ignored.
+
+        Args:
+            held: bytes already taken from the buffer budget by :meth:`admit` for this
+                request; on success they become the batch's own (else the caller gives
+                them back). None: take the batch's size now.
         """
         channel = self.channel_state(table_name, channel_name, generation)
         if batch_seq <= channel.last_seq:
-            self.metrics.duplicate_batches += 1
+            self.metrics.duplicate_batches.labels(channel.table.info.full_name).inc()
+            if held:
+                self.budget.release(held)
             return InsertOutcome(0, duplicate=True)
         rows = data.num_rows if data is not None else 0
         nbytes = data.nbytes if data is not None else 0
-        self.budget.reserve(nbytes, retry_after=min(1.0, channel.max_client_lag))
+        if held is None:
+            self.admit(channel, nbytes)
+        else:
+            self.budget.settle(held, nbytes)
         channel.last_seq = batch_seq
         channel.last_activity = time.time()
         channel.table.add(
@@ -376,8 +454,26 @@ class IngestService:
             ),
             self.config.flush.max_bytes,
         )
-        self.metrics.record_insert(rows, nbytes, self.budget.used)
+        table_label = channel.table.info.full_name
+        self.metrics.rows_inserted.labels(table_label).inc(rows)
+        self.metrics.bytes_inserted.labels(table_label).inc(nbytes)
+        self.metrics.batches_inserted.labels(table_label).inc()
         return InsertOutcome(rows, duplicate=False)
+
+    def admit(self, channel: ChannelState, nbytes: int) -> int:
+        """Take ``nbytes`` of buffer room for a channel's next batch, fairly among the
+        producers waiting for room, before its body is read (a refused body costs no
+        memory). Returns the bytes taken.
+
+        Raises:
+            BackpressureError: no room for this producer now (429 with Retry-After).
+        """
+        self.budget.reserve(
+            nbytes,
+            retry_after=min(1.0, channel.max_client_lag),
+            who=(channel.table.info.id, channel.name),
+        )
+        return nbytes
 
     async def wait_for_commit(
         self, table_name: str, channel_name: str, generation: int, batch_seq: int, timeout: float
@@ -420,7 +516,11 @@ class IngestService:
                     channel.invalidate(f"channel {channel_name} was dropped")
                     self.budget.release(table.discard_channel(channel))
         dropped = await asyncio.to_thread(self.catalog.drop_channel, info.id, channel_name)
-        if not dropped:
+        if dropped:
+            if len(self._dropped_channels) > 10_000:
+                self._dropped_channels.clear()
+            self._dropped_channels.add((info.id, channel_name))
+        else:
             raise ChannelNotFoundError(f"channel {channel_name} does not exist on {info.full_name}")
         return True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -23,22 +24,62 @@ __all__ = ["BufferBudget", "ChannelState", "PendingBatch", "TableState"]
 
 
 class BufferBudget:
-    """Bounds the bytes of rows buffered in the server (backpressure, 429)."""
+    """Bounds the bytes of rows buffered in the server (backpressure, 429), fairly.
 
-    def __init__(self, limit: int) -> None:
+    When a producer is refused it takes a place in a queue; while anyone waits, room
+    that frees up goes to the waiters in the order they were refused, and a newcomer
+    gets room only if there is enough for everyone ahead of it too. So no producer
+    starves while others keep getting in, however their retries line up. A waiter that
+    stops asking (it gave up, or its process died) leaves the queue after ``patience``
+    seconds, so it cannot hold the others back.
+    """
+
+    def __init__(self, limit: int, patience: float = 5.0) -> None:
         self.limit = limit
+        self.patience = patience
         self.used = 0
         self.peak = 0
+        #: who -> (bytes asked, monotonic time of the last refusal); dict order = queue order.
+        self._waiting: dict[Hashable, tuple[int, float]] = {}
 
-    def reserve(self, size: int, retry_after: float) -> None:
-        """Take ``size`` bytes or raise :class:`BackpressureError` (nothing taken)."""
-        if self.used + size > self.limit and self.used > 0:
+    @property
+    def waiting(self) -> int:
+        """How many producers wait for room."""
+        return len(self._waiting)
+
+    def reserve(self, size: int, retry_after: float, who: Hashable | None = None) -> None:
+        """Take ``size`` bytes for ``who`` or raise :class:`BackpressureError` (nothing taken).
+
+        A request larger than the whole limit still gets in when the buffer is empty and
+        nobody waits ahead of it, so no single request is refused forever.
+        """
+        now = time.monotonic()
+        for key, (_, seen) in list(self._waiting.items()):
+            if now - seen > self.patience:
+                del self._waiting[key]
+        ahead = 0
+        for key, (asked, _) in self._waiting.items():
+            if key == who:
+                break
+            ahead += asked
+        if self.used + ahead + size > self.limit and (self.used > 0 or ahead > 0):
+            if who is not None:
+                self._waiting[who] = (size, now)  # keeps its place if it already had one
+            position = list(self._waiting).index(who) + 1 if who is not None else 0
             raise BackpressureError(
-                f"the server buffer is full ({self.used} of {self.limit} bytes); retry after "
-                f"{retry_after:.2f} s",
+                f"the server buffer is full ({self.used} of {self.limit} bytes used, "
+                f"{len(self._waiting)} producer(s) waiting, this one is number {position}); "
+                f"retry after {retry_after:.2f} s",
                 retry_after=retry_after,
             )
+        self._waiting.pop(who, None)
         self.used += size
+        self.peak = max(self.peak, self.used)
+
+    def settle(self, reserved: int, actual: int) -> None:
+        """Replace a reservation made from an estimate (the body's length) by the size of
+        what was decoded; may pass the limit by that difference, once per request."""
+        self.used += actual - reserved
         self.peak = max(self.peak, self.used)
 
     def release(self, size: int) -> None:
@@ -107,6 +148,7 @@ class PendingBatch:
     nbytes: int
     offset_token: str | None
     deadline: float  # monotonic time by which it must be committed
+    arrived: float = field(default_factory=time.monotonic)
 
 
 @dataclass(eq=False, slots=True)

@@ -11,7 +11,14 @@ from flush.commit import (
     commits_after,
 )
 from flush.parquet_files import WrittenFile, write_parquet_file
-from flush.tables import ROW_ID_COLUMN, create_table, delta_schema, drop_table, table_schema_of
+from flush.tables import (
+    ROW_ID_COLUMN,
+    create_table,
+    delta_schema,
+    drop_table,
+    new_table_folder,
+    table_schema_of,
+)
 
 __all__ = [
     "COMMIT_METADATA_KEY",
@@ -24,6 +31,7 @@ __all__ = [
     "create_table",
     "delta_schema",
     "drop_table",
+    "new_table_folder",
     "table_schema_of",
     "write_parquet_file",
 ]

@@ -8,7 +8,9 @@ its field metadata and left out of the user-facing :class:`TableSchema`.
 
 from __future__ import annotations
 
+import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ __all__ = [
     "delta_schema",
     "drop_table",
     "live_files",
+    "new_table_folder",
     "table_schema_of",
 ]
 
@@ -62,6 +65,50 @@ def live_files(table: DeltaTable) -> list[dict[str, Any]]:
     return rows
 
 
-def drop_table(uri: str) -> None:
-    """Delete a table's folder: its log and every data file."""
+def _folder_name(part: str) -> str:
+    """A readable, always-safe folder name for a name part (ASCII letters, digits, _ and -)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", part)[:48] or "_"
+
+
+def new_table_folder(warehouse: str | Path, database: str, schema_name: str, name: str) -> Path:
+    """A folder no table has used, for a new table: ``<warehouse>/<db>/<schema>/<name>-<id>``.
+
+    Names never become paths as they are: each part is reduced to safe characters (so
+    ``..``, ``/`` or a 1,000-byte name cannot leave the warehouse or exceed a file
+    system's limits) and a random suffix makes the folder unique, so a create never
+    meets, let alone deletes, an existing folder.
+    """
+    root = Path(warehouse).resolve()
+    folder = root.joinpath(
+        _folder_name(database),
+        _folder_name(schema_name),
+        f"{_folder_name(name)}-{uuid.uuid4().hex[:12]}",
+    )
+    if not folder.resolve().is_relative_to(root):  # cannot happen; the last line of defence
+        raise ValueError(f"table folder {folder} would lie outside the warehouse {root}")
+    return folder
+
+
+def _is_table_folder(uri: str | Path, warehouse: str | Path) -> bool:
+    """Whether ``uri`` is a table folder of this warehouse: exactly three levels below it
+    (database, schema, table), with no ``..`` on the way (tables made by older versions
+    from names like ``".."`` fail this and are never deleted)."""
+    path = Path(uri)
+    if ".." in path.parts:
+        return False
+    resolved, root = path.resolve(), Path(warehouse).resolve()
+    return resolved.parent.parent.parent == root
+
+
+def drop_table(uri: str | Path, warehouse: str | Path) -> bool:
+    """Delete a table's folder (log and data files) if it is a table folder of ``warehouse``.
+
+    Returns:
+        Whether the folder was deleted; False (nothing deleted) for a path outside the
+        warehouse or at the wrong depth, which only a catalog entry made by an older
+        version from a hostile name can hold.
+    """
+    if not _is_table_folder(uri, warehouse):
+        return False
     shutil.rmtree(uri, ignore_errors=True)
+    return True

@@ -9,6 +9,7 @@ The same rule applies to column declarations and to the keys of inserted rows.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -17,7 +18,21 @@ import pyarrow as pa
 from ingest_sdk.column_types import DECLARED_TYPE_KEY, ColumnType, split_declared_type
 from ingest_sdk.errors import SchemaError, UnsupportedFeatureError
 
-__all__ = ["Column", "TableSchema", "normalize_identifier", "split_table_name"]
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "Column",
+    "TableSchema",
+    "check_object_name",
+    "normalize_identifier",
+    "split_table_name",
+]
+
+#: Longest identifier (database, schema, table or channel name part), in characters.
+MAX_NAME_LENGTH = 255
+#: Unicode categories no name may hold: controls (NUL, CR, LF...), invisible format marks
+#: (right-to-left and zero-width marks, which make two names look alike), lone surrogates,
+#: private-use and unassigned code points.
+_FORBIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
 
 
 def normalize_identifier(name: str) -> str:
@@ -31,6 +46,34 @@ def normalize_identifier(name: str) -> str:
     if len(name) >= 2 and name[0] == '"' and name[-1] == '"':
         return name[1:-1].replace('""', '"')
     return name.strip().upper()
+
+
+def check_object_name(
+    name: str, what: str = "a name", max_length: int = MAX_NAME_LENGTH
+) -> str:
+    """Refuse what cannot name a database, schema, table or channel; return it unchanged.
+
+    Any printable character is allowed (spaces, ``/``, quotes, emoji...): names never
+    become file paths (table folders are assigned by the catalog). Refused: empty or blank
+    names, names made only of dots, more than ``max_length`` characters, and
+    control, format (bidi, zero-width), surrogate, private-use or unassigned characters.
+
+    Raises:
+        SchemaError: the name is refused; the message says why.
+    """
+    if not name.strip():
+        raise SchemaError(f"{what} must not be empty or blank")
+    if len(name) > max_length:
+        raise SchemaError(f"{what} is {len(name)} characters long; the limit is {max_length}")
+    if not name.strip("."):
+        raise SchemaError(f"{what} must not consist only of dots, got {name!r}")
+    for char in name:
+        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
+            raise SchemaError(
+                f"{what} must not contain control or invisible characters such as "
+                f"U+{ord(char):04X}; got {name[:60]!r}"
+            )
+    return name
 
 
 _NAME_PART_RE = re.compile(r'\s*("(?:[^"]|"")*"|[^."]+)\s*')
@@ -58,9 +101,13 @@ def split_table_name(name: str) -> tuple[str, str, str]:
             break
         position += 1
     if len(parts) != 3 or position != len(text):
+        shown = name[:300] if isinstance(name, str) else name
         raise SchemaError(
-            f"a table name must be DATABASE.SCHEMA.TABLE (quote parts with dots), got {name!r}"
+            f"a table name must be DATABASE.SCHEMA.TABLE (quote parts with dots), got {shown!r}"
         )
+    for part, what in zip(parts, ("the database name", "the schema name", "the table name"),
+                          strict=True):  # fmt: skip
+        check_object_name(part, what)
     return parts[0], parts[1], parts[2]
 
 

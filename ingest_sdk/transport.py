@@ -10,6 +10,7 @@ batch_seq)``, so repeating one never duplicates rows.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,11 @@ def _is_retriable(exc: BaseException) -> bool:
 
 
 class _Wait:
-    """Backoff: the server's Retry-After for 429, else jittered exponential."""
+    """Backoff: the server's Retry-After for 429, else jittered exponential.
+
+    Retry-After is jittered too (0.5x to 1.5x): producers refused together must not all
+    come back in the same instant, again and again.
+    """
 
     def __init__(self, policy: RetryPolicy) -> None:
         self._backoff = wait_exponential_jitter(
@@ -72,7 +77,7 @@ class _Wait:
     def __call__(self, state: RetryCallState) -> float:
         error = state.outcome.exception() if state.outcome else None
         if isinstance(error, BackpressureError):
-            return float(error.details.get("retry_after", 0.5))
+            return float(error.details.get("retry_after", 0.5)) * random.uniform(0.5, 1.5)
         return float(self._backoff(state))
 
 

@@ -19,8 +19,12 @@ __all__ = [
     "HEADER_END_OFFSET_TOKEN",
     "HEADER_GENERATION",
     "JSON_CONTENT_TYPE",
+    "MAX_BATCH_SEQ",
+    "MAX_GENERATION",
+    "MAX_OFFSET_TOKEN_LENGTH",
     "decode_arrow",
     "encode_arrow",
+    "loads_exact",
     "pack_txn_version",
     "unpack_txn_version",
 ]
@@ -34,6 +38,9 @@ HEADER_END_OFFSET_TOKEN = "X-Ingest-End-Offset-Token"
 MAX_OFFSET_TOKEN_LENGTH = 2048
 
 _SEQ_BITS = 40
+#: Largest batch_seq and generation a channel position can hold (see pack_txn_version).
+MAX_BATCH_SEQ = (1 << _SEQ_BITS) - 1
+MAX_GENERATION = (1 << 23) - 1
 
 
 def encode_arrow(batches: list[pa.RecordBatch], schema: pa.Schema) -> bytes:
@@ -59,13 +66,21 @@ def loads(body: bytes | str) -> Any:
     return orjson.loads(body)
 
 
+def loads_exact(body: bytes | str) -> Any:
+    """JSON whose numbers keep every digit as written (rows of data, not control calls).
+
+    Placeholder: exact parsing is being implemented (issue 9).
+    """
+    return orjson.loads(body)
+
+
 def pack_txn_version(generation: int, batch_seq: int) -> int:
     """The Delta app-transaction version of a channel position: generation and seq in one int.
 
     Ordered like ``(generation, batch_seq)``; 40 bits of sequence allow a trillion
     batches per open, 23 bits of generation eight million opens.
     """
-    if not 0 <= batch_seq < 1 << _SEQ_BITS or not 0 <= generation < 1 << 23:
+    if not 0 <= batch_seq <= MAX_BATCH_SEQ or not 0 <= generation <= MAX_GENERATION:
         raise ValueError(f"channel position out of range: generation {generation}, seq {batch_seq}")
     return (generation << _SEQ_BITS) | batch_seq
 

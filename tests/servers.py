@@ -66,6 +66,12 @@ class ThreadServer:
         self.loop.close()
 
 
+def table_folder(warehouse: Path, database: str, schema: str, name: str) -> str:
+    """The folder of the one table of that name in a warehouse (folders end in a random id)."""
+    (folder,) = (Path(warehouse) / database / schema).glob(f"{name}-*")
+    return str(folder)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -13,6 +13,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from flush.failpoints import InjectedFailure
+from tests.servers import table_folder
 from ingest_sdk import (
     ChannelInvalidatedError,
     CommitTimeoutError,
@@ -51,7 +52,7 @@ def produce_exactly_once(url, total, batch=25, lag=0.1, attempts=10):
 
 
 def committed_ids(warehouse: Path) -> list[int]:
-    table = DeltaTable(str(warehouse / "DB" / "S" / "EVENTS")).to_pyarrow_table()
+    table = DeltaTable(table_folder(warehouse, "DB", "S", "EVENTS")).to_pyarrow_table()
     return [int(v) for v in table.column("ID").to_pylist()]
 
 
@@ -102,7 +103,7 @@ def test_kill_after_parquet_write_before_commit(process_server_factory):
     setup_table(server.url)
     client = start_producer(server.url, 50)
     assert server.wait_killed() != 0  # the first flush wrote its file and died
-    ingest = server.warehouse / "DB" / "S" / "EVENTS" / "_ingest"
+    ingest = Path(table_folder(server.warehouse, "DB", "S", "EVENTS")) / "_ingest"
     orphans = list(ingest.glob("*.parquet"))
     assert len(orphans) == 1  # written and fsynced, never committed
     server.start(failpoints="")

@@ -148,7 +148,8 @@ async def test_arrow_batches_are_checked_never_trusted(http):
         ("POST", "/v1/channels/rows?table=db.s.t&channel=c1&generation=1&batch_seq=1", {"data": b"\x00garbage", "headers": {"Content-Type": ARROW_CONTENT_TYPE}}, 400, "BAD_REQUEST"),
         ("POST", "/v1/channels/rows?table=db.s.t&channel=c1&generation=1&batch_seq=1", {"json": {"rows": [1, None, "x"], "on_error": "CONTINUE"}}, 200, None),
         ("POST", "/v1/channels/rows?table=db.s.t&channel=c1&generation=99&batch_seq=1", {"json": {"rows": []}}, 409, "CHANNEL_INVALIDATED"),
-        ("POST", "/v1/channels/rows?table=db.s.nope&channel=c1&generation=1&batch_seq=1", {"json": {"rows": []}}, 409, "CHANNEL_INVALIDATED"),
+        ("POST", "/v1/channels/rows?table=db.s.nope&channel=c1&generation=1&batch_seq=1", {"json": {"rows": []}}, 404, "TABLE_NOT_FOUND"),
+            ("POST", "/v1/channels/rows?table=db.s.t&channel=never&generation=1&batch_seq=1", {"json": {"rows": []}}, 404, "CHANNEL_NOT_FOUND"),
         ("POST", "/v1/channels/wait", {"json": {"table": "db.s.t", "channel": "c1", "generation": 1, "batch_seq": 50}}, 400, "BAD_REQUEST"),
         ("POST", "/v1/channels/status", {"json": {"channels": [5]}}, 400, "BAD_REQUEST"),
         ("POST", "/v1/channels/drop", {"json": {"table": "db.s.t", "channel": "missing"}}, 404, "CHANNEL_NOT_FOUND"),
@@ -207,7 +208,9 @@ def test_backpressure_answers_429_and_the_sdk_waits_and_retries(server_factory):
     # Bounded by the limit plus one request (an empty buffer always admits one, so a
     # request larger than the limit cannot wait forever).
     assert 0 < server.service.budget.peak <= 40_000 + 16_000
-    assert server.service.metrics.rejected_requests > 0  # 429s happened and were retried
+    registry = server.service.metrics.registry
+    refused = registry.get_sample_value("ingest_rejected_requests_total", {"code": "BACKPRESSURE"})
+    assert refused and refused > 0  # 429s happened and were retried
 
 
 def test_backpressure_error_carries_retry_after(server_factory):
