@@ -22,6 +22,7 @@ import orjson
 from flush.commit import CommitRecord
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
+from ingest_sdk.schema import quote_identifier
 
 __all__ = ["Catalog", "ChannelRecord", "SqliteCatalog", "TableInfo"]
 
@@ -44,7 +45,9 @@ class TableInfo:
 
     @property
     def full_name(self) -> str:
-        return f"{self.database}.{self.schema_name}.{self.name}"
+        """``DB.SCHEMA.TABLE``, parts quoted where needed, so the name reads back as this
+        table (``DB.S."with space"``)."""
+        return ".".join(quote_identifier(p) for p in (self.database, self.schema_name, self.name))
 
 
 @dataclass(frozen=True, slots=True)

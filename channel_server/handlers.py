@@ -100,6 +100,11 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         message = f"internal server error: {type(exc).__name__}"
         response = _failure(request, 500, "INTERNAL", message, {})
     _log_failure(request, response, time.monotonic() - started)
+    if request.content.exception() is not None:
+        # The body's stream broke (e.g. bad gzip): answer, then end the connection, and
+        # mark the stream finished so aiohttp does not try to drain it (and fail loudly).
+        response.force_close()
+        request.content.feed_eof()
     return response
 
 
@@ -260,7 +265,8 @@ async def compact(request: web.Request) -> web.Response:
 async def open_channel(request: web.Request) -> web.Response:
     body = await json_body(request)
     lag = body.get("max_client_lag")
-    zone = timezone(body.get("default_timezone") or "America/Los_Angeles")
+    zone = body.get("default_timezone")
+    zone = "America/Los_Angeles" if zone is None else timezone(zone)
     try:
         max_client_lag = parse_max_client_lag(lag) if lag is not None else None
     except IngestError as exc:

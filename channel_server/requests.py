@@ -59,8 +59,9 @@ async def read_body(request: web.Request) -> bytes:
             if encoding
             else ""
         )
+        detail = " ".join(str(exc).split())  # aiohttp's messages span lines
         raise InvalidRequestError(
-            f"the request body could not be read: {type(exc).__name__}: {exc}{hint}"
+            f"the request body could not be read ({type(exc).__name__}: {detail}){hint}"
         ) from exc
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "TableSchema",
     "check_object_name",
     "normalize_identifier",
+    "quote_identifier",
     "split_table_name",
 ]
 
@@ -240,7 +241,7 @@ class TableSchema:
 
     def declarations(self) -> dict[str, str]:
         """The declarations that recreate this schema with :meth:`parse`."""
-        return {_quote_if_needed(c.name): c.declaration for c in self.columns}
+        return {quote_identifier(c.name): c.declaration for c in self.columns}
 
     def find(self, key: str) -> Column | None:
         """The column a row key names, by identifier rules, or ``None``."""
@@ -271,7 +272,9 @@ class TableSchema:
         return f"TableSchema({self.declarations()!r})"
 
 
-def _quote_if_needed(name: str) -> str:
+def quote_identifier(name: str) -> str:
+    """The spelling that names exactly ``name`` (a stored identifier) by identifier rules:
+    as it is when unquoted would give it back, else in double quotes."""
     if re.fullmatch(r"[A-Z_][A-Z0-9_$]*", name):
         return name
     return '"' + name.replace('"', '""') + '"'

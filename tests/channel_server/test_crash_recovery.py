@@ -13,7 +13,6 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from flush.failpoints import InjectedFailure
-from tests.servers import table_folder
 from ingest_sdk import (
     ChannelInvalidatedError,
     CommitTimeoutError,
@@ -22,6 +21,7 @@ from ingest_sdk import (
     StreamingIngestClient,
     TransportError,
 )
+from tests.servers import table_folder
 
 TABLE = "db.s.events"
 REQUEST = OpenChannelRequest("partition-0", "DB", "S", "EVENTS")
