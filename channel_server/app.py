@@ -25,8 +25,8 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     catalog = SqliteCatalog(config.catalog_file)
     service = IngestService(config, catalog)
     replayed = await asyncio.to_thread(service.recover)
-    if replayed:
-        log.info("start-up recovery replayed %d commit(s) into the catalog", replayed)
+    log.info("start-up recovery replayed %d commit(s) into the catalog", replayed,
+             extra={"replayed_commits": replayed})  # fmt: skip
     app[SERVICE] = service
     retention = asyncio.create_task(_retention_loop(service), name="channel retention")
     try:

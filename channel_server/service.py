@@ -113,7 +113,8 @@ class IngestService:
             for record in commits_after(info.uri, info.applied_version):
                 self.catalog.apply_commit(info.id, record)
                 replayed += 1
-                log.info("recovered commit %d of %s", record.version, info.full_name)
+                log.info("recovered commit %d of %s", record.version, info.full_name,
+                         extra={"table": info.full_name, "version": record.version})  # fmt: skip
         return replayed
 
     # -- compaction ----------------------------------------------------------------------

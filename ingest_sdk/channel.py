@@ -31,13 +31,12 @@ from ingest_sdk.errors import (
 )
 from ingest_sdk.rows import ConversionOptions, convert_rows
 from ingest_sdk.schema import TableSchema
-from ingest_sdk.validation import InsertValidationResponse, OnErrorOption
+from ingest_sdk.validation import InsertValidationResponse, OnErrorOption, check_offset_token
 from ingest_sdk.wire import (
     ARROW_CONTENT_TYPE,
     HEADER_BATCH_SEQ,
     HEADER_END_OFFSET_TOKEN,
     HEADER_GENERATION,
-    MAX_OFFSET_TOKEN_LENGTH,
     encode_arrow,
 )
 
@@ -55,14 +54,6 @@ class _Queued:
     batch: pa.RecordBatch | None
     offset_token: str | None
     nbytes: int
-
-
-def _check_token(token: Any, name: str) -> str | None:
-    if token is None:
-        return None
-    if not isinstance(token, str) or len(token) > MAX_OFFSET_TOKEN_LENGTH:
-        raise ValueError(f"{name} must be a str of at most {MAX_OFFSET_TOKEN_LENGTH} characters")
-    return token
 
 
 class AsyncChannel:
@@ -148,7 +139,7 @@ class AsyncChannel:
     ) -> None:
         """Queue converted rows (or a token alone) for sending; waits while the buffer is full."""
         self._check_usable()
-        token = _check_token(end_offset_token, "end_offset_token")
+        token = check_offset_token(end_offset_token, "end_offset_token")
         if isinstance(batch, pa.Table):
             batches = batch.combine_chunks().to_batches() or [None]
         else:
@@ -192,7 +183,7 @@ class AsyncChannel:
             InsertValidationError: ON_ERROR=ABORT and a row is bad; nothing is queued.
             ChannelInvalidatedError, ChannelClosedError: the handle can no longer insert.
         """
-        _check_token(start_offset_token, "start_offset_token")
+        check_offset_token(start_offset_token, "start_offset_token")
         batch, response, queue = self.prepare_rows(rows)
         if queue:
             await self.enqueue(batch, end_offset_token)

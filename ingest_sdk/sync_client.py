@@ -24,7 +24,7 @@ from ingest_sdk.client import (
 )
 from ingest_sdk.schema import TableSchema
 from ingest_sdk.transport import DEFAULT_RETRY, DEFAULT_TIMEOUTS, RetryPolicy, Timeouts
-from ingest_sdk.validation import ChannelStatus, InsertValidationResponse
+from ingest_sdk.validation import ChannelStatus, InsertValidationResponse, check_offset_token
 
 __all__ = ["Channel", "StreamingIngestClient"]
 
@@ -70,6 +70,8 @@ class Channel:
         self._lock = threading.Lock()  # one producer thread per handle at a time
 
     def _submit(self, batch: Any, end_offset_token: str | None) -> None:
+        # Checked here too, so a bad token raises in the caller's call, not in a later one.
+        check_offset_token(end_offset_token, "end_offset_token")
         with self._lock:
             while self._handoffs and self._handoffs[0].done():
                 self._handoffs.popleft().result()  # raises a failed hand-off
@@ -105,6 +107,7 @@ class Channel:
         start_offset_token: str | None = None,
         end_offset_token: str | None = None,
     ) -> InsertValidationResponse:
+        check_offset_token(start_offset_token, "start_offset_token")
         batch, response, queue = self._channel.prepare_rows(rows)
         if queue:
             self._submit(batch, end_offset_token)

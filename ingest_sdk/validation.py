@@ -4,8 +4,39 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["ChannelStatus", "InsertError", "InsertValidationResponse", "OnErrorOption"]
+from ingest_sdk.wire import MAX_OFFSET_TOKEN_LENGTH
+
+__all__ = [
+    "ChannelStatus",
+    "InsertError",
+    "InsertValidationResponse",
+    "OnErrorOption",
+    "check_offset_token",
+]
+
+
+def check_offset_token(token: Any, name: str = "offset token") -> str | None:
+    """An offset token as the commit path can carry it, or ValueError saying why not.
+
+    Text of at most :data:`MAX_OFFSET_TOKEN_LENGTH` characters, valid Unicode (no lone
+    surrogates, which is how undecodable bytes arrive) and without NUL. The SDK checks
+    before sending; the server checks again at its door.
+    """
+    if token is None:
+        return None
+    if not isinstance(token, str) or len(token) > MAX_OFFSET_TOKEN_LENGTH:
+        raise ValueError(f"{name} must be a str of at most {MAX_OFFSET_TOKEN_LENGTH} characters")
+    try:
+        token.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} must be UTF-8 text; it holds characters that are not ({exc.reason})"
+        ) from exc
+    if "\x00" in token:
+        raise ValueError(f"{name} must not contain NUL characters")
+    return token
 
 
 class OnErrorOption(enum.Enum):

@@ -130,6 +130,23 @@ def test_wait_for_commit_times_out_clearly(server, client_factory):
         channel.wait_for_commit("unknown-token", timeout=5)
 
 
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [("tok\udcff", "UTF-8"), ("a\x00b", "NUL"), ("x" * 2049, "at most 2048"), (5, "must be a str")],
+)
+def test_offset_tokens_the_commit_cannot_carry_are_refused_before_sending(
+    server, client_factory, token, message
+):
+    client = client_factory(server.url)
+    info = client.create_table("db.s.t", {"ID": "INT"})
+    channel = client.open_channel(request())
+    with pytest.raises(ValueError, match=message):
+        channel.insert_rows([{"ID": 1}], end_offset_token=token)
+    channel.insert_rows([{"ID": 2}], end_offset_token="2")  # the channel is still usable
+    assert channel.wait_for_commit(timeout=30) == "2"
+    assert table_rows(info["location"], "ID") == [(Decimal(2),)]
+
+
 def test_empty_insert_commits_its_token(server, client_factory):
     client = client_factory(server.url)
     info = client.create_table("db.s.t", {"ID": "INT"})
