@@ -96,13 +96,19 @@ class _Server:
         return 0
 
     def metric(self, name: str) -> float:
+        """``ingest_<name>`` summed over its label values (e.g. every table)."""
         import urllib.request
 
+        from prometheus_client.parser import text_string_to_metric_families
+
         with urllib.request.urlopen(self.url + "/metrics") as response:
-            for line in response.read().decode().splitlines():
-                if line.startswith(f"ingest_{name} "):
-                    return float(line.split()[1])
-        return 0.0
+            text = response.read().decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == f"ingest_{name}"
+        )
 
     def stop(self) -> None:
         self.process.terminate()
@@ -224,8 +230,8 @@ def run(producers: int = 8, small_batches: int = 3000, big_batches: int = 100) -
             paced = this_system(server.url, producers, 120, 100, arrow=False, lag=1.0,
                                 table_name="bench.public.paced", rate=20.0)  # fmt: skip
             rss = server.peak_rss_bytes()
-            flushes = server.metric("flushes_total")
-            flush_seconds = server.metric("flush_seconds_total")
+            flushes = server.metric("flush_duration_seconds_count")
+            flush_seconds = server.metric("flush_duration_seconds_sum")
             buffer_peak = server.metric("buffer_bytes_peak")
             buffer_limit = server.metric("buffer_bytes_limit")
         finally:
