@@ -232,6 +232,8 @@ class IngestService:
         """
         database, schema_name, table = split_table_name(name)
         schema = TableSchema.parse(columns)
+        for column in schema:  # names of new columns follow the rules of table names
+            check_object_name(column.name, f"the column name {column.name[:60]!r}")
         try:
             existing = self.catalog.get_table(database, schema_name, table)
         except TableNotFoundError:

@@ -196,12 +196,24 @@ def split_declared_type(text: str) -> tuple[ColumnType, str]:
     return _build(name, _SYNONYMS[name], params, text), rest
 
 
+def _shown(text: str) -> str:
+    """A declaration or parameter as error messages repeat it: at most 80 characters."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}... ({len(text)} characters)"
+
+
 def _int_param(value: str, what: str, text: str, low: int, high: int) -> int:
-    if not re.fullmatch(r"\d+", value):
-        raise SchemaError(f"{what} must be a whole number in {text!r}, got {value!r}")
+    if not re.fullmatch(r"[0-9]+", value):
+        raise SchemaError(f"{what} must be a whole number in {_shown(text)}, got {_shown(value)}")
+    if len(value.lstrip("0")) > 12:  # past every limit; int() of 5,000 digits would raise
+        raise SchemaError(
+            f"{what} must be between {low} and {high} in {_shown(text)}, got a number of "
+            f"{len(value)} digits"
+        )
     number = int(value)
     if not low <= number <= high:
-        raise SchemaError(f"{what} must be between {low} and {high} in {text!r}, got {number}")
+        raise SchemaError(
+            f"{what} must be between {low} and {high} in {_shown(text)}, got {number}"
+        )
     return number
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ingest_sdk.column_types import DECLARED_TYPE_KEY, ColumnType, split_declared_type
-from ingest_sdk.errors import SchemaError, UnsupportedFeatureError
+from ingest_sdk.errors import SchemaError, UnsupportedFeatureError, describe_value
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -173,8 +173,9 @@ def _parse_declaration(name: str, declaration: str) -> Column:
                 if pattern.match(rest):
                     raise UnsupportedFeatureError(f'column "{name}": {reason}')
             raise SchemaError(
-                f'column "{name}": cannot understand {rest!r} in {declaration!r}; '
-                "allowed after the type: NOT NULL, NULL, DEFAULT NULL"
+                f'column "{name}": cannot understand {describe_value(rest)} in '
+                f"{describe_value(declaration)}; allowed after the type: NOT NULL, NULL, "
+                "DEFAULT NULL"
             )
         rest = rest[match.end() :].strip()
     return Column(name, column_type, nullable)

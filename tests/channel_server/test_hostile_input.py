@@ -314,3 +314,41 @@ def test_the_table_folder_name_is_safe_for_any_name(tmp_path):
         assert all(len(p.encode()) <= 64 for p in folder.relative_to(tmp_path.resolve()).parts)
     assert new_table_folder(tmp_path, "a", "b", "c") != new_table_folder(tmp_path, "a", "b", "c")
     assert os.sep not in new_table_folder(tmp_path, "a", "b", "c/d").name
+
+
+@pytest.mark.parametrize(
+    "declaration",
+    ["VARCHAR(" + "9" * 5000 + ")", "NUMBER(" + "9" * 5000 + ", 2)", "NUMBER(38, " + "1" * 4400 + ")",
+     "TIMESTAMP_NTZ(" + "7" * 20 + ")", "VARCHAR(٣)", "VARCHAR(" + "(" * 1000 + ")"],
+)  # fmt: skip
+async def test_absurd_type_parameters_are_a_400(server, http, declaration):
+    status, body = await call(http, "POST", "/v1/tables",
+                              json={"name": "db.s.t", "columns": {"C": declaration}})  # fmt: skip
+    assert status == 400, body
+    assert len(body["error"]["message"]) < 500  # the message does not echo 5,000 digits
+    assert not list(Path(server.config.warehouse).rglob("_delta_log"))
+
+
+@pytest.mark.parametrize("column", ['"a\x00b"', '"a\nb"', '"\u202eabc"', '" "', '"' + "x" * 256 + '"', '"."'])
+async def test_column_names_follow_the_rules_of_table_names(server, http, column):
+    status, body = await call(http, "POST", "/v1/tables",
+                              json={"name": "db.s.t", "columns": {column: "INT"}})  # fmt: skip
+    assert status == 400 and "column name" in body["error"]["message"], body
+    assert not list(Path(server.config.warehouse).rglob("_delta_log"))
+
+
+async def test_column_names_with_punctuation_and_spaces_work(server, http, spark):
+    columns = {'"a b"': "INT", '"x,y;z{}()="': "VARCHAR", '"ünï😀"': "INT"}
+    status, body = await call(http, "POST", "/v1/tables", json={"name": "db.s.t", "columns": columns})
+    assert status == 201, body
+    status, _ = await call(http, "POST", "/v1/channels/open", json={"table": "db.s.t", "channel": "c"})
+    assert status == 200
+    status, answer = await call(http, "POST", "/v1/channels/rows?table=db.s.t&channel=c&generation=1&batch_seq=1",
+                                json={"rows": [{'"a b"': 1, '"x,y;z{}()="': "v", '"ünï😀"': 2}]})  # fmt: skip
+    assert status == 200 and answer["accepted_rows"] == 1, answer
+    status, answer = await call(http, "POST", "/v1/channels/close", json={"table": "db.s.t", "channel": "c", "generation": 1})
+    assert answer["closed"], answer
+    from flush.spark_tables import read_delta
+
+    (row,) = read_delta(spark, body["location"]).collect()
+    assert (row["a b"], row["x,y;z{}()="], row["ünï😀"]) == (1, "v", 2)
