@@ -3,8 +3,11 @@
 One topic:   --bootstrap-servers H:P --topic T --table DB.S.T --server-url URL --group-id G
 Many topics: --config bridge.json  with
     {"bootstrap_servers": "...", "group_id": "...", "server_url": "...", "dlq_topic": "...",
-     "mappings": [{"topic": "orders", "table": "SHOP.PUBLIC.ORDERS",
+     "mappings": [{"topic": "orders", "table": "SHOP.PUBLIC.ORDER_EVENTS",
                    "metadata_columns": {"offset": "KAFKA_OFFSET"}}]}
+
+Exit status: 0 after SIGTERM/Ctrl-C, 2 for a configuration the tables do not fit (or a bad
+flag), 1 when Kafka or the channel service stays unreachable.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -19,6 +23,30 @@ from pathlib import Path
 import orjson
 
 from examples.kafka_bridge.bridge import METADATA, BridgeConfig, KafkaBridge, TopicMapping
+from examples.kafka_bridge.errors import BridgeError
+
+log = logging.getLogger("kafka_bridge")
+
+
+def default_instance_id(group_id: str) -> str:
+    """``<group id>-<host name>``: stable across restarts of a bridge on one host (or one
+    StatefulSet pod), which is what static membership needs."""
+    return f"{group_id}-{socket.gethostname()}"
+
+
+def _mapping(parser: argparse.ArgumentParser, item: object) -> TopicMapping:
+    """A ``mappings`` entry of the config file, refused as a flag would be."""
+    if not isinstance(item, dict):
+        parser.error(f"each entry of mappings must be an object, got {item!r}")
+    try:
+        mapping = TopicMapping(**item)
+    except TypeError as exc:
+        parser.error(f"mapping {item!r}: {exc}; use topic, table, metadata_columns")
+    unknown = set(mapping.metadata_columns) - set(METADATA)
+    if unknown:
+        parser.error(f"mapping of topic {mapping.topic}: unknown metadata field(s) "
+                     f"{sorted(unknown)}; use {', '.join(METADATA)}")  # fmt: skip
+    return mapping
 
 
 def parse_args(argv: list[str] | None = None) -> BridgeConfig:
@@ -47,13 +75,31 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
     parser.add_argument("--max-client-lag", type=float, default=1.0)
     parser.add_argument("--commit-interval", type=float, default=5.0)
     parser.add_argument("--auto-offset-reset", default="earliest", choices=["earliest", "latest"])
+    parser.add_argument(
+        "--instance-id",
+        help="static group membership id (group.instance.id), unique in the group and stable "
+        "across restarts; default <group id>-<host name>; '' joins as a dynamic member",
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=10.0,
+        help="seconds before the group gives a silent member's partitions to others (default 10)",
+    )
+    parser.add_argument(
+        "--broker-timeout",
+        type=float,
+        default=300.0,
+        help="give up (exit 1) if no Kafka broker answers within this many seconds of start-up "
+        "(default 300)",
+    )
     args = parser.parse_args(argv)
     settings: dict = orjson.loads(args.config.read_bytes()) if args.config else {}
     metadata = dict(item.split("=", 1) for item in args.metadata_column)
     unknown = set(metadata) - set(METADATA)
     if unknown:
         parser.error(f"unknown metadata field(s) {sorted(unknown)}; use {', '.join(METADATA)}")
-    mappings = [TopicMapping(**m) for m in settings.get("mappings", [])]
+    mappings = [_mapping(parser, m) for m in settings.get("mappings", [])]
     if args.topic:
         if not args.table:
             parser.error("--topic needs --table")
@@ -66,9 +112,15 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
     missing = [f"--{k.replace('_', '-')}" for k, v in required.items() if not v]
     if missing or not mappings:
         parser.error(f"missing: {', '.join(missing) or '--topic/--table or mappings in --config'}")
+    if args.session_timeout <= 0 or args.broker_timeout <= 0:
+        parser.error("--session-timeout and --broker-timeout must be positive")
+    group_id = str(required["group_id"])
+    instance_id = args.instance_id
+    if instance_id is None:
+        instance_id = settings.get("instance_id", default_instance_id(group_id))
     return BridgeConfig(
         bootstrap_servers=str(required["bootstrap_servers"]),
-        group_id=str(required["group_id"]),
+        group_id=group_id,
         server_url=str(required["server_url"]),
         mappings=tuple(mappings),
         token=args.token or settings.get("token"),
@@ -76,6 +128,9 @@ def parse_args(argv: list[str] | None = None) -> BridgeConfig:
         max_client_lag=args.max_client_lag,
         commit_interval=args.commit_interval,
         auto_offset_reset=args.auto_offset_reset,
+        instance_id=instance_id or None,
+        session_timeout=args.session_timeout,
+        broker_timeout=args.broker_timeout,
     )
 
 
@@ -86,7 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    KafkaBridge(config).run(stop)
+    try:
+        KafkaBridge(config).run(stop)
+    except BridgeError as exc:
+        log.error("%s", exc)
+        sys.exit(exc.exit_code)
 
 
 if __name__ == "__main__":

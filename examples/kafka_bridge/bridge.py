@@ -11,6 +11,14 @@ records whose rows were not committed, and nothing else.
 Consumer group offsets are committed periodically *to the channels' committed
 tokens*, only so that Kafka lag tools show the true lag; they are never the
 source of truth.
+
+Before consuming anything the bridge checks its mapping against the tables
+(``table_check``) and waits for a broker to answer (``--broker-timeout``): both
+mistakes used to look like a running bridge. It joins the group as a static
+member (``group.instance.id``) with a short session timeout, because a member
+that dies without leaving keeps its partitions until its session times out, and
+a restarted bridge would otherwise wait that long (librdkafka's default is 45 s,
+and a rebalance can wait for two of them).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from confluent_kafka import (
@@ -32,7 +40,27 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    stop_when_event_set,
+    wait_exponential,
+    wait_none,
+)
 
+from examples.kafka_bridge.errors import BridgeError, KafkaUnavailableError
+from examples.kafka_bridge.kafka_health import (
+    CLIENT_SETTINGS,
+    REMINDER_INTERVAL,
+    KafkaHealth,
+    RepeatFilter,
+)
+from examples.kafka_bridge.reporting import Metrics, describe_resume, record_error, record_name
+from examples.kafka_bridge.table_check import check_tables
 from ingest_sdk import (
     ChannelInvalidatedError,
     IngestError,
@@ -42,10 +70,13 @@ from ingest_sdk import (
     TransportError,
 )
 from ingest_sdk.schema import split_table_name
+from ingest_sdk.wire import loads_exact
 
-__all__ = ["BridgeConfig", "KafkaBridge", "TopicMapping"]
+__all__ = ["BridgeConfig", "KafkaBridge", "Metrics", "TopicMapping"]
 
 log = logging.getLogger("kafka_bridge")
+#: librdkafka's own log lines land here (through a :class:`RepeatFilter`), not on raw stderr.
+kafka_log = logging.getLogger("kafka_bridge.librdkafka")
 
 #: Kafka metadata a mapping may store in columns: name -> how to read it from a message.
 METADATA = {
@@ -56,6 +87,12 @@ METADATA = {
     "key": lambda m: m.key().decode("utf-8", "replace") if m.key() is not None else None,
     "headers": lambda m: {k: (v or b"").decode("utf-8", "replace") for k, v in (m.headers() or [])},
 }
+
+#: Seconds without partitions before the bridge says why it waits (a fresh group takes
+#: about 3 s: the coordinator's initial rebalance delay).
+ASSIGNMENT_NOTICE = 5.0
+#: Seconds one metadata request may wait while the bridge waits for its first broker.
+BROKER_PROBE = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +111,18 @@ class TopicMapping:
 
 @dataclass(frozen=True)
 class BridgeConfig:
+    """Settings of one bridge process.
+
+    Attributes:
+        instance_id: ``group.instance.id`` (static membership): a restarted bridge with the
+            same id takes its partitions back at once on brokers that support it. Must be
+            unique in the group and stable across restarts; ``None`` joins as a dynamic
+            member. The command line defaults it to ``<group id>-<host name>``.
+        session_timeout: seconds the group waits for a silent member before it hands its
+            partitions to others: the longest a restart waits for them.
+        broker_timeout: seconds to wait for a first answer from a broker before giving up.
+    """
+
     bootstrap_servers: str
     group_id: str
     server_url: str
@@ -85,6 +134,9 @@ class BridgeConfig:
     commit_interval: float = 5.0
     auto_offset_reset: str = "earliest"
     channel_name: str = "{topic}:P{partition}"
+    instance_id: str | None = None
+    session_timeout: float = 10.0
+    broker_timeout: float = 300.0
     consumer_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,27 +147,10 @@ class _Partition:
     name: str
 
 
-@dataclass
-class Metrics:
-    records: int = 0
-    rows: int = 0
-    bad_records: int = 0
-    dlq_records: int = 0
-    reopens: int = 0
-    started: float = field(default_factory=time.monotonic)
-    lag: dict[str, int] = field(default_factory=dict)
-
-    def snapshot(self) -> dict[str, Any]:
-        seconds = max(time.monotonic() - self.started, 1e-9)
-        return {
-            "records": self.records,
-            "records_per_s": round(self.records / seconds, 1),
-            "rows": self.rows,
-            "bad_records": self.bad_records,
-            "dlq_records": self.dlq_records,
-            "reopens": self.reopens,
-            "lag": dict(self.lag),
-        }
+def _log_reopen_retry(state: RetryCallState) -> None:
+    topic, partition = state.args
+    error = state.outcome.exception() if state.outcome else None
+    log.warning("reopen of %s[%d] failed (%s), retrying", topic, partition, error)
 
 
 class KafkaBridge:
@@ -125,25 +160,88 @@ class KafkaBridge:
         self.config = config
         self.mappings = {m.topic: m for m in config.mappings}
         self.metrics = Metrics()
+        self.health = KafkaHealth(config.bootstrap_servers, log)
+        self._log_filter = RepeatFilter()
+        kafka_log.addFilter(self._log_filter)
         self.client = StreamingIngestClient(
             f"kafka-bridge-{config.group_id}",
             url=config.server_url,
             token=config.token,
             max_client_lag=config.max_client_lag,
         )
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": config.bootstrap_servers,
-                "group.id": config.group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": config.auto_offset_reset,
-                **config.consumer_config,
-            }
-        )
-        self.dlq = (
-            Producer({"bootstrap.servers": config.bootstrap_servers}) if config.dlq_topic else None
-        )
+        self._kafka_settings: dict[str, Any] = {
+            "bootstrap.servers": config.bootstrap_servers,
+            "error_cb": self.health.on_error,
+            "logger": kafka_log,
+            **CLIENT_SETTINGS,
+        }
+        session_ms = int(config.session_timeout * 1000)
+        membership = {"group.instance.id": config.instance_id} if config.instance_id else {}
+        self._consumer_settings: dict[str, Any] = {
+            **self._kafka_settings,
+            "group.id": config.group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": config.auto_offset_reset,
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(100, min(3000, session_ms // 3)),
+            **membership,
+            **config.consumer_config,
+        }
+        self._consumer: Consumer | None = None
+        self.dlq: Producer | None = None  # made by run() with the consumer
         self.partitions: dict[tuple[str, int], _Partition] = {}
+        self._unassigned_since: float | None = None
+        self._next_waiting_notice = 0.0
+
+    @property
+    def consumer(self) -> Consumer:
+        """The group's consumer, made on first use: :meth:`run` checks the mapping first, so
+        a mapping that does not fit dials no broker (and says nothing about one)."""
+        if self._consumer is None:
+            self._consumer = Consumer(self._consumer_settings)
+        return self._consumer
+
+    # -- start-up ------------------------------------------------------------------------------
+
+    def _serve_kafka_callbacks(self) -> None:
+        """librdkafka hands over errors and log lines only while the application polls."""
+        self.consumer.poll(0)  # not subscribed yet: serves callbacks, returns no record
+        if self.dlq is not None:
+            self.dlq.poll(0)
+
+    def _wait_for_broker(self, stop: threading.Event) -> bool:
+        """Block until a broker answers; False if stopped first.
+
+        A phase of its own because giving up is right only before the first answer: once
+        connected, librdkafka reconnects by itself and the bridge keeps running.
+
+        Raises:
+            KafkaUnavailableError: no broker answered within ``broker_timeout``.
+        """
+
+        def probe() -> None:
+            try:
+                self.consumer.list_topics(timeout=BROKER_PROBE)
+            finally:
+                self._serve_kafka_callbacks()
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(KafkaException),
+            stop=stop_after_delay(self.config.broker_timeout) | stop_when_event_set(stop),
+            wait=wait_none(),  # each probe waits BROKER_PROBE s for an answer by itself
+        )
+        try:
+            retrying(probe)
+        except RetryError as exc:
+            if stop.is_set():
+                return False
+            raise KafkaUnavailableError(
+                f"gave up: no Kafka broker at {self.config.bootstrap_servers} answered within "
+                f"{self.config.broker_timeout:g} s (--broker-timeout). Fix: start the broker or "
+                "correct --bootstrap-servers"
+            ) from exc
+        self.health.connected = True
+        return True
 
     # -- assignment and recovery -------------------------------------------------------------
 
@@ -161,18 +259,27 @@ class KafkaBridge:
         return state, int(token) + 1 if token is not None else None
 
     def _on_assign(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
+        if self._unassigned_since is not None:
+            waited = time.monotonic() - self._unassigned_since
+            if waited >= ASSIGNMENT_NOTICE:
+                log.info("the group coordinator assigned partitions after %.0f s", waited)
+            self._unassigned_since = None
+        if not assigned:
+            log.info("no partitions assigned to this instance: the group has more members "
+                     "than the topics have partitions; it idles until a rebalance")  # fmt: skip
+        source: Literal["token", "group", "reset"]
         for tp in assigned:
             _, resume = self._open(tp.topic, tp.partition)
             if resume is not None:
-                tp.offset = resume
-                source = "channel token"
+                tp.offset, source = resume, "token"
             else:
                 (committed,) = consumer.committed([TopicPartition(tp.topic, tp.partition)], 10)
-                tp.offset = committed.offset if committed.offset >= 0 else OFFSET_INVALID
-                source = "group offset" if committed.offset >= 0 else "reset policy"
-            log.info(
-                "assigned %s[%d]: resume at %s (%s)", tp.topic, tp.partition, tp.offset, source
-            )
+                if committed.offset >= 0:
+                    tp.offset, source = committed.offset, "group"
+                else:
+                    tp.offset, source = OFFSET_INVALID, "reset"
+            log.info("assigned %s[%d]: resume %s", tp.topic, tp.partition,
+                     describe_resume(tp.offset, source, self.config.auto_offset_reset))  # fmt: skip
         consumer.assign(assigned)
 
     def _on_revoke(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
@@ -185,31 +292,59 @@ class KafkaBridge:
             except IngestError as exc:
                 log.info("revoked %s[%d]: %s", tp.topic, tp.partition, exc)
             log.info("revoked %s[%d]", tp.topic, tp.partition)
+        if not self.partitions and self._unassigned_since is None:
+            self._unassigned_since = time.monotonic()
+            self._next_waiting_notice = 0.0
+
+    def _note_waiting(self, now: float) -> None:
+        """Say why no records flow while the group has not assigned partitions: a metrics
+        line with ``"lag": {}`` for a minute and nothing else looks like a hang."""
+        if self._unassigned_since is None or now < self._next_waiting_notice:
+            return
+        waited = now - self._unassigned_since
+        if waited < ASSIGNMENT_NOTICE:
+            return
+        self._next_waiting_notice = now + REMINDER_INTERVAL
+        membership = (
+            f"instance {self.config.instance_id}" if self.config.instance_id else "dynamic member"
+        )
+        log.info(
+            "waiting for partition assignment from the group coordinator (group %s, %s) for "
+            "%.0f s: a rebalance waits until every member has rejoined, and a member that "
+            "stopped without leaving the group (killed, or any stopped static member) keeps its "
+            "partitions until its session times out (session.timeout.ms %.0f s here)",
+            self.config.group_id, membership, waited, self.config.session_timeout,
+        )  # fmt: skip
 
     def _recover(self, topic: str, partition: int, reason: Exception) -> None:
         """Reopen after invalidation or a server restart and rewind to the committed token."""
         self.metrics.reopens += 1
         log.warning("recovering %s[%d] after %s", topic, partition, reason)
-        for attempt in range(60):
-            try:
-                _, resume = self._open(topic, partition)
-                break
-            except (TransportError, IngestError) as exc:
-                log.warning("reopen of %s[%d] failed (%s), retrying", topic, partition, exc)
-                time.sleep(min(0.1 * 2**attempt, 2.0))
-        else:
-            raise RuntimeError(f"cannot reopen the channel of {topic}[{partition}]")
+        retrying = Retrying(
+            retry=retry_if_exception_type((TransportError, IngestError)),
+            stop=stop_after_attempt(60),
+            wait=wait_exponential(multiplier=0.1, max=2.0),
+            before_sleep=_log_reopen_retry,
+        )
+        try:
+            _, resume = retrying(self._open, topic, partition)
+        except RetryError as exc:
+            raise BridgeError(
+                f"cannot reopen the channel of {topic}[{partition}] at the channel service "
+                f"{self.config.server_url}: {exc.last_attempt.exception()}"
+            ) from exc
         if resume is None:
             (committed,) = self.consumer.committed([TopicPartition(topic, partition)], 10)
             resume = committed.offset if committed.offset >= 0 else 0
+        log.info("recovered %s[%d]: resume at offset %d", topic, partition, resume)
         self.consumer.seek(TopicPartition(topic, partition, resume))
 
     # -- records ------------------------------------------------------------------------------
 
     def _row(self, message: Message, mapping: TopicMapping) -> dict[str, Any]:
         try:
-            value = orjson.loads(message.value() or b"")
-        except orjson.JSONDecodeError as exc:
+            value = loads_exact(message.value() or b"")  # big numbers keep every digit
+        except ValueError as exc:
             raise ValueError(f"the record value is not valid JSON ({exc})") from exc
         if not isinstance(value, dict):
             raise ValueError("the record value is not a JSON object")
@@ -219,8 +354,8 @@ class KafkaBridge:
 
     def _dead_letter(self, message: Message, error: str) -> None:
         self.metrics.bad_records += 1
-        log.warning("bad record %s[%d]@%d: %s", message.topic(), message.partition(),
-                    message.offset(), error)  # fmt: skip
+        error = record_error(error)
+        log.warning("bad record %s: %s", record_name(message), error)
         if self.dlq is None or self.config.dlq_topic is None:
             return
         headers: list[tuple[str, str | bytes | None]] = [
@@ -258,6 +393,8 @@ class KafkaBridge:
 
     def _commit_group_offsets(self, asynchronous: bool = True) -> None:
         """Move the group's offsets to the channels' committed tokens (for lag tools)."""
+        self.metrics.partitions = len(self.partitions)
+        self.metrics.lag = {}  # revoked partitions drop out
         if not self.partitions:
             return
         keys = list(self.partitions)
@@ -281,37 +418,71 @@ class KafkaBridge:
             if position.offset >= 0:
                 self.metrics.lag[f"{topic}[{partition}]"] = max(0, high - position.offset)
 
+    def _raise_if_fatal(self) -> None:
+        error = self.health.fatal
+        if error is None:
+            return
+        if error.code() == KafkaError.FENCED_INSTANCE_ID:
+            raise KafkaUnavailableError(
+                f"another consumer joined group {self.config.group_id} with this bridge's "
+                f"--instance-id {self.config.instance_id}, and the coordinator fenced this one. "
+                "Fix: give each bridge instance its own --instance-id"
+            )
+        raise KafkaUnavailableError(f"fatal Kafka client error {error.name()}: {error.str()}")
+
     def run(self, stop: threading.Event) -> None:
+        """Check the mapping, wait for a broker, then consume until ``stop`` is set.
+
+        Raises:
+            ConfigurationError: the mapping does not fit the tables (nothing was consumed).
+            KafkaUnavailableError: no broker answered in time, or a fatal client error.
+        """
+        try:
+            check_tables(self.client, self.config.mappings)
+            if self.config.dlq_topic:
+                self.dlq = Producer(self._kafka_settings)
+            if not self._wait_for_broker(stop):
+                return
+            self._consume(stop)
+        finally:
+            self.close()
+
+    def _consume(self, stop: threading.Event) -> None:
         topics = list(self.mappings)
         self.consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_revoke)  # fmt: skip
-        log.info("consuming %s from %s", topics, self.config.bootstrap_servers)
+        membership = (
+            f"static member {self.config.instance_id}" if self.config.instance_id else
+            "dynamic member"
+        )  # fmt: skip
+        log.info("consuming %s from %s as %s of group %s", topics, self.config.bootstrap_servers,
+                 membership, self.config.group_id)  # fmt: skip
+        self._unassigned_since = time.monotonic()
         next_commit = time.monotonic() + self.config.commit_interval
-        try:
-            while not stop.is_set():
-                messages = self.consumer.consume(self.config.batch_size, timeout=0.2)
-                by_partition: dict[tuple[str, int], list[Message]] = {}
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        if error.code() != KafkaError._PARTITION_EOF:
-                            log.warning("consumer error: %s", error)
-                        continue
-                    key = (str(message.topic()), int(message.partition() or 0))
-                    by_partition.setdefault(key, []).append(message)
-                for (topic, partition), batch in by_partition.items():
-                    self._deliver(topic, partition, batch)
-                if self.dlq is not None:
-                    self.dlq.poll(0)
-                if time.monotonic() >= next_commit:
-                    next_commit = time.monotonic() + self.config.commit_interval
-                    try:
-                        self._commit_group_offsets()
-                    except IngestError as exc:
-                        log.warning("group offset commit skipped: %s", exc)
-                    log.info("metrics %s", orjson.dumps(self.metrics.snapshot()).decode())
-        finally:
-            self.close()
+        while not stop.is_set():
+            messages = self.consumer.consume(self.config.batch_size, timeout=0.2)
+            self._raise_if_fatal()
+            by_partition: dict[tuple[str, int], list[Message]] = {}
+            for message in messages:
+                error = message.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        self.health.on_error(error)  # said once, not once per poll
+                    continue
+                key = (str(message.topic()), int(message.partition() or 0))
+                by_partition.setdefault(key, []).append(message)
+            for (topic, partition), batch in by_partition.items():
+                self._deliver(topic, partition, batch)
+            if self.dlq is not None:
+                self.dlq.poll(0)
+            self._note_waiting(time.monotonic())
+            if time.monotonic() >= next_commit:
+                next_commit = time.monotonic() + self.config.commit_interval
+                try:
+                    self._commit_group_offsets()
+                except IngestError as exc:
+                    log.warning("group offset commit skipped: %s", exc)
+                log.info("metrics %s", orjson.dumps(self.metrics.snapshot()).decode())
 
     def close(self) -> None:
         """Close the channels (what was sent commits), then leave the group offsets at the
@@ -324,6 +495,8 @@ class KafkaBridge:
         self.partitions.clear()
         if self.dlq is not None:
             self.dlq.flush(10)
-        self.consumer.close()
+        if self._consumer is not None:
+            self._consumer.close()
         with contextlib.suppress(IngestError):
             self.client.close()
+        kafka_log.removeFilter(self._log_filter)

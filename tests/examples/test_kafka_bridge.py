@@ -1,114 +1,25 @@
 """The Kafka bridge against a real Kafka-protocol broker, a real server and real Delta tables."""
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
+import re
 import time
-from collections import defaultdict
-from pathlib import Path
 
-import orjson
-import pytest
-from confluent_kafka import Consumer, Producer
-from deltalake import DeltaTable
+from confluent_kafka import Consumer, TopicPartition
 
-from flush import ROW_ID_COLUMN
 from ingest_sdk import StreamingIngestClient
+from tests.examples.bridge_process import (
+    COLUMNS,
+    PARTITIONS,
+    assert_exactly_once_in_order,
+    produce,
+    produce_in_background,
+    table_rows,
+    wait_rows,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-PARTITIONS = 4  # the mock cluster creates topics with 4 partitions
-COLUMNS = {"ID": "INT NOT NULL", "V": "VARCHAR(20)", "KAFKA_PARTITION": "NUMBER(9,0)",
-           "KAFKA_OFFSET": "NUMBER(18,0)"}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def kafka():
-    process = subprocess.Popen([sys.executable, str(Path(__file__).parent / "kafka_mock.py")],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)  # fmt: skip
-    line = process.stdout.readline()
-    try:
-        yield orjson.loads(line)["bootstrap_servers"]
-    finally:
-        process.kill()
-        process.wait(10)
-        process.stdout.close()
-
-
-class Bridge:
-    """``python -m examples.kafka_bridge`` as a child process."""
-
-    def __init__(self, kafka, server_url, topic, table, group, *extra):
-        self.args = [sys.executable, "-m", "examples.kafka_bridge", "--bootstrap-servers", kafka,
-                     "--topic", topic, "--table", table, "--server-url", server_url,
-                     "--group-id", group, "--max-client-lag", "0.1", "--commit-interval", "1",
-                     "--metadata-column", "partition=KAFKA_PARTITION",
-                     "--metadata-column", "offset=KAFKA_OFFSET", *extra]  # fmt: skip
-        self.process = None
-
-    def start(self):
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.process = subprocess.Popen(self.args, env=env, cwd=ROOT,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        return self
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-def produce(kafka, topic, records, rate=None):
-    """Send ``records`` (bytes or dicts) round-robin over the partitions, optionally paced."""
-    producer = Producer({"bootstrap.servers": kafka})
-    for n, record in enumerate(records):
-        value = record if isinstance(record, bytes) else orjson.dumps(record)
-        producer.produce(topic, value=value, partition=n % PARTITIONS)
-        if rate:
-            producer.poll(0)
-            time.sleep(1 / rate)
-    assert producer.flush(30) == 0
-
-
-def produce_in_background(kafka, topic, total, rate):
-    """Records {"ID": 0..total-1} sent at ``rate`` per second by a started thread."""
-    records = [{"ID": n, "V": "x"} for n in range(total)]
-    sender = threading.Thread(target=produce, args=(kafka, topic, records, rate))
-    sender.start()
-    return sender
-
-
-def table_rows(location):
-    return DeltaTable(location).to_pyarrow_table().sort_by(ROW_ID_COLUMN).to_pylist()
-
-
-def wait_rows(location, count, timeout=120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if len(table_rows(location)) >= count:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"only {len(table_rows(location))} of {count} rows arrived")
-
-
-def assert_exactly_once_in_order(location, total):
-    rows = table_rows(location)
-    ids = [int(r["ID"]) for r in rows]
-    assert len(ids) == len(set(ids)) == total and set(ids) == set(range(total))
-    per_partition = defaultdict(list)
-    for row in rows:
-        per_partition[int(row["KAFKA_PARTITION"])].append(int(row["KAFKA_OFFSET"]))
-    for offsets in per_partition.values():
-        assert offsets == list(range(len(offsets)))  # in order, none skipped or repeated
+#: A bridge restarted after SIGKILL must have its partitions back and deliver within this
+#: many seconds. librdkafka's default session timeout (45 s) made it wait ~45-106 s.
+RESUME_BOUND = 30
 
 
 def setup(server, client_factory, name):
@@ -117,12 +28,13 @@ def setup(server, client_factory, name):
     return client, info["location"]
 
 
-def test_records_arrive_exactly_once_in_order_with_tokens(kafka, server, client_factory):
+def test_records_arrive_exactly_once_in_order_with_tokens(kafka, server, client_factory,
+                                                          bridge_factory):  # fmt: skip
     client, location = setup(server, client_factory, "t1")
     produce(kafka, "t1", [{"ID": n, "V": f"v{n}"} for n in range(400)])
-    bridge = Bridge(kafka, server.url, "t1", "db.kafka.t1", "g1").start()
+    bridge = bridge_factory(kafka, server.url, "t1", "db.kafka.t1", "g1").start()
     try:
-        wait_rows(location, 400)
+        wait_rows(location, 400, bridge=bridge)
     finally:
         bridge.stop()
     assert_exactly_once_in_order(location, 400)
@@ -131,51 +43,83 @@ def test_records_arrive_exactly_once_in_order_with_tokens(kafka, server, client_
     )
     assert [s.offset_token for s in statuses] == ["99"] * PARTITIONS  # the Kafka offsets
     consumer = Consumer({"bootstrap.servers": kafka, "group.id": "g1"})
-    from confluent_kafka import TopicPartition
-
     committed = consumer.committed([TopicPartition("t1", p) for p in range(PARTITIONS)], 10)
     consumer.close()
     assert [tp.offset for tp in committed] == [100] * PARTITIONS  # group offsets follow tokens
+    # A new channel and group start at the reset policy, said in words, not as librdkafka's
+    # sentinel (-1001).
+    log = bridge.log()
+    assert len(re.findall(r"assigned t1\[\d\]: resume from the earliest offset", log)) == 4
+    assert "-1001" not in log
 
 
-def test_sigkill_at_random_points_and_restart(kafka, server, client_factory):
-    _, location = setup(server, client_factory, "t2")
-    total = 2000
-    sender = produce_in_background(kafka, "t2", total, rate=800)
-    rng = random.Random(7)
-    for _ in range(3):
-        bridge = Bridge(kafka, server.url, "t2", "db.kafka.t2", "g2").start()
-        time.sleep(rng.uniform(1.0, 2.5))
-        bridge.kill()
-    sender.join()
-    bridge = Bridge(kafka, server.url, "t2", "db.kafka.t2", "g2").start()
+def test_big_numbers_keep_every_digit(kafka, server, client_factory, bridge_factory):
+    """Record values are parsed with ingest_sdk.wire.loads_exact: orjson.loads made a float of
+    an integer beyond 64 bits, and the row got a rounded ID."""
+    _, location = setup(server, client_factory, "t6")
+    big = [10**28 + n for n in range(PARTITIONS)]  # fits INT (NUMBER(38,0)), not a float
+    produce(kafka, "t6", [b'{"ID": %d, "V": "big"}' % n for n in big])
+    bridge = bridge_factory(kafka, server.url, "t6", "db.kafka.t6", "g6").start()
     try:
-        wait_rows(location, total)
-        time.sleep(1.5)  # anything doubled would show up by now
+        wait_rows(location, PARTITIONS, bridge=bridge)
     finally:
         bridge.stop()
+    assert sorted(int(row["ID"]) for row in table_rows(location)) == big
+    assert "bad record" not in bridge.log()
+
+
+def test_sigkill_at_random_points_and_restart(kafka, server, client_factory, bridge_factory):
+    """SIGKILL mid-stream, three times: every restart gets the partitions back within
+    RESUME_BOUND (a killed member's group session outlives it; librdkafka's default 45 s
+    session timeout made restarts wait ~45-106 s), and every record lands exactly once."""
+    _, location = setup(server, client_factory, "t2")
+    total = 3000
+    sender = produce_in_background(kafka, "t2", total, rate=75)  # sends for ~40 s
+    rng = random.Random(7)
+    bridges = []
+    for _ in range(3):
+        bridge = bridge_factory(kafka, server.url, "t2", "db.kafka.t2", "g2").start()
+        bridges.append(bridge)
+        bridge.wait_log(r"assigned t2\[", timeout=RESUME_BOUND)
+        time.sleep(rng.uniform(0.5, 2.0))  # delivering now: the sender is still sending
+        bridge.kill()
+    sender.join()
+    restarted = bridge_factory(kafka, server.url, "t2", "db.kafka.t2", "g2").start()
+    try:
+        wait_rows(location, total, timeout=RESUME_BOUND, bridge=restarted)
+        time.sleep(1.5)  # anything doubled would show up by now
+    finally:
+        restarted.stop()
     assert_exactly_once_in_order(location, total)
+    # Started right after a kill, a bridge waits for the dead member's session to time out
+    # (about 9 s on the mock cluster): it says why, not just metrics lines with "lag": {}.
+    for bridge in bridges[1:]:
+        assert "waiting for partition assignment from the group coordinator" in bridge.log()
 
 
-def test_rebalance_between_two_instances(kafka, server, client_factory):
+def test_rebalance_between_two_instances(kafka, server, client_factory, bridge_factory):
     _, location = setup(server, client_factory, "t3")
     total = 1500
-    sender = produce_in_background(kafka, "t3", total, rate=600)
-    first = Bridge(kafka, server.url, "t3", "db.kafka.t3", "g3").start()
-    time.sleep(1.5)
-    second = Bridge(kafka, server.url, "t3", "db.kafka.t3", "g3").start()  # partitions move
-    time.sleep(2.0)
-    first.stop()  # and move back to the second
+    sender = produce_in_background(kafka, "t3", total, rate=100)  # sends for ~15 s
+    # Two instances of one group need their own static membership ids.
+    first = bridge_factory(kafka, server.url, "t3", "db.kafka.t3", "g3",
+                           "--instance-id", "g3-first").start()  # fmt: skip
+    first.wait_log(r"assigned t3\[", timeout=RESUME_BOUND)
+    second = bridge_factory(kafka, server.url, "t3", "db.kafka.t3", "g3",
+                            "--instance-id", "g3-second").start()  # fmt: skip
+    second.wait_log(r"assigned t3\[", timeout=RESUME_BOUND)  # the partitions are shared now
+    first.wait_log(r"revoked t3\[", timeout=RESUME_BOUND)
+    first.stop()  # and move to the second once the first's session times out
     sender.join()
     try:
-        wait_rows(location, total)
+        wait_rows(location, total, bridge=second)
         time.sleep(1.5)
     finally:
         second.stop()
     assert_exactly_once_in_order(location, total)
 
 
-def test_bad_records_go_to_the_dead_letter_topic(kafka, server, client_factory):
+def test_bad_records_go_to_the_dead_letter_topic(kafka, server, client_factory, bridge_factory):
     client, location = setup(server, client_factory, "t4")
     records = []
     for n in range(80):
@@ -186,9 +130,10 @@ def test_bad_records_go_to_the_dead_letter_topic(kafka, server, client_factory):
         else:
             records.append({"ID": n, "V": "ok"})
     produce(kafka, "t4", records)
-    bridge = Bridge(kafka, server.url, "t4", "db.kafka.t4", "g4", "--dlq-topic", "t4-dlq").start()
+    bridge = bridge_factory(kafka, server.url, "t4", "db.kafka.t4", "g4",
+                            "--dlq-topic", "t4-dlq").start()  # fmt: skip
     try:
-        wait_rows(location, 64)
+        wait_rows(location, 64, bridge=bridge)
         time.sleep(1.0)
     finally:
         bridge.stop()
@@ -213,22 +158,32 @@ def test_bad_records_go_to_the_dead_letter_topic(kafka, server, client_factory):
     errors = [h["ingest.error"] for h in dead]
     assert sum(b"not valid JSON" in e for e in errors) == 8
     assert sum(b'column "ID"' in e and b"not a number" in e for e in errors) == 8
+    assert not any(e.startswith(b"Row ") for e in errors)  # a batch row number means nothing
+    # Log lines name each bad record by topic, partition and offset, not by its row number
+    # inside an insert batch.
+    bad = [line for line in bridge.log().splitlines() if "bad record" in line]
+    named = [re.search(r"bad record t4\[(\d)\]@(\d+): ", line) for line in bad]
+    assert len(bad) == 16 and all(named)
+    assert {(int(m[1]), int(m[2])) for m in named if m} == {
+        (n % PARTITIONS, n // PARTITIONS) for n in range(80) if n % 10 in (3, 7)
+    }  # record n went to partition n % 4 at offset n // 4
+    assert not any(re.search(r"\bRow \d", line) for line in bad)
 
 
-def test_server_restart_mid_stream(kafka, process_server_factory):
+def test_server_restart_mid_stream(kafka, process_server_factory, bridge_factory):
     server = process_server_factory().start()
     with StreamingIngestClient("admin", url=server.url) as admin:
         location = admin.create_table("db.kafka.t5", COLUMNS)["location"]
     total = 1500
     sender = produce_in_background(kafka, "t5", total, rate=600)
-    bridge = Bridge(kafka, server.url, "t5", "db.kafka.t5", "g5").start()
+    bridge = bridge_factory(kafka, server.url, "t5", "db.kafka.t5", "g5").start()
     time.sleep(1.5)
     server.kill()  # rows buffered in the server are lost with it
     time.sleep(0.5)
     server.start()
     sender.join()
     try:
-        wait_rows(location, total)
+        wait_rows(location, total, bridge=bridge)
         time.sleep(1.5)
     finally:
         bridge.stop()
