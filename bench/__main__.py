@@ -7,9 +7,15 @@ import sys
 
 import orjson
 
-from bench import compaction, conversion, ingest
+from bench import backpressure, compaction, conversion, ingest
 
-BENCHMARKS = {"conversion": conversion.run, "ingest": ingest.run, "compaction": compaction.run}
+BENCHMARKS = {
+    "conversion": conversion.run,
+    "ingest": ingest.run,
+    "compaction": compaction.run,
+    "backpressure": backpressure.run,
+    "json": conversion.run_json,
+}
 
 
 def main() -> None:

@@ -2,32 +2,42 @@
 
 Target (issue 2): at least 200,000 rows/s on one core for 8-column rows of plain
 ints, strings, floats and timestamps, and within 2x of ``from_pylist``.
+
+``run_json`` (``python -m bench.conversion json``) measures the JSON rows path of
+the server: ``loads_exact`` against ``orjson.loads`` on the same 10,000-row bodies
+(issue 9), alone and followed by ``convert_rows``.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+import orjson
 import pyarrow as pa
 
 from ingest_sdk import OnErrorOption, TableSchema, convert_rows
+from ingest_sdk.wire import loads_exact
 
-SCHEMA = TableSchema.parse(
-    {
-        "ID": "INT NOT NULL",
-        "ACCOUNT_ID": "NUMBER(18,0)",
-        "NAME": "VARCHAR(64)",
-        "CITY": "VARCHAR(32)",
-        "PRICE": "FLOAT",
-        "SCORE": "FLOAT",
-        "CREATED_AT": "TIMESTAMP_NTZ",
-        "UPDATED_AT": "TIMESTAMP_LTZ",
-    }
-)
+_COLUMNS = {
+    "ID": "INT NOT NULL",
+    "ACCOUNT_ID": "NUMBER(18,0)",
+    "NAME": "VARCHAR(64)",
+    "CITY": "VARCHAR(32)",
+    "PRICE": "FLOAT",
+    "SCORE": "FLOAT",
+    "CREATED_AT": "TIMESTAMP_NTZ",
+    "UPDATED_AT": "TIMESTAMP_LTZ",
+}
+SCHEMA = TableSchema.parse(_COLUMNS)
+JSON_SCHEMA = TableSchema.parse({**_COLUMNS, "TRACE": "VARCHAR(36)", "AMOUNT": "NUMBER(38,2)"})
 CITIES = ["Lisbon", "Oslo", "Lagos", "Lima", "Hanoi", "Perth", "Quito", "Seoul"]
 
 
@@ -114,3 +124,89 @@ def run(batch_rows: int = 10_000, batches: int = 5, repeats: int = 5) -> dict[st
             "met": ours_rate["rows_per_s_best"] >= 200_000 and ratio <= 2.0,
         },
     }
+
+
+def json_bodies(rows: int = 10_000, seed: int = 11) -> dict[str, bytes]:
+    """JSON row bodies as plain HTTP clients send them (ISO timestamps, a UUID per row).
+
+    typical: prices in cents and short scores, no number of 16+ digits;
+    full_doubles: the same with 17-digit doubles (exact, but long enough to be checked);
+    long_numbers: typical plus a 30-digit NUMBER(38,2) amount in every row;
+    one_long_number: typical with a single long number in the last row.
+    """
+    rng = random.Random(seed)
+    base = [
+        {
+            **row,
+            "CREATED_AT": row["CREATED_AT"].isoformat(),
+            "UPDATED_AT": row["UPDATED_AT"].isoformat(),
+            "TRACE": str(uuid.UUID(int=rng.getrandbits(128))),
+        }
+        for row in make_rows(rows, seed)
+    ]
+    typical = [
+        {**row, "PRICE": round(row["PRICE"], 2), "SCORE": round(row["SCORE"], 4)} for row in base
+    ]
+    amounts = [f"{rng.randrange(10**29, 10**30)}.{rng.randrange(100):02d}" for _ in range(rows)]
+
+    def dumps(body_rows: list[dict[str, Any]]) -> bytes:
+        return orjson.dumps({"rows": body_rows, "end_offset_token": "42"})
+
+    with_long = [
+        {**row, "AMOUNT": orjson.Fragment(amount)}
+        for row, amount in zip(typical, amounts, strict=True)
+    ]
+    one_long = [*typical[:-1], with_long[-1]]
+    return {
+        "typical": dumps(typical),
+        "full_doubles": dumps(base),
+        "long_numbers": dumps(with_long),
+        "one_long_number": dumps(one_long),
+    }
+
+
+def _best_ms(func: Callable[[], Any], repeats: int) -> dict[str, float]:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - started)
+    return {
+        "best_ms": round(min(times) * 1000, 2),
+        "median_ms": round(statistics.median(times) * 1000, 2),
+    }
+
+
+def run_json(rows: int = 10_000, repeats: int = 15) -> dict[str, Any]:
+    """orjson.loads (the baseline, which rounds long numbers) against loads_exact, per body."""
+    results: dict[str, Any] = {}
+    for name, body in json_bodies(rows).items():
+        last = loads_exact(body)["rows"][-1]
+
+        def parse_and_convert(parse: Callable[[bytes], Any], body: bytes = body) -> None:
+            batch, response = convert_rows(JSON_SCHEMA, parse(body)["rows"], OnErrorOption.CONTINUE)
+            assert batch is not None and not response.has_errors()
+
+        base = _best_ms(lambda body=body: orjson.loads(body), repeats)
+        ours = _best_ms(lambda body=body: loads_exact(body), repeats)
+        base_all = _best_ms(lambda: parse_and_convert(orjson.loads), max(3, repeats // 5))
+        ours_all = _best_ms(lambda: parse_and_convert(loads_exact), max(3, repeats // 5))
+        results[name] = {
+            "bytes": len(body),
+            # False for orjson.loads: the 30-digit amount became a float.
+            "digits_kept": isinstance(last.get("AMOUNT"), Decimal) if "AMOUNT" in last else None,
+            "baseline_orjson_loads": base,
+            "loads_exact": ours,
+            "slowdown": round(ours["best_ms"] / base["best_ms"], 2),
+            "with_convert_rows": {
+                "baseline_orjson_loads": base_all,
+                "loads_exact": ours_all,
+                "slowdown": round(ours_all["best_ms"] / base_all["best_ms"], 2),
+            },
+        }
+    return {"benchmark": "json_rows_parse", "rows": rows, "python": sys.version.split()[0],
+            "bodies": results}  # fmt: skip
+
+
+if __name__ == "__main__":
+    print(orjson.dumps(run_json() if sys.argv[1:] == ["json"] else run()).decode())

@@ -33,6 +33,7 @@ reads names all four and the fix.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 if TYPE_CHECKING:
@@ -69,7 +70,9 @@ MAX_VALUE_REPR = 100
 def describe_value(value: Any) -> str:
     """A short, safe rendering of a user value for error messages."""
     try:
-        text = repr(value)
+        # A Decimal is a number the producer wrote (JSON rows parse long numbers to
+        # Decimal): echo it as written, not as Python's Decimal('...').
+        text = str(value) if isinstance(value, Decimal) else repr(value)
     except Exception:  # a user object whose __repr__ fails must not hide the error
         text = f"<{type(value).__name__} object>"
     if len(text) > MAX_VALUE_REPR:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingest_sdk.column_types import MAX_INT64_PRECISION, ColumnType
+from ingest_sdk.column_types import MAX_INT64_PRECISION, MAX_VARCHAR_LENGTH, ColumnType
 from ingest_sdk.errors import InvalidTypeError, InvalidValueError, ValueConversionError
 
 __all__ = [
@@ -35,6 +35,9 @@ __all__ = [
 ]
 
 NoneType = type(None)
+# Decimal arithmetic rounds to its context: the default one keeps 28 digits, fewer than
+# NUMBER's 38. Every operation here that could round passes this context, or is exact
+# (copy_abs, comparisons).
 _DECIMAL_CONTEXT = Context(prec=100, Emax=10_000, Emin=-10_000)
 NUMERIC_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 _HEX_RE = re.compile(r"(?:[0-9a-fA-F]{2})*")
@@ -103,14 +106,45 @@ def _longest(lengths: pa.Array) -> int:
     return pc.max(lengths).as_py() or 0
 
 
+def _plain_number_length(value: Decimal) -> int:
+    """The length of ``_plain_number_text(value)`` for a finite value, without building it."""
+    if not value:
+        return 1
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    significant = len(digits)
+    while digits[significant - 1] == 0:  # trailing zeros of the digits are not written
+        significant -= 1
+    exponent += len(digits) - significant
+    if exponent >= 0:
+        length = significant + exponent  # 15E+3 -> 15000
+    elif significant > -exponent:
+        length = significant + 1  # 12345E-2 -> 123.45
+    else:
+        length = 2 - exponent  # 15E-4 -> 0.0015
+    return sign + length
+
+
 def _plain_number_text(value: Decimal) -> str:
-    """Plain decimal text without exponent or trailing zeros (``1.50E+2`` -> ``150``)."""
+    """Plain decimal text without exponent or trailing zeros (``1.50E+2`` -> ``150``).
+
+    Exact for every digit (no context rounding). A value whose plain text would be
+    longer than any column holds (``1E+999999999``) is refused before it is built.
+    """
     if not value.is_finite():
         return {"NaN": "NaN", "sNaN": "NaN", "Infinity": "Infinity", "-Infinity": "-Infinity"}[
             str(value)
         ]
-    text = format(value.normalize(_DECIMAL_CONTEXT), "f")
-    return "0" if text in ("-0", "0") else text
+    length = _plain_number_length(value)
+    if length > MAX_VARCHAR_LENGTH:
+        raise InvalidValueError(
+            f"the number is {length} characters long in plain notation, more than the "
+            f"{MAX_VARCHAR_LENGTH} any column holds"
+        )
+    if not value:
+        return "0"
+    text = format(value, "f")  # exact: formatting without a precision never rounds
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 class NumberConverter(ValueConverter):
@@ -148,7 +182,8 @@ class NumberConverter(ValueConverter):
         # Arrow refuses int64 -> decimal(p, s>0) casts by type, whatever the values.
         return pa.array(values, self.arrow_type)
 
-    def _out_of_range(self) -> InvalidValueError:
+    def out_of_range(self) -> InvalidValueError:
+        """The error for a value beyond the precision (shared with Arrow batch checks)."""
         return InvalidValueError(
             f"the number is out of range for {self.column_type.declared}: its absolute value "
             f"must be below 10^{self.integer_digits} (at most {self.integer_digits} digit(s) "
@@ -160,8 +195,10 @@ class NumberConverter(ValueConverter):
             raise self.type_error(value)
         if isinstance(value, int):
             if -self.limit < value < self.limit:
-                return value if self.scale == 0 else Decimal(value).quantize(self.quantum)
-            raise self._out_of_range()
+                if self.scale == 0:
+                    return value
+                return Decimal(value).quantize(self.quantum, context=_DECIMAL_CONTEXT)
+            raise self.out_of_range()
         if isinstance(value, float):
             if not math.isfinite(value):
                 raise InvalidValueError("NaN and infinity cannot be stored in NUMBER")
@@ -183,10 +220,10 @@ class NumberConverter(ValueConverter):
             raise self.type_error(value)
         # Reject far-out magnitudes before rounding, so "1e100000" costs nothing.
         if number and number.adjusted() >= self.integer_digits:
-            raise self._out_of_range()
+            raise self.out_of_range()
         rounded = number.quantize(self.quantum, rounding=ROUND_HALF_UP, context=_DECIMAL_CONTEXT)
-        if abs(rounded) >= self.limit:
-            raise self._out_of_range()
+        if rounded.copy_abs() >= self.limit:  # not abs(): it rounds to 28 digits, up to the limit
+            raise self.out_of_range()
         return int(rounded) if self.scale == 0 else rounded
 
 
@@ -271,12 +308,8 @@ class TextConverter(ValueConverter):
                 ) from exc
         elif isinstance(value, bool):
             text = "true" if value else "false"
-        elif isinstance(value, int):
-            text = str(value)
-        elif isinstance(value, float):
-            text = _plain_number_text(Decimal(repr(value)))
-        elif isinstance(value, Decimal):
-            text = _plain_number_text(value)
+        elif isinstance(value, (int, float, Decimal)):
+            text = self._number_text(value)
         else:
             raise self.type_error(value)
         if len(text) > self.length:
@@ -284,6 +317,21 @@ class TextConverter(ValueConverter):
                 f"the text is too long: {len(text)} characters, at most {self.length} allowed"
             )
         return text
+
+    def _number_text(self, value: int | float | Decimal) -> str:
+        """Every digit: an int as str() writes it, a float by its shortest text."""
+        if isinstance(value, int):
+            try:
+                return str(value)
+            except ValueError:
+                pass  # more digits than str() writes (sys.get_int_max_str_digits)
+        number = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+        length = _plain_number_length(number) if number.is_finite() else 0
+        if length > self.length:  # checked first: 1E+999999999 must not be written out
+            raise InvalidValueError(
+                f"the text is too long: {length} characters, at most {self.length} allowed"
+            )
+        return _plain_number_text(number)
 
 
 class BinaryConverter(ValueConverter):
@@ -351,7 +399,7 @@ class BooleanConverter(ValueConverter):
                 raise InvalidValueError("the text is not a boolean word")
             return word
         if isinstance(value, (numbers.Real, Decimal)):
-            if isinstance(value, (float, Decimal)) and value != value:  # NaN
+            if (isinstance(value, Decimal) and value.is_nan()) or value != value:  # NaN
                 raise InvalidValueError("NaN is neither true nor false")
-            return value != 0
+            return value != 0  # exact for a Decimal or an int of any size
         raise self.type_error(value)

@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from ingest_sdk.exact_json import loads_exact
+
 __all__ = [
     "ARROW_CONTENT_TYPE",
     "HEADER_BATCH_SEQ",
@@ -63,14 +65,6 @@ def dumps(value: Any) -> bytes:
 
 
 def loads(body: bytes | str) -> Any:
-    return orjson.loads(body)
-
-
-def loads_exact(body: bytes | str) -> Any:
-    """JSON whose numbers keep every digit as written (rows of data, not control calls).
-
-    Placeholder: exact parsing is being implemented (issue 9).
-    """
     return orjson.loads(body)
 
 

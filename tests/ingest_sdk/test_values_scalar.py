@@ -53,6 +53,30 @@ NUMBER_CASES = [
     ("NUMBER(10,2)", "+3.", Decimal("3.00")),
     ("NUMBER(38,38)", "0.5", Decimal("0.5" + "0" * 37)),
     ("NUMBER(38,38)", 1, (V, "below 10^0")),
+    # the widest values: p significant digits, past the 28 of Decimal's default context
+    (
+        "NUMBER(38,4)",
+        Decimal("9999999999999999999999999999999999.9999"),
+        Decimal("9999999999999999999999999999999999.9999"),
+    ),
+    (
+        "NUMBER(38,4)",
+        "-9999999999999999999999999999999999.99994",
+        Decimal("-9999999999999999999999999999999999.9999"),
+    ),
+    ("NUMBER(38,4)", "9999999999999999999999999999999999.99995", (V, "below 10^34")),
+    ("NUMBER(38,2)", 123456789012345678901234567890, Decimal("123456789012345678901234567890.00")),
+    (
+        "NUMBER(38,37)",
+        "9.9999999999999999999999999999999999999",
+        Decimal("9.9999999999999999999999999999999999999"),
+    ),
+    ("NUMBER(38,0)", Decimal("99999999999999999999999999999999999999.4"), Decimal("9" * 38)),
+    (
+        "NUMBER(38,0)",
+        123456789012345678901234567890123456789,
+        (V, "got 123456789012345678901234567890123456789"),
+    ),
 ]
 
 FLOAT_CASES = [
@@ -68,6 +92,8 @@ FLOAT_CASES = [
     ("FLOAT", "abc", (V, "the text is not a number")),
     ("FLOAT", "1e400", (V, "too large for a 64-bit FLOAT")),
     ("FLOAT", 10**400, (V, "too large for a 64-bit FLOAT")),
+    ("FLOAT", Decimal("1E+400"), (V, "too large for a 64-bit FLOAT")),
+    ("FLOAT", Decimal("0.30000000000000001"), 0.3),
     ("FLOAT", True, (T, "a bool cannot be converted to FLOAT")),
     ("FLOAT", [1.0], (T, "a list cannot be converted")),
 ]
@@ -89,6 +115,12 @@ TEXT_CASES = [
     ("VARCHAR(10)", Decimal("1.500"), "1.5"),
     ("VARCHAR(10)", Decimal("1.5E+3"), "1500"),
     ("VARCHAR(10)", Decimal("0.00"), "0"),
+    ("VARCHAR(10)", Decimal("-0E+5"), "0"),
+    ("VARCHAR(130)", Decimal("1" * 120 + ".5"), "1" * 120 + ".5"),  # every digit, past 100
+    ("VARCHAR(30)", Decimal("1E+20"), "100000000000000000000"),
+    ("VARCHAR(30)", Decimal("-1.2E-7"), "-0.00000012"),
+    ("VARCHAR(10)", Decimal("1E+999999999"), (V, "too long: 1000000000 characters")),
+    ("VARCHAR", Decimal("1E+99999999"), (V, "too long: 100000000 characters, at most 16777216")),
     ("VARCHAR(3)", 1234, (V, "too long: 4 characters")),
     ("VARCHAR(10)", "a\ud800b", (V, "lone surrogate at position 1")),
     ("VARCHAR(10)", b"abc", (T, "a bytes cannot be converted to VARCHAR(10)")),
@@ -121,6 +153,9 @@ BOOLEAN_CASES = [
     ("BOOLEAN", -0.5, True),
     ("BOOLEAN", 0.0, False),
     ("BOOLEAN", Decimal("0"), False),
+    ("BOOLEAN", Decimal("1E-400"), True),
+    ("BOOLEAN", 10**100, True),
+    ("BOOLEAN", Decimal("sNaN"), (V, "NaN is neither true nor false")),
     ("BOOLEAN", "2", (V, "not a boolean word")),
     ("BOOLEAN", "maybe", (V, "not a boolean word")),
     ("BOOLEAN", "", (V, "not a boolean word")),
@@ -157,3 +192,10 @@ def test_a_broken_user_object_is_a_clear_error_not_a_crash():
 
     with pytest.raises(InvalidValueError, match="cannot be converted"):
         convert_value("NUMBER(10,2)", Weird(1.0))
+
+
+def test_an_int_longer_than_str_allows_is_still_text():
+    # str() refuses ints of more than 4300 digits; the text keeps every digit anyway.
+    assert convert_value("VARCHAR", 10**5000) == "1" + "0" * 5000
+    with pytest.raises(InvalidValueError, match="too long: 5003 characters, at most 10"):
+        convert_value("VARCHAR(10)", -(10**5001))
