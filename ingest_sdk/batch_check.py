@@ -49,6 +49,12 @@ def _fail(error: ValueConversionError, column: Column, row: int, value: Any, acc
     )
 
 
+_NUMERIC_KINDS = frozenset({TypeKind.NUMBER, TypeKind.FLOAT})
+_EPOCH_KINDS = frozenset(
+    {TypeKind.DATE, TypeKind.TIMESTAMP_NTZ, TypeKind.TIMESTAMP_LTZ, TypeKind.TIMESTAMP_TZ}
+)
+
+
 def _cast_column(column: Column, array: pa.Array, options: ConversionOptions) -> pa.Array:
     target = column.type.arrow_type
     if array.type == target:
@@ -70,6 +76,16 @@ def _cast_column(column: Column, array: pa.Array, options: ConversionOptions) ->
         # Arrow rounds a double's binary value half-to-even (9.995 -> 9.99); the row rules
         # round its shortest text HALF_UP (9.995 -> 10.00), so doubles go value by value.
         or (column.type.kind is TypeKind.NUMBER and pa.types.is_floating(array.type))
+        # An integer means seconds, millis, micros or nanos since the epoch by its
+        # magnitude (the row rule); Arrow's cast would read every integer as micros.
+        or (column.type.kind in _EPOCH_KINDS and pa.types.is_integer(array.type))
+        # The row rules refuse booleans as numbers, and write numbers as text in plain
+        # digits (1e+20 -> 100000000000000000000, 1.50 -> 1.5); Arrow's casts do neither.
+        or (column.type.kind in _NUMERIC_KINDS and pa.types.is_boolean(array.type))
+        or (
+            column.type.kind is TypeKind.VARCHAR
+            and (pa.types.is_floating(array.type) or pa.types.is_decimal(array.type))
+        )
     )
     if castable:
         if pa.types.is_decimal128(array.type) and pa.types.is_decimal(target):
