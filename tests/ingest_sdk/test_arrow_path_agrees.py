@@ -46,7 +46,7 @@ EPOCHS = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(
     declaration=st.sampled_from(["TIMESTAMP_NTZ", "TIMESTAMP_NTZ(3)", "TIMESTAMP_LTZ",
-                                 "TIMESTAMP_TZ(0)", "DATE"]),  # fmt: skip
+                                 "TIMESTAMP_TZ(0)", "DATE"]),
     values=st.lists(EPOCHS, min_size=1, max_size=5),
 )
 def test_integers_into_dates_and_timestamps(declaration, values):
