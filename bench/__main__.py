@@ -8,6 +8,7 @@ import sys
 import orjson
 
 from bench import backpressure, compaction, conversion, ingest
+from ingest_sdk.process_exit import run_entry_point
 
 BENCHMARKS = {
     "conversion": conversion.run,
@@ -25,4 +26,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig
 from ingest_sdk.durations import parse_duration
 from ingest_sdk.logs import configure_logging
+from ingest_sdk.process_exit import run_entry_point
 from ingest_sdk.wire import dumps
 
 MiB = 1024 * 1024
@@ -154,5 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(serve(parse_args(argv)))
 
 
+def run() -> NoReturn:
+    """The ``channel-server`` script: ``main()`` with a deterministic exit status."""
+    run_entry_point(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

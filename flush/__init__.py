@@ -13,10 +13,12 @@ from flush.commit import (
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import (
     ROW_ID_COLUMN,
+    arrow_filesystem,
     create_table,
     delta_schema,
     drop_table,
     new_table_folder,
+    read_table,
     table_schema_of,
 )
 
@@ -27,11 +29,13 @@ __all__ = [
     "CommitRecord",
     "TableWriter",
     "WrittenFile",
+    "arrow_filesystem",
     "commits_after",
     "create_table",
     "delta_schema",
     "drop_table",
     "new_table_folder",
+    "read_table",
     "table_schema_of",
     "write_parquet_file",
 ]

@@ -175,4 +175,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ingest_sdk.process_exit import run_entry_point
+
+    run_entry_point(main)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 from deltalake import DeltaTable
 
 from ingest_sdk import SchemaError, TableSchema
@@ -22,11 +23,13 @@ from ingest_sdk import SchemaError, TableSchema
 __all__ = [
     "INGEST_DIR",
     "ROW_ID_COLUMN",
+    "arrow_filesystem",
     "create_table",
     "delta_schema",
     "drop_table",
     "live_files",
     "new_table_folder",
+    "read_table",
     "table_schema_of",
 ]
 
@@ -56,6 +59,24 @@ def table_schema_of(table: DeltaTable) -> TableSchema:
     hidden = HIDDEN_KEY.encode()
     fields = [f for f in pa.schema(table.schema()) if hidden not in (f.metadata or {})]
     return TableSchema.from_arrow(pa.schema(fields))
+
+
+def arrow_filesystem(table: DeltaTable) -> pafs.FileSystem:
+    """A native pyarrow filesystem rooted at the table, for ``to_pyarrow_table`` and
+    ``to_pyarrow_dataset`` (``filesystem=``).
+
+    delta-rs reads through a filesystem written in Python by default; pyarrow releases
+    it on its own threads after a scan returns, which aborts a process that exits just
+    then (exit 134, see :mod:`ingest_sdk.process_exit`). A native one never calls Python.
+    """
+    filesystem, root = pafs.FileSystem.from_uri(table.table_uri)
+    return pafs.SubTreeFileSystem(root, filesystem)
+
+
+def read_table(table: DeltaTable | str, **kwargs: Any) -> pa.Table:
+    """A table version's rows as Arrow, read with :func:`arrow_filesystem` (safe at exit)."""
+    table = table if isinstance(table, DeltaTable) else DeltaTable(table)
+    return table.to_pyarrow_table(filesystem=arrow_filesystem(table), **kwargs)
 
 
 def live_files(table: DeltaTable) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ import orjson
 
 from examples.kafka_bridge.bridge import METADATA, BridgeConfig, KafkaBridge, TopicMapping
 from examples.kafka_bridge.errors import BridgeError
+from ingest_sdk.process_exit import run_entry_point
 
 log = logging.getLogger("kafka_bridge")
 
@@ -149,4 +150,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)
