@@ -3,7 +3,7 @@
 Side by side, on the same generated 8-column rows:
 1. floor: pyarrow writing the rows to one Parquet file;
 2. peer: every producer batch committed straight to Delta with ``write_deltalake``;
-3. this system: N producer threads (default 8) through the SDK and a server process
+3. this system: N producer processes (default 8) through the SDK and a server process
    to committed Delta, with 100-row dict batches and 10,000-row Arrow batches.
 
 Reported: rows/s, p50/p99 latency from ``insert_rows`` to its token being committed,

@@ -4,7 +4,7 @@ It is an index. The Delta log is the point of truth for what is committed, and
 :meth:`Catalog.apply_commit` is how commits reach the index (after each flush,
 and again at start-up for any commit the index missed). Two things live only
 here and are made durable before they are acknowledged: table definitions and
-channel generations (bumped on every open, see ARCHITECTURE.md step 1).
+channel generations (bumped on every open, see docs/architecture.md, the commit protocol).
 """
 
 from __future__ import annotations

@@ -15,11 +15,12 @@ from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
-from aiohttp import web
+from aiohttp import HttpVersion11, hdrs, web
 
 from channel_server.catalog import TableInfo
 from channel_server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from channel_server.requests import (
+    arrow_names,
     bounded_int,
     check_token,
     coordinate,
@@ -65,8 +66,17 @@ THREAD_CONVERSION_ROWS = 2_000
 _FAILURE = web.RequestKey("failure", tuple)
 _TABLE = web.RequestKey("table", str)
 _CHANNEL = web.RequestKey("channel", str)
-routes = web.RouteTableDef()
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _Routes(web.RouteTableDef):
+    """Routes whose ``Expect`` header is answered by :func:`_expect`."""
+
+    def route(self, method: str, path: str, **kwargs: Any) -> Any:
+        return super().route(method, path, expect_handler=_expect, **kwargs)
+
+
+routes = _Routes()
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -157,6 +167,25 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 "the server was started with (--auth-token)"
             )
     return await handler(request)
+
+
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """``Expect: 100-continue`` answered as aiohttp does; any other expectation a JSON 417.
+
+    aiohttp handles the header before the middlewares run, so its own refusal is plain
+    text, and a 500 when the value holds bytes that are not UTF-8.
+    """
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return None
+    if expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim answer is not part of the response
+        return None
+    message = f"unknown Expect header {expect[:100]!r}; send 'Expect: 100-continue' or none"
+    response = _failure(request, 417, "HTTP_417", message, {})
+    _log_failure(request, response, 0.0)
+    return response
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -279,7 +308,8 @@ async def open_channel(request: web.Request) -> web.Response:
         on_error=on_error(body.get("on_error", "ABORT")),
         default_timezone=zone,
     )
-    return _json({**_channel_json(channel), "columns": channel.table.info.schema.declarations()})
+    return _json({**_channel_json(channel), "columns": channel.table.info.schema.declarations(),
+                  "max_request_bytes": request.app[SERVICE].request_bytes_hint})  # fmt: skip
 
 
 @routes.post("/v1/channels/rows")
@@ -344,6 +374,17 @@ async def _checked_batch(
             received = decode_arrow(await read_body(request))
         except (pa.ArrowInvalid, OSError) as exc:
             raise InvalidRequestError(f"the body is not a valid Arrow IPC stream: {exc}") from exc
+        arrow_names(received.schema)
+        try:
+            # The IPC reader checks only the layout: offsets that run backwards or past the
+            # data, dictionary indices out of range and strings that are not UTF-8 pass it,
+            # and compute kernels then read outside the buffers (the whole server crashes).
+            received.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise InvalidRequestError(
+                f"the Arrow IPC stream holds invalid arrays ({exc}); send arrays that pass "
+                "a full validation (pyarrow: validate(full=True))"
+            ) from exc
         data = check_arrow_batch(schema, received, options) if received.num_rows else None
         return data, token, InsertValidationResponse()
     body = await json_body(request, loads_exact)  # numbers of row values keep every digit

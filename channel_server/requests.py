@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 from aiohttp import web
 
 from ingest_sdk import ConversionOptions, OnErrorOption
@@ -22,6 +23,7 @@ from ingest_sdk.wire import MAX_BATCH_SEQ, MAX_GENERATION, MAX_OFFSET_TOKEN_LENG
 
 __all__ = [
     "MAX_TIMEZONE_LENGTH",
+    "arrow_names",
     "bounded_int",
     "check_token",
     "coordinate",
@@ -123,6 +125,28 @@ def coordinate(request: web.Request, key: str, header: str) -> int:
             f'the parameter "{key}" must be a whole number, got {_shown(raw)}'
         )
     return bounded_int(int(raw), key)
+
+
+def arrow_names(schema: pa.Schema) -> None:
+    """Refuse an Arrow schema with a field name, nested ones too, that is not UTF-8.
+
+    The IPC reader takes any bytes as a name; pyarrow then fails at the first Python use
+    of it, deep inside the batch check.
+    """
+    pending = [(f"column {i}", schema.field(i)) for i in range(len(schema))]
+    while pending:
+        where, field = pending.pop()
+        try:
+            name = field.name
+        except UnicodeDecodeError as exc:
+            raise InvalidRequestError(
+                f"the Arrow IPC stream names {where} with bytes that are not UTF-8 ({exc}); "
+                "name every field in UTF-8"
+            ) from exc
+        kind = field.type
+        while pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        pending += [(f"field {j} of {name!r}", kind.field(j)) for j in range(kind.num_fields)]
 
 
 def check_token(value: Any, key: str) -> str | None:

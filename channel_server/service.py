@@ -28,6 +28,7 @@ from flush import commits_after, create_table, drop_table, new_table_folder
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
+    BackpressureError,
     ChannelInvalidatedError,
     ChannelNotFoundError,
     InvalidRequestError,
@@ -84,7 +85,8 @@ class IngestService:
                            "Producers refused for lack of buffer room, waiting their turn.",
                            lambda: self.budget.waiting)  # fmt: skip
         self.metrics.watch("ingest_open_channels", "Channel handles open on this server.",
-                           lambda: sum(len(t.channels) for t in self._tables.values()))  # fmt: skip
+                           lambda: sum(c.valid for t in self._tables.values()
+                                       for c in t.channels.values()))  # fmt: skip
         self._tables: dict[int, TableState] = {}
         # Table definitions by name: every insert looks its table up, and a definition only
         # changes by create/drop through this service.
@@ -471,12 +473,27 @@ class IngestService:
         Raises:
             BackpressureError: no room for this producer now (429 with Retry-After).
         """
-        self.budget.reserve(
-            nbytes,
-            retry_after=min(1.0, channel.max_client_lag),
-            who=(channel.table.info.id, channel.name),
-        )
+        try:
+            self.budget.reserve(
+                nbytes,
+                retry_after=min(1.0, channel.max_client_lag),
+                who=(channel.table.info.id, channel.name),
+            )
+        except BackpressureError:
+            # The buffer is full: flush now rather than at the batches' deadlines, so room
+            # comes back as fast as commits can make it.
+            for table in self._tables.values():
+                if table.pending and not table.flush_now:
+                    table.request_flush()
+            raise
         return nbytes
+
+    @property
+    def request_bytes_hint(self) -> int:
+        """The largest request a client should build: an eighth of the buffer (so several
+        producers fit at once and take turns), within the request size limit."""
+        limits = self.config.limits
+        return max(64 * 1024, min(limits.max_request_bytes, limits.max_buffer_bytes // 8))
 
     async def wait_for_commit(
         self, table_name: str, channel_name: str, generation: int, batch_seq: int, timeout: float

@@ -1,7 +1,7 @@
 """Spark access to Delta tables without Delta jars.
 
 Spark here has no Delta connector, so a table version is read as the Parquet
-files that delta-rs resolves for it (see ARCHITECTURE.md, "Key decisions").
+files that delta-rs resolves for it (see docs/architecture.md, "Key decisions").
 """
 
 from __future__ import annotations

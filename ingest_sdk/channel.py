@@ -69,8 +69,14 @@ class AsyncChannel:
         offset_token: str | None,
         on_error: OnErrorOption,
         options: ConversionOptions,
+        max_request_bytes: int | None = None,
     ) -> None:
         self._client = client
+        #: Requests are built up to this size: the client's limit, or the server's hint if
+        #: smaller (a request larger than an eighth of its buffer waits for others' turns).
+        self.max_request_bytes = min(
+            client.limits.max_request_bytes, max_request_bytes or client.limits.max_request_bytes
+        )
         self.table = table
         self.name = name
         self.generation = generation
@@ -206,7 +212,7 @@ class AsyncChannel:
     # -- sending ----------------------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        limit = self._client.limits.max_request_bytes
+        limit = self.max_request_bytes
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: bool(self._queue))

@@ -159,6 +159,7 @@ class AsyncStreamingIngestClient:
             offset_token=answer["offset_token"],
             on_error=on_error,
             options=options,
+            max_request_bytes=answer.get("max_request_bytes"),
         )
         self._channels.add(channel)
         return channel

@@ -5,7 +5,7 @@ A producer declares ``NUMBER(10,2)`` or ``TIMESTAMP_LTZ(3)``; Delta only knows
 declared form (kept in the Delta field metadata under :data:`DECLARED_TYPE_KEY`,
 so it survives with the table) and the Arrow/Delta storage type that Spark and
 delta-rs read without custom code. The mapping and what storage cannot keep are
-documented in README.md ("Column types").
+documented in docs/types.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Converters for DATE, TIME and TIMESTAMP_NTZ/LTZ/TZ columns.
 
-Storage (see README "Column types"): DATE as Arrow date32; TIME as fixed-width
+Storage (see docs/types.md): DATE as Arrow date32; TIME as fixed-width
 text ``HH:MM:SS[.f]`` with exactly the column's fraction digits; TIMESTAMP_NTZ as
 a wall-clock microsecond timestamp (Delta ``timestamp_ntz``); TIMESTAMP_LTZ and
 TIMESTAMP_TZ as UTC microsecond instants (Delta ``timestamp``). Digits beyond

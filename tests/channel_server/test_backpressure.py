@@ -1,6 +1,8 @@
 """Backpressure: the buffer bound holds, room goes to waiting producers in turn, a refused
 body is never read, and the SDK's retries are jittered."""
 
+import time
+
 import aiohttp
 import pytest
 
@@ -123,3 +125,37 @@ async def test_a_refused_body_is_never_read(server_factory, client_factory, kind
                              headers={"Content-Type": content_type}) as response:  # fmt: skip
             assert response.status == 400
     assert server.service.budget.used == 0  # what the refused request held was given back
+
+
+def test_a_full_buffer_flushes_before_the_deadlines_and_clients_build_smaller_requests(
+    server_factory, client_factory
+):
+    """When a producer is refused, buffered batches are flushed at once instead of at
+    their max_client_lag (60 s here): room comes back as fast as commits can make it.
+    The server also tells clients to build requests of at most an eighth of its buffer."""
+    from channel_server import Limits
+    from ingest_sdk import OpenChannelRequest
+
+    server = server_factory(limits=Limits(max_buffer_bytes=400_000))
+    first = client_factory(server.url, max_client_lag=60.0)
+    info = first.create_table("db.s.t", {"ID": "INT", "S": "VARCHAR"})
+    slow = first.open_channel(OpenChannelRequest("slow", "DB", "S", "T"))
+    assert slow._channel.max_request_bytes == max(64 * 1024, 400_000 // 8)
+    slow.insert_rows([{"ID": n, "S": "x" * 300} for n in range(1000)], end_offset_token="a")
+    deadline = time.monotonic() + 30
+    while server.service.budget.used < 300_000:  # the slow producer's rows are buffered
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    other = client_factory(server.url, max_client_lag=60.0)
+    pushy = other.open_channel(OpenChannelRequest("pushy", "DB", "S", "T"))
+    pushy.insert_rows([{"ID": -n, "S": "y" * 300} for n in range(1000)], end_offset_token="b")
+    # Far sooner than the 60 s lag: the refusal of "pushy" flushed the table.
+    assert slow.wait_for_commit(timeout=20) == "a"
+    pushy.close()  # its own batch waits for its lag, or a close, as usual
+    assert len(ids_of(info["location"])) == 2000
+
+
+def ids_of(location):
+    from deltalake import DeltaTable
+
+    return DeltaTable(location).to_pyarrow_dataset().to_table(columns=["ID"]).column(0).to_pylist()

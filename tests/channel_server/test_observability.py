@@ -47,6 +47,9 @@ def test_metrics_have_help_types_table_labels_and_live_buffer_gauges(server, cli
     assert sample(families, "ingest_buffer_bytes_used") == 0
     assert sample(families, "ingest_buffer_bytes_peak") > 0
     assert sample(families, "ingest_open_channels") == 1
+    channel.close()
+    _, families = scrape(server.url)
+    assert sample(families, "ingest_open_channels") == 0  # a closed handle is not open
     # A dropped table's series go away.
     client.drop_table("db.s.t")
     _, families = scrape(server.url)
