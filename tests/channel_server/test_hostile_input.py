@@ -8,26 +8,17 @@ import gzip
 import os
 from pathlib import Path
 
-import aiohttp
 import pytest
 from deltalake import DeltaTable
 
 from flush import drop_table
 from ingest_sdk import OpenChannelRequest, StreamingIngestClient
 from ingest_sdk.wire import HEADER_BATCH_SEQ, HEADER_END_OFFSET_TOKEN, HEADER_GENERATION
+from tests.http_calls import call_json as call
 
 COLUMNS = {"ID": "INT NOT NULL", "S": "VARCHAR(20)"}
 
 
-@pytest.fixture
-async def http(server):
-    async with aiohttp.ClientSession(base_url=server.url) as session:
-        yield session
-
-
-async def call(http, method, path, **kwargs):
-    async with http.request(method, path, **kwargs) as response:
-        return response.status, await response.json()
 
 
 def tree(root: Path) -> set[str]:

@@ -1,6 +1,5 @@
 """The HTTP API with a plain HTTP client: JSON rows, retries, malformed requests, auth, 429."""
 
-import aiohttp
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -18,19 +17,11 @@ from ingest_sdk.wire import (
     HEADER_GENERATION,
     encode_arrow,
 )
+from tests.http_calls import call
 
 COLUMNS = {"ID": "INT NOT NULL", "S": "VARCHAR(3)"}
 
 
-@pytest.fixture
-async def http(server):
-    async with aiohttp.ClientSession(base_url=server.url) as session:
-        yield session
-
-
-async def call(http, method, path, **kwargs):
-    async with http.request(method, path, **kwargs) as response:
-        return response.status, await response.json(), response.headers
 
 
 async def open_table_channel(http, channel="c1", **extra):

@@ -6,11 +6,11 @@ stored exactly as written, or the request is refused with a 400 that says why.
 
 from decimal import Decimal
 
-import aiohttp
 import pytest
 from deltalake import DeltaTable
 
 from ingest_sdk.wire import JSON_CONTENT_TYPE
+from tests.http_calls import call_json as call
 
 COLUMNS = {
     "N": "NUMBER(38,0)",
@@ -26,15 +26,6 @@ COLUMNS = {
 ISSUE_BODY = b'{"rows":[{"N": 123456789012345678901234567890, "S": 12345678901234567890.12}]}'
 
 
-@pytest.fixture
-async def http(server):
-    async with aiohttp.ClientSession(base_url=server.url) as session:
-        yield session
-
-
-async def call(http, method, path, **kwargs):
-    async with http.request(method, path, **kwargs) as response:
-        return response.status, await response.json()
 
 
 async def open_channel(http):
