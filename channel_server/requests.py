@@ -19,7 +19,8 @@ from aiohttp import web
 
 from ingest_sdk import ConversionOptions, OnErrorOption
 from ingest_sdk.errors import IngestError, InvalidRequestError
-from ingest_sdk.wire import MAX_BATCH_SEQ, MAX_GENERATION, MAX_OFFSET_TOKEN_LENGTH, loads
+from ingest_sdk.validation import check_offset_token
+from ingest_sdk.wire import MAX_BATCH_SEQ, MAX_GENERATION, loads
 
 __all__ = [
     "MAX_TIMEZONE_LENGTH",
@@ -150,23 +151,11 @@ def arrow_names(schema: pa.Schema) -> None:
 
 
 def check_token(value: Any, key: str) -> str | None:
-    """An offset token: text of at most :data:`MAX_OFFSET_TOKEN_LENGTH` characters, valid
-    Unicode (a header holding byte 0xFF arrives as a lone surrogate) and without NUL."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) > MAX_OFFSET_TOKEN_LENGTH:
-        raise InvalidRequestError(
-            f'"{key}" must be a string of at most {MAX_OFFSET_TOKEN_LENGTH} characters'
-        )
+    """An offset token the commit path can carry (the SDK's own check, as a 400)."""
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidRequestError(
-            f'"{key}" must be UTF-8 text; it holds bytes that are not ({exc.reason})'
-        ) from exc
-    if "\x00" in value:
-        raise InvalidRequestError(f'"{key}" must not contain NUL characters')
-    return value
+        return check_offset_token(value, f'"{key}"')
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from exc
 
 
 def on_error(value: Any) -> OnErrorOption:
