@@ -9,6 +9,7 @@ not valid Unicode) is refused instead of breaking later flushes of the table.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Callable
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 MAX_TIMEZONE_LENGTH = 64
+#: JSON bodies this large are parsed off the event loop.
+THREAD_PARSE_BYTES = 256 * 1024
 _TIMEZONE_RE = re.compile(r"[A-Za-z0-9_+\-/]+")
 _DIGITS_RE = re.compile(r"[0-9]{1,20}")
 #: Ranges of the integer fields that name a channel position.
@@ -74,7 +77,10 @@ async def json_body(
     """The body as a JSON object."""
     raw = await read_body(request)
     try:
-        body = parse(raw)
+        # A large body (the exact number parser can take tens of ms on megabytes of long
+        # numbers) is parsed in a worker thread, so other requests are not held up.
+        big = len(raw) >= THREAD_PARSE_BYTES
+        body = await asyncio.to_thread(parse, raw) if big else parse(raw)
     except ValueError as exc:
         raise InvalidRequestError(f"the request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):

@@ -68,6 +68,21 @@ async def test_the_issue_body_is_stored_with_every_digit(http):
     assert row["S"] == Decimal("12345678901234567890.12")
 
 
+async def test_a_large_body_parsed_off_the_event_loop_keeps_every_digit(http):
+    from channel_server.requests import THREAD_PARSE_BYTES
+
+    location, generation = await open_channel(http)
+    rows = b",".join(b'{"N": %d, "S": %d.25}' % (10**29 + i, 10**19 + i) for i in range(12_000))
+    body = b'{"rows":[' + rows + b"]}"
+    assert len(body) > THREAD_PARSE_BYTES
+    status, answer = await post_rows(http, generation, 1, body)
+    assert status == 200 and answer["accepted_rows"] == 12_000, answer
+    await wait(http, generation, 1)
+    stored = sorted((row["N"], row["S"]) for row in read_rows(location))
+    assert stored[0] == (10**29, Decimal(10**19) + Decimal("0.25"))
+    assert stored[-1] == (10**29 + 11_999, Decimal(10**19 + 11_999) + Decimal("0.25"))
+
+
 async def test_every_numeric_column_type_keeps_the_digits_sent(http):
     location, generation = await open_channel(http)
     body = (
