@@ -84,7 +84,10 @@ class Catalog(ABC):
     def drop_table(self, table_id: int) -> None: ...
 
     @abstractmethod
-    def open_channel(self, table_id: int, name: str) -> ChannelRecord: ...
+    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
+        """Open or reopen a channel: its generation becomes one more than before, and at
+        least ``min_generation`` (the service passes one more than the generation the
+        table's Delta log holds, since a dropped or retired channel's row is gone)."""
 
     @abstractmethod
     def get_channel(self, table_id: int, name: str) -> ChannelRecord | None: ...
@@ -269,15 +272,16 @@ class SqliteCatalog(Catalog):
             ]
         )
 
-    def open_channel(self, table_id: int, name: str) -> ChannelRecord:
+    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()
         self._write(
             [
                 (
                     "INSERT INTO channels (table_id, name, generation, last_activity, created_at)"
-                    " VALUES (?, ?, 1, ?, ?) ON CONFLICT (table_id, name) DO UPDATE SET"
-                    " generation = generation + 1, last_activity = excluded.last_activity",
-                    (table_id, name, now, now),
+                    " VALUES (?, ?, MAX(1, ?), ?, ?) ON CONFLICT (table_id, name) DO UPDATE SET"
+                    " generation = MAX(generation + 1, excluded.generation),"
+                    " last_activity = excluded.last_activity",
+                    (table_id, name, min_generation, now, now),
                 )
             ]
         )

@@ -77,6 +77,9 @@ class _Routes(web.RouteTableDef):
 
 
 routes = _Routes()
+#: A table in a path: any name but "/" (aiohttp's default pattern also refuses "{" and
+#: "}", which a table name may hold, so such a table could not be described or dropped).
+_TABLE_PATH = "/v1/tables/{name:[^/]+}"
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
@@ -258,24 +261,24 @@ async def list_tables(request: web.Request) -> web.Response:
     return _json({"tables": [_table_json(info) for info in request.app[SERVICE].list_tables()]})
 
 
-@routes.get("/v1/tables/{name}")
+@routes.get(_TABLE_PATH)
 async def describe_table(request: web.Request) -> web.Response:
     return _json(_table_json(request.app[SERVICE].describe_table(request.match_info["name"])))
 
 
-@routes.delete("/v1/tables/{name}")
+@routes.delete(_TABLE_PATH)
 async def drop_table(request: web.Request) -> web.Response:
     info = await request.app[SERVICE].drop_table(request.match_info["name"])
     return _json({"dropped": info.full_name})
 
 
-@routes.get("/v1/tables/{name}/migrations")
+@routes.get(_TABLE_PATH + "/migrations")
 async def migrations(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     return _json({"migrations": service.migrations(request.match_info["name"])})
 
 
-@routes.put("/v1/tables/{name}/clustering")
+@routes.put(_TABLE_PATH + "/clustering")
 async def set_clustering(request: web.Request) -> web.Response:
     body = await json_body(request)
     columns = field(body, "columns", list)
@@ -283,7 +286,7 @@ async def set_clustering(request: web.Request) -> web.Response:
     return _json({**_table_json(info)})
 
 
-@routes.post("/v1/tables/{name}/compact")
+@routes.post(_TABLE_PATH + "/compact")
 async def compact(request: web.Request) -> web.Response:
     """Start a background compaction now (202); its run appears in the migration history."""
     info, started = request.app[SERVICE].compact_now(request.match_info["name"])
@@ -372,7 +375,7 @@ async def _checked_batch(
         token = check_token(request.headers.get(HEADER_END_OFFSET_TOKEN), HEADER_END_OFFSET_TOKEN)
         try:
             received = decode_arrow(await read_body(request))
-        except (pa.ArrowInvalid, OSError) as exc:
+        except (pa.ArrowException, OSError) as exc:  # e.g. a 128-bit integer: not implemented
             raise InvalidRequestError(f"the body is not a valid Arrow IPC stream: {exc}") from exc
         arrow_names(received.schema)
         try:

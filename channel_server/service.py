@@ -234,8 +234,15 @@ class IngestService:
         """
         database, schema_name, table = split_table_name(name)
         schema = TableSchema.parse(columns)
+        seen: dict[str, str] = {}
         for column in schema:  # names of new columns follow the rules of table names
             check_object_name(column.name, f"the column name {column.name[:60]!r}")
+            other = seen.setdefault(column.name.casefold(), column.name)
+            if other != column.name:  # Delta (and Spark) match column names ignoring case
+                raise SchemaError(
+                    f"the columns {other!r} and {column.name!r} differ only in case; Delta "
+                    "tables need names that differ in more than case: rename one"
+                )
         try:
             existing = self.catalog.get_table(database, schema_name, table)
         except TableNotFoundError:
@@ -333,7 +340,11 @@ class IngestService:
             else self.config.flush.default_max_client_lag
         )
         async with table.lock:  # never while a flush of this table is in flight
-            record = await asyncio.to_thread(self.catalog.open_channel, table.info.id, name)
+            writer = self._flushers[table.info.id].writer
+            logged = await asyncio.to_thread(writer.committed_generation, name)
+            record = await asyncio.to_thread(
+                self.catalog.open_channel, table.info.id, name, logged + 1
+            )
             old = table.channels.get(name)
             if old is not None:
                 old.invalidate(

@@ -22,7 +22,7 @@ from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk import TableSchema
-from ingest_sdk.wire import pack_txn_version
+from ingest_sdk.wire import pack_txn_version, unpack_txn_version
 
 __all__ = [
     "COMMIT_METADATA_KEY",
@@ -115,6 +115,17 @@ class TableWriter:
         self.schema = schema
         self.arrow_schema = delta_schema(schema)
         self._table = DeltaTable(table_uri)
+
+    def committed_generation(self, channel: str) -> int:
+        """The generation of the channel's newest commit in the log (0: none).
+
+        A channel's catalog row can go (drop, retention) while the log keeps its app
+        transaction; a new open must start above it, or its first batches would look
+        already landed (and be acknowledged unwritten) or fenced.
+        """
+        self._table.update_incremental()
+        landed = self._table.transaction_version(app_id(channel))
+        return 0 if landed is None else unpack_txn_version(landed)[0]
 
     def _landed(self, channels: list[ChannelProgress]) -> CommitRecord | None:
         """The commit of this exact flush if an earlier attempt already made it.

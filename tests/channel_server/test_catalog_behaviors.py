@@ -49,6 +49,17 @@ def test_open_bumps_the_generation_durably(catalog, tmp_path):
         again.close()
 
 
+def test_open_starts_above_a_generation_the_log_holds(catalog):
+    """A dropped channel's row is gone but its Delta app transaction is not: reopened, it
+    must start above the generation the log holds."""
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    assert catalog.open_channel(table.id, "c", min_generation=4).generation == 4
+    assert catalog.open_channel(table.id, "c", min_generation=2).generation == 5
+    assert catalog.open_channel(table.id, "c", min_generation=9).generation == 9
+    catalog.drop_channel(table.id, "c")
+    assert catalog.open_channel(table.id, "c", min_generation=10).generation == 10
+
+
 def test_apply_commit_is_idempotent_and_ordered(catalog):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     catalog.open_channel(table.id, "a")
