@@ -165,3 +165,32 @@ def test_tokens_survive_a_restart_and_old_handles_are_invalidated(server_factory
     assert status.offset_token == "19"
     assert produce_exactly_once(restarted.url, 40) == "39"
     assert_exactly_once(warehouse, 40)
+
+
+def test_a_dropped_channel_opened_again_commits_and_survives_a_kill_after_its_commit(
+    process_server_factory,
+):
+    """The channel's catalog row goes with the drop, its app transaction stays in the log:
+    the reopened channel must start above it, commit, and be replayed after a SIGKILL
+    between its Delta commit and the catalog update."""
+    server = process_server_factory().start()
+    setup_table(server.url)
+    assert produce_exactly_once(server.url, 50) == "49"
+    with StreamingIngestClient("admin", url=server.url) as admin:
+        admin.drop_channel(REQUEST)
+    server.kill()
+    server.start(failpoints="after_delta_commit=kill")
+    client = StreamingIngestClient("p", url=server.url, max_client_lag=0.1,
+                                   retry=RetryPolicy(deadline=2))  # fmt: skip
+    channel = client.open_channel(REQUEST)
+    assert channel.generation >= 2  # above the generation the log holds
+    assert channel.get_latest_committed_offset_token() is None  # the drop removed the token
+    channel.insert_rows([{"ID": n} for n in range(50, 100)], end_offset_token="99")
+    assert server.wait_killed() != 0  # died right after the commit
+    server.start(failpoints="")
+    with StreamingIngestClient("check", url=server.url) as check:
+        (status,) = check.get_latest_committed_offset_tokens([("db.s.events", "partition-0")])
+        assert status.offset_token == "99"
+    assert_exactly_once(server.warehouse, 100)
+    with contextlib.suppress(Exception):
+        client.close()
