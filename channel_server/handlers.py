@@ -25,7 +25,6 @@ from channel_server.requests import (
     check_token,
     coordinate,
     field,
-    handle,
     json_body,
     on_error,
     read_body,
@@ -247,6 +246,7 @@ async def metrics(request: web.Request) -> web.Response:
 @routes.post("/v1/tables")
 async def create_table(request: web.Request) -> web.Response:
     body = await json_body(request)
+    request[_TABLE] = body["name"] if isinstance(body.get("name"), str) else ""
     name = field(body, "name", str)
     columns = field(body, "columns", dict)
     if_not_exists = bool(field(body, "if_not_exists", bool, required=False))
@@ -303,7 +303,7 @@ async def open_channel(request: web.Request) -> web.Response:
         max_client_lag = parse_max_client_lag(lag) if lag is not None else None
     except IngestError as exc:
         raise InvalidRequestError(str(exc)) from exc
-    table, name, _ = _handle(request, {"generation": 1, **body})
+    table, name = _channel_names(request, body)
     channel = await request.app[SERVICE].open_channel(
         table,
         name,
@@ -353,12 +353,18 @@ def _insert_answer(
                   "insert_errors": [_insert_error(e) for e in errors]})  # fmt: skip
 
 
-def _handle(request: web.Request, body: dict[str, Any]) -> tuple[str, str, int]:
-    """The channel handle a body names, remembered for the failure log line."""
+def _channel_names(request: web.Request, body: dict[str, Any]) -> tuple[str, str]:
+    """The table and channel a body names, remembered for the failure log line first."""
     table, channel = body.get("table"), body.get("channel")
     request[_TABLE] = table if isinstance(table, str) else ""
     request[_CHANNEL] = channel if isinstance(channel, str) else ""
-    return handle(body)
+    return field(body, "table", str), field(body, "channel", str)
+
+
+def _handle(request: web.Request, body: dict[str, Any]) -> tuple[str, str, int]:
+    """The (table, channel, generation) of a channel handle in a body."""
+    table, channel = _channel_names(request, body)
+    return table, channel, bounded_int(field(body, "generation", int), "generation")
 
 
 #: Stands for "ON_ERROR=SKIP_BATCH met a bad row: nothing to buffer" in :func:`_checked_batch`.
@@ -448,7 +454,7 @@ async def channel_status(request: web.Request) -> web.Response:
 @routes.post("/v1/channels/drop")
 async def drop_channel(request: web.Request) -> web.Response:
     body = await json_body(request)
-    table, name, _ = _handle(request, {"generation": 1, **body})
+    table, name = _channel_names(request, body)
     await request.app[SERVICE].drop_channel(table, name)
     return _json({"dropped": True})
 

@@ -30,7 +30,6 @@ __all__ = [
     "check_token",
     "coordinate",
     "field",
-    "handle",
     "json_body",
     "on_error",
     "read_body",
@@ -114,12 +113,6 @@ def bounded_int(value: int, key: str) -> int:
     if not low <= value <= high:
         raise InvalidRequestError(f'"{key}" must be between {low} and {high}, got {value}')
     return value
-
-
-def handle(body: dict[str, Any]) -> tuple[str, str, int]:
-    """The (table, channel, generation) that name a channel handle in a request body."""
-    generation = bounded_int(field(body, "generation", int), "generation")
-    return field(body, "table", str), field(body, "channel", str), generation
 
 
 def coordinate(request: web.Request, key: str, header: str) -> int:
