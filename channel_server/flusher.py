@@ -22,6 +22,7 @@ from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter
 from flush.commit import ChannelFencedError
+from ingest_sdk.validation import check_offset_token
 from ingest_sdk.wire import pack_txn_version
 
 __all__ = ["TableFlusher"]
@@ -55,9 +56,8 @@ def _unfit(progress: ChannelProgress) -> str | None:
     """
     try:
         pack_txn_version(progress.generation, progress.batch_seq)
-        if progress.offset_token is not None:
-            progress.offset_token.encode("utf-8")
-    except (ValueError, UnicodeEncodeError) as exc:
+        check_offset_token(progress.offset_token)
+    except ValueError as exc:
         return str(exc)
     return None
 
