@@ -3,8 +3,8 @@
 It never writes Parquet or Delta itself; :mod:`flush` does.
 """
 
+from catalog import Catalog, ChannelRecord, SqliteCatalog, TableInfo
 from channel_server.app import create_app
-from channel_server.catalog import Catalog, ChannelRecord, SqliteCatalog, TableInfo
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig
 from channel_server.service import IngestService
 

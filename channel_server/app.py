@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from channel_server.catalog import SqliteCatalog
+from catalog import SqliteCatalog
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService

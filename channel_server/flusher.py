@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
-from channel_server.catalog import Catalog
+from catalog import Catalog
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter
@@ -178,8 +178,12 @@ class TableFlusher:
             parts = [b.data for b in batches if b.data is not None and b.rows]
             started = time.monotonic()
             try:
+                # Row ids come from the catalog, where SQL sessions reserve theirs too.
+                first_row_id = await asyncio.to_thread(
+                    self.catalog.reserve_row_ids, table.info.id, sum(p.num_rows for p in parts)
+                )
                 record = await asyncio.to_thread(
-                    self.writer.commit_flush, parts, progress, table.next_row_id
+                    self.writer.commit_flush, parts, progress, first_row_id
                 )
             except ChannelFencedError as fenced:
                 # Another writer committed a newer generation: these handles are stale.
@@ -191,7 +195,6 @@ class TableFlusher:
             except BaseException:
                 table.put_back(batches)
                 raise
-            table.next_row_id = record.next_row_id
             if record.rows:
                 table.ingest_files += 1
                 table.ingest_bytes += record.file_bytes

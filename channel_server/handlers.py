@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 from aiohttp import HttpVersion11, hdrs, web
 
-from channel_server.catalog import TableInfo
+from catalog import TableInfo
 from channel_server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from channel_server.requests import (
     arrow_names,

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from channel_server.catalog import Catalog, ChannelRecord, TableInfo
+from catalog import Catalog, ChannelRecord, TableInfo
 from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
@@ -304,7 +304,7 @@ class IngestService:
     def _table_state(self, info: TableInfo) -> TableState:
         table = self._tables.get(info.id)
         if table is None:
-            table = self._tables[info.id] = TableState(info, next_row_id=info.next_row_id)
+            table = self._tables[info.id] = TableState(info)
             table.ingest_files, table.ingest_bytes = _intermediate_files(info.uri)
             flusher = TableFlusher(
                 table,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from channel_server.catalog import TableInfo
+from catalog import TableInfo
 from ingest_sdk import OnErrorOption
 from ingest_sdk.errors import BackpressureError
 
@@ -156,7 +156,6 @@ class TableState:
     """A table's open channels and the batches waiting for its next flush."""
 
     info: TableInfo
-    next_row_id: int
     channels: dict[str, ChannelState] = field(default_factory=dict)
     pending: list[PendingBatch] = field(default_factory=list)
     pending_bytes: int = 0

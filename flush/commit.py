@@ -11,13 +11,14 @@ commit the catalog has not recorded.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 import orjson
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
+from catalog.records import ChannelProgress, CommitRecord
 from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
 from flush.tables import ROW_ID_COLUMN, delta_schema
@@ -35,29 +36,6 @@ __all__ = [
 ]
 
 COMMIT_METADATA_KEY = "ingest"
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelProgress:
-    """Where one channel stands after a flush: its newest batch and offset token."""
-
-    channel: str
-    generation: int
-    batch_seq: int
-    offset_token: str | None
-    rows: int
-
-
-@dataclass(frozen=True, slots=True)
-class CommitRecord:
-    """One committed flush as the Delta log records it."""
-
-    version: int
-    channels: tuple[ChannelProgress, ...]
-    next_row_id: int
-    rows: int
-    # Size of the file this flush added: known to the writer, not kept in the log.
-    file_bytes: int = field(default=0, compare=False)
 
 
 class ChannelFencedError(RuntimeError):

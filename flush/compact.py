@@ -136,7 +136,7 @@ def serve(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from channel_server.catalog import SqliteCatalog
+    from catalog import SqliteCatalog
     from flush.spark_tables import spark_session
     from ingest_sdk.schema import split_table_name
 

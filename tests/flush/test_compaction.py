@@ -20,7 +20,7 @@ import pytest
 from deltalake import DeltaTable
 from deltalake.transaction import RemoveAction
 
-from channel_server.catalog import SqliteCatalog
+from catalog import SqliteCatalog
 from flush import ROW_ID_COLUMN, ChannelProgress, TableWriter, compaction, create_table
 from flush.bin_rewrite import BinCheckFailed, BinTask, KeyRange, range_boundaries, rewrite_bin
 from flush.compaction import CompactionPolicy, compact_table, plan_bins

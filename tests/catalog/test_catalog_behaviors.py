@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from channel_server.catalog import SqliteCatalog
+from catalog import SqliteCatalog
 from flush import ChannelProgress, CommitRecord
 from ingest_sdk import TableAlreadyExistsError, TableNotFoundError, TableSchema
 

@@ -1,0 +1,167 @@
+"""The catalog boundary: what every layer above needs, one contract suite for all
+implementations (``tests/catalog/test_catalog_behaviors.py``)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from catalog.records import (
+    ChannelRecord,
+    CommitRecord,
+    PendingCommit,
+    StreamClaim,
+    StreamRecord,
+    TableInfo,
+)
+from ingest_sdk import TableSchema
+
+__all__ = ["Catalog", "ObjectAlreadyExistsError", "StreamClaimConflict"]
+
+
+class ObjectAlreadyExistsError(ValueError):
+    """A stream (or other pipeline object) of that name already exists."""
+
+
+class StreamClaimConflict(RuntimeError):
+    """A consuming transaction lost the race for a stream (another one moved or holds it).
+
+    Attributes:
+        stream_ids: the streams it could not claim.
+    """
+
+    def __init__(self, stream_ids: list[int]) -> None:
+        super().__init__(f"stream(s) {stream_ids} moved or are being consumed")
+        self.stream_ids = stream_ids
+
+
+class Catalog(ABC):
+    """What the service and the pipeline layer need from a catalog; SQLite is the default.
+
+    The catalog is an index of the Delta logs plus what only it holds: table definitions,
+    channel generations, row-id reservations, streams and pending pipeline commits.
+    """
+
+    # Tables
+    @abstractmethod
+    def create_table(
+        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema
+    ) -> TableInfo: ...
+
+    @abstractmethod
+    def get_table(self, database: str, schema_name: str, name: str) -> TableInfo: ...
+
+    @abstractmethod
+    def get_table_by_id(self, table_id: int) -> TableInfo | None: ...
+
+    @abstractmethod
+    def list_tables(self) -> list[TableInfo]: ...
+
+    @abstractmethod
+    def drop_table(self, table_id: int) -> None: ...
+
+    @abstractmethod
+    def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
+        """Give a table a new name; its id, and so its streams, stay."""
+
+    @abstractmethod
+    def set_table_properties(self, table_id: int, properties: dict[str, Any]) -> TableInfo:
+        """Merge ``properties`` (change tracking, retention days) into the table's."""
+
+    @abstractmethod
+    def reserve_row_ids(self, table_id: int, count: int) -> int:
+        """Reserve ``count`` row ids of the table's sequence; returns the first.
+
+        Atomic for every process sharing the catalog, so ids stay unique per table
+        whoever inserts (flushes, SQL sessions). Unused reservations leave gaps.
+        """
+
+    # Channels
+    @abstractmethod
+    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
+        """Open or reopen a channel: its generation becomes one more than before, and at
+        least ``min_generation`` (the service passes one more than the generation the
+        table's Delta log holds, since a dropped or retired channel's row is gone)."""
+
+    @abstractmethod
+    def get_channel(self, table_id: int, name: str) -> ChannelRecord | None: ...
+
+    @abstractmethod
+    def list_channels(self, table_id: int | None = None) -> list[ChannelRecord]: ...
+
+    @abstractmethod
+    def drop_channel(self, table_id: int, name: str) -> bool: ...
+
+    @abstractmethod
+    def apply_commit(self, table_id: int, record: CommitRecord) -> None: ...
+
+    @abstractmethod
+    def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int: ...
+
+    # Compaction
+    @abstractmethod
+    def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None: ...
+
+    @abstractmethod
+    def record_migration(self, table_id: int, run: dict[str, Any]) -> int: ...
+
+    @abstractmethod
+    def list_migrations(self, table_id: int) -> list[dict[str, Any]]: ...
+
+    # Streams
+    @abstractmethod
+    def create_stream(
+        self,
+        database: str,
+        schema_name: str,
+        name: str,
+        table_id: int,
+        mode: str,
+        offset_version: int,
+        comment: str = "",
+        replace: bool = False,
+    ) -> StreamRecord:
+        """Create a stream (``replace``: in place of one of that name, with a new id).
+
+        Raises:
+            ObjectAlreadyExistsError: the name is taken and ``replace`` is false.
+        """
+
+    @abstractmethod
+    def get_stream(self, database: str, schema_name: str, name: str) -> StreamRecord | None: ...
+
+    @abstractmethod
+    def get_stream_by_id(self, stream_id: int) -> StreamRecord | None: ...
+
+    @abstractmethod
+    def list_streams(self, table_id: int | None = None) -> list[StreamRecord]: ...
+
+    @abstractmethod
+    def drop_stream(self, stream_id: int) -> bool: ...
+
+    # Pipeline commits (the consumer commit protocol)
+    @abstractmethod
+    def begin_commit(
+        self, owner: str, plan: dict[str, Any], claims: Sequence[StreamClaim]
+    ) -> PendingCommit:
+        """Record a transaction's decision to commit and claim its streams, atomically.
+
+        Raises:
+            StreamClaimConflict: a stream's offset is no longer ``expected`` or another
+                pending commit holds it; nothing was recorded.
+        """
+
+    @abstractmethod
+    def finish_commit(self, commit_id: int) -> None:
+        """Move the claimed streams to their new offsets and forget the commit, atomically."""
+
+    @abstractmethod
+    def abandon_commit(self, commit_id: int) -> None:
+        """Release the claims of a commit that wrote nothing, and forget it."""
+
+    @abstractmethod
+    def pending_commits(self) -> list[PendingCommit]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

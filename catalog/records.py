@@ -1,0 +1,140 @@
+"""What the catalog holds, as frozen records shared by every layer above it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest_sdk import TableSchema
+from ingest_sdk.schema import quote_identifier
+
+__all__ = [
+    "ChannelProgress",
+    "ChannelRecord",
+    "CommitRecord",
+    "PendingCommit",
+    "StreamClaim",
+    "StreamRecord",
+    "TableInfo",
+    "full_name",
+]
+
+#: Retention defaults of a table (days), as the reference system names them.
+DEFAULT_PROPERTIES: dict[str, Any] = {
+    "change_tracking": False,
+    "data_retention_time_in_days": 1,
+    "max_data_extension_time_in_days": 14,
+}
+
+
+def full_name(database: str, schema_name: str, name: str) -> str:
+    """``DB.SCHEMA.NAME``, parts quoted where needed, so the name reads back as the object."""
+    return ".".join(quote_identifier(p) for p in (database, schema_name, name))
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """A table as the catalog knows it. ``id`` is never reused, so a dropped and
+    recreated table is a new table with new channels (and its old streams are stale)."""
+
+    id: int
+    database: str
+    schema_name: str
+    name: str
+    uri: str
+    schema: TableSchema
+    created_at: float
+    applied_version: int
+    next_row_id: int
+    clustering: tuple[str, ...] = ()
+    properties: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_PROPERTIES))
+
+    @property
+    def full_name(self) -> str:
+        """``DB.SCHEMA.TABLE``, parts quoted where needed (``DB.S."with space"``)."""
+        return full_name(self.database, self.schema_name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelRecord:
+    """A channel's durable state: generation and what is committed."""
+
+    table_id: int
+    name: str
+    generation: int
+    offset_token: str | None
+    rows_committed: int
+    last_activity: float
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelProgress:
+    """Where one channel stands after a flush: its newest batch and offset token."""
+
+    channel: str
+    generation: int
+    batch_seq: int
+    offset_token: str | None
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitRecord:
+    """One committed flush as the Delta log records it."""
+
+    version: int
+    channels: tuple[ChannelProgress, ...]
+    next_row_id: int
+    rows: int
+    # Size of the file this flush added: known to the writer, not kept in the log.
+    file_bytes: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRecord:
+    """A stream: a bookmark (a table version) on one table.
+
+    ``offset_moved_at`` is when the offset last moved (creation or consumption): the
+    retention extension that keeps an unconsumed stream readable counts from there.
+    """
+
+    id: int
+    database: str
+    schema_name: str
+    name: str
+    table_id: int
+    mode: str
+    offset_version: int
+    created_at: float
+    offset_moved_at: float
+    comment: str = ""
+    claimed_by: int | None = None
+
+    @property
+    def full_name(self) -> str:
+        return full_name(self.database, self.schema_name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClaim:
+    """A consuming transaction's claim: move ``stream_id`` from ``expected`` to ``new``."""
+
+    stream_id: int
+    expected: int
+    new: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """A pipeline transaction between its decision and its end (see pipelines' commit).
+
+    ``plan`` says what to commit to which table, so recovery can roll it forward;
+    ``owner`` is ``"<pid>:<token>"`` of the process that made it.
+    """
+
+    id: int
+    owner: str
+    plan: dict[str, Any]
+    claims: tuple[StreamClaim, ...]
+    created_at: float

@@ -1,0 +1,493 @@
+"""The embedded catalog: one SQLite file in WAL mode with full fsync.
+
+It is an index. The Delta log is the point of truth for what is committed, and
+:meth:`SqliteCatalog.apply_commit` is how flush commits reach the index (after each
+flush, and again at start-up for any commit the index missed). What lives only here
+is made durable before it is acknowledged: table definitions, channel generations
+(bumped on every open), row-id reservations, streams and pending pipeline commits.
+Several processes (the service, SQL sessions) may share one file: every write is one
+``BEGIN IMMEDIATE`` transaction.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from catalog.base import Catalog, ObjectAlreadyExistsError, StreamClaimConflict
+from catalog.records import (
+    DEFAULT_PROPERTIES,
+    ChannelRecord,
+    CommitRecord,
+    PendingCommit,
+    StreamClaim,
+    StreamRecord,
+    TableInfo,
+)
+from ingest_sdk import TableSchema
+from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
+
+__all__ = ["SqliteCatalog"]
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS databases (
+    name TEXT PRIMARY KEY, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS schemas (
+    database TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (database, name));
+CREATE TABLE IF NOT EXISTS tables (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
+    applied_version INTEGER NOT NULL DEFAULT 0, next_row_id INTEGER NOT NULL DEFAULT 0,
+    clustering TEXT NOT NULL DEFAULT '[]', properties TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS migrations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, table_id INTEGER NOT NULL,
+    started_at REAL NOT NULL, ended_at REAL NOT NULL, status TEXT NOT NULL,
+    files_in INTEGER NOT NULL, bytes_in INTEGER NOT NULL, rows_in INTEGER NOT NULL,
+    files_out INTEGER NOT NULL, bytes_out INTEGER NOT NULL, rows_out INTEGER NOT NULL,
+    version INTEGER, error TEXT);
+CREATE TABLE IF NOT EXISTS channels (
+    table_id INTEGER NOT NULL, name TEXT NOT NULL, generation INTEGER NOT NULL,
+    offset_token TEXT, rows_committed INTEGER NOT NULL DEFAULT 0,
+    last_activity REAL NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (table_id, name));
+CREATE TABLE IF NOT EXISTS streams (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    table_id INTEGER NOT NULL, mode TEXT NOT NULL, offset_version INTEGER NOT NULL,
+    created_at REAL NOT NULL, offset_moved_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '',
+    claimed_by INTEGER,
+    UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS pending_commits (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
+    claims TEXT NOT NULL, created_at REAL NOT NULL);
+"""
+#: Columns added after the first release, for catalogs made by older versions.
+_ADDED_COLUMNS = {("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'"}
+_TABLE_COLUMNS = (
+    "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
+    " clustering, properties"
+)
+_STREAM_COLUMNS = (
+    "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
+    " offset_moved_at, comment, claimed_by"
+)
+_MIGRATION_COLUMNS = (
+    "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
+    " bytes_out, rows_out, version, error"
+)
+_CHANNEL_COLUMNS = (
+    "table_id, name, generation, offset_token, rows_committed, last_activity, created_at"
+)
+
+
+def _table(row: tuple) -> TableInfo:  # type: ignore[type-arg]
+    return TableInfo(
+        id=row[0],
+        database=row[1],
+        schema_name=row[2],
+        name=row[3],
+        uri=row[4],
+        schema=TableSchema.parse(orjson.loads(row[5])),
+        created_at=row[6],
+        applied_version=row[7],
+        next_row_id=row[8],
+        clustering=tuple(orjson.loads(row[9])),
+        properties={**DEFAULT_PROPERTIES, **orjson.loads(row[10])},
+    )
+
+
+def _channel(row: tuple) -> ChannelRecord:  # type: ignore[type-arg]
+    return ChannelRecord(*row)
+
+
+def _stream(row: tuple) -> StreamRecord:  # type: ignore[type-arg]
+    return StreamRecord(*row)
+
+
+def _pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
+    claims = tuple(StreamClaim(*claim) for claim in orjson.loads(row[3]))
+    return PendingCommit(row[0], row[1], orjson.loads(row[2]), claims, row[4])
+
+
+class SqliteCatalog(Catalog):
+    """The embedded catalog. Calls are short and serialised by a lock, so the event
+    loop and the flush threads can share one connection; other processes wait for
+    SQLite's write lock (up to 30 s)."""
+
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            str(path), check_same_thread=False, isolation_level=None, timeout=30.0
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
+        self._db.executescript(_SCHEMA)
+        for (table, column), declaration in _ADDED_COLUMNS.items():
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:  # type: ignore[type-arg]
+        with self._immediate() as db:
+            return [db.execute(sql, args).rowcount for sql, args in statements]
+
+    def _read(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def _immediate(self) -> _Immediate:
+        """A write transaction for reads and writes that must see no one in between."""
+        return _Immediate(self._lock, self._db)
+
+    def create_table(
+        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema
+    ) -> TableInfo:
+        now = time.time()
+        try:
+            self._write(
+                [
+                    ("INSERT OR IGNORE INTO databases VALUES (?, ?)", (database, now)),
+                    (
+                        "INSERT OR IGNORE INTO schemas VALUES (?, ?, ?)",
+                        (database, schema_name, now),
+                    ),
+                    (
+                        "INSERT INTO tables (database, schema_name, name, uri, columns, created_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        (
+                            database,
+                            schema_name,
+                            name,
+                            uri,
+                            orjson.dumps(schema.declarations()).decode(),
+                            now,
+                        ),
+                    ),
+                ]
+            )
+        except sqlite3.IntegrityError as exc:
+            raise TableAlreadyExistsError(
+                f"table {database}.{schema_name}.{name} already exists; use if_not_exists=True "
+                "to keep it, or drop it first"
+            ) from exc
+        return self.get_table(database, schema_name, name)
+
+    def get_table(self, database: str, schema_name: str, name: str) -> TableInfo:
+        rows = self._read(
+            f"SELECT {_TABLE_COLUMNS} FROM tables WHERE database=? AND schema_name=? AND name=?",
+            (database, schema_name, name),
+        )
+        if not rows:
+            raise TableNotFoundError(
+                f"table {database}.{schema_name}.{name} does not exist; create it with "
+                "create_table first (names are case-insensitive unless quoted)"
+            )
+        return _table(rows[0])
+
+    def get_table_by_id(self, table_id: int) -> TableInfo | None:
+        rows = self._read(f"SELECT {_TABLE_COLUMNS} FROM tables WHERE id=?", (table_id,))
+        return _table(rows[0]) if rows else None
+
+    def list_tables(self) -> list[TableInfo]:
+        rows = self._read(
+            f"SELECT {_TABLE_COLUMNS} FROM tables ORDER BY database, schema_name, name"
+        )
+        return [_table(row) for row in rows]
+
+    def drop_table(self, table_id: int) -> None:
+        # Streams stay: a stream on a dropped table is stale until replaced or dropped.
+        self._write(
+            [
+                ("DELETE FROM channels WHERE table_id=?", (table_id,)),
+                ("DELETE FROM migrations WHERE table_id=?", (table_id,)),
+                ("DELETE FROM tables WHERE id=?", (table_id,)),
+            ]
+        )
+
+    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
+        now = time.time()
+        self._write(
+            [
+                (
+                    "INSERT INTO channels (table_id, name, generation, last_activity, created_at)"
+                    " VALUES (?, ?, MAX(1, ?), ?, ?) ON CONFLICT (table_id, name) DO UPDATE SET"
+                    " generation = MAX(generation + 1, excluded.generation),"
+                    " last_activity = excluded.last_activity",
+                    (table_id, name, min_generation, now, now),
+                )
+            ]
+        )
+        record = self.get_channel(table_id, name)
+        assert record is not None
+        return record
+
+    def get_channel(self, table_id: int, name: str) -> ChannelRecord | None:
+        rows = self._read(
+            f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE table_id=? AND name=?", (table_id, name)
+        )
+        return _channel(rows[0]) if rows else None
+
+    def list_channels(self, table_id: int | None = None) -> list[ChannelRecord]:
+        if table_id is None:
+            rows = self._read(f"SELECT {_CHANNEL_COLUMNS} FROM channels ORDER BY table_id, name")
+        else:
+            rows = self._read(
+                f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE table_id=? ORDER BY name",
+                (table_id,),
+            )
+        return [_channel(row) for row in rows]
+
+    def drop_channel(self, table_id: int, name: str) -> bool:
+        (count,) = self._write(
+            [("DELETE FROM channels WHERE table_id=? AND name=?", (table_id, name))]
+        )
+        return count > 0
+
+    def apply_commit(self, table_id: int, record: CommitRecord) -> None:
+        """Record one flush commit; idempotent, and older commits never overwrite newer ones."""
+        now = time.time()
+        with self._immediate() as db:
+            (applied,) = db.execute(
+                "SELECT applied_version FROM tables WHERE id=?", (table_id,)
+            ).fetchone() or (None,)
+            if applied is None or applied >= record.version:
+                return
+            for progress in record.channels:
+                db.execute(
+                    "UPDATE channels SET offset_token=?, rows_committed=rows_committed+?,"
+                    " last_activity=? WHERE table_id=? AND name=?",
+                    (progress.offset_token, progress.rows, now, table_id, progress.channel),
+                )
+            db.execute(
+                "UPDATE tables SET applied_version=?, next_row_id=MAX(next_row_id, ?) WHERE id=?",
+                (record.version, record.next_row_id, table_id),
+            )
+
+    def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
+        try:
+            self._write(
+                [
+                    (
+                        "UPDATE tables SET database=?, schema_name=?, name=? WHERE id=?",
+                        (database, schema_name, name, table_id),
+                    )
+                ]
+            )
+        except sqlite3.IntegrityError as exc:
+            raise TableAlreadyExistsError(
+                f"table {database}.{schema_name}.{name} already exists; choose another name"
+            ) from exc
+
+    def set_table_properties(self, table_id: int, properties: dict[str, Any]) -> TableInfo:
+        with self._immediate() as db:
+            row = db.execute("SELECT properties FROM tables WHERE id=?", (table_id,)).fetchone()
+            if row is None:
+                raise TableNotFoundError(f"table id {table_id} does not exist any more")
+            merged = {**orjson.loads(row[0]), **properties}
+            db.execute(
+                "UPDATE tables SET properties=? WHERE id=?",
+                (orjson.dumps(merged).decode(), table_id),
+            )
+        info = self.get_table_by_id(table_id)
+        assert info is not None
+        return info
+
+    def reserve_row_ids(self, table_id: int, count: int) -> int:
+        if count < 0:
+            raise ValueError(f"cannot reserve {count} row ids")
+        with self._immediate() as db:
+            row = db.execute(
+                "UPDATE tables SET next_row_id = next_row_id + ? WHERE id=? RETURNING next_row_id",
+                (count, table_id),
+            ).fetchone()
+        if row is None:
+            raise TableNotFoundError(f"table id {table_id} does not exist any more")
+        return int(row[0]) - count
+
+    def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None:
+        self._write(
+            [
+                (
+                    "UPDATE tables SET clustering=? WHERE id=?",
+                    (orjson.dumps(list(columns)).decode(), table_id),
+                )
+            ]
+        )
+
+    def record_migration(self, table_id: int, run: dict[str, Any]) -> int:
+        """Record one compaction run (keys as :data:`_MIGRATION_COLUMNS`, without ids)."""
+        names = _MIGRATION_COLUMNS.split(", ")[2:]
+        with self._lock:
+            cursor = self._db.execute(
+                f"INSERT INTO migrations (table_id, {', '.join(names)}) VALUES "
+                f"(?, {', '.join('?' for _ in names)})",
+                (table_id, *(run.get(name) for name in names)),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def list_migrations(self, table_id: int) -> list[dict[str, Any]]:
+        rows = self._read(
+            f"SELECT {_MIGRATION_COLUMNS} FROM migrations WHERE table_id=? ORDER BY id", (table_id,)
+        )
+        names = _MIGRATION_COLUMNS.split(", ")
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int:
+        stale = [
+            (table_id, name)
+            for table_id, name in self._read(
+                "SELECT table_id, name FROM channels WHERE last_activity < ?", (before,)
+            )
+            if (table_id, name) not in keep
+        ]
+        if stale:
+            self._write(
+                [("DELETE FROM channels WHERE table_id=? AND name=?", key) for key in stale]
+            )
+        return len(stale)
+
+    def create_stream(
+        self,
+        database: str,
+        schema_name: str,
+        name: str,
+        table_id: int,
+        mode: str,
+        offset_version: int,
+        comment: str = "",
+        replace: bool = False,
+    ) -> StreamRecord:
+        now = time.time()
+        with self._immediate() as db:
+            if replace:
+                db.execute(
+                    "DELETE FROM streams WHERE database=? AND schema_name=? AND name=?",
+                    (database, schema_name, name),
+                )
+            try:
+                db.execute(
+                    "INSERT INTO streams (database, schema_name, name, table_id, mode,"
+                    " offset_version, created_at, offset_moved_at, comment)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (database, schema_name, name, table_id, mode, offset_version, now, now,
+                     comment),
+                )  # fmt: skip
+            except sqlite3.IntegrityError as exc:
+                raise ObjectAlreadyExistsError(
+                    f"stream {database}.{schema_name}.{name} already exists; use CREATE OR "
+                    "REPLACE STREAM to recreate it, or IF NOT EXISTS to keep it"
+                ) from exc
+        stream = self.get_stream(database, schema_name, name)
+        assert stream is not None
+        return stream
+
+    def get_stream(self, database: str, schema_name: str, name: str) -> StreamRecord | None:
+        rows = self._read(
+            f"SELECT {_STREAM_COLUMNS} FROM streams WHERE database=? AND schema_name=? AND name=?",
+            (database, schema_name, name),
+        )
+        return _stream(rows[0]) if rows else None
+
+    def get_stream_by_id(self, stream_id: int) -> StreamRecord | None:
+        rows = self._read(f"SELECT {_STREAM_COLUMNS} FROM streams WHERE id=?", (stream_id,))
+        return _stream(rows[0]) if rows else None
+
+    def list_streams(self, table_id: int | None = None) -> list[StreamRecord]:
+        where, args = ("WHERE table_id=?", (table_id,)) if table_id is not None else ("", ())
+        rows = self._read(
+            f"SELECT {_STREAM_COLUMNS} FROM streams {where} ORDER BY database, schema_name, name",
+            args,
+        )
+        return [_stream(row) for row in rows]
+
+    def drop_stream(self, stream_id: int) -> bool:
+        (count,) = self._write([("DELETE FROM streams WHERE id=?", (stream_id,))])
+        return count > 0
+
+    def begin_commit(
+        self, owner: str, plan: dict[str, Any], claims: Sequence[StreamClaim]
+    ) -> PendingCommit:
+        now = time.time()
+        with self._immediate() as db:
+            lost = []
+            for claim in claims:
+                row = db.execute(
+                    "SELECT offset_version, claimed_by FROM streams WHERE id=?",
+                    (claim.stream_id,),
+                ).fetchone()
+                if row is None or row[0] != claim.expected or row[1] is not None:
+                    lost.append(claim.stream_id)
+            if lost:
+                raise StreamClaimConflict(lost)
+            claims_text = orjson.dumps([(c.stream_id, c.expected, c.new) for c in claims]).decode()
+            cursor = db.execute(
+                "INSERT INTO pending_commits (owner, plan, claims, created_at) VALUES (?, ?, ?, ?)",
+                (owner, orjson.dumps(plan).decode(), claims_text, now),
+            )
+            commit_id = int(cursor.lastrowid or 0)
+            for claim in claims:
+                db.execute(
+                    "UPDATE streams SET claimed_by=? WHERE id=?", (commit_id, claim.stream_id)
+                )
+        return PendingCommit(commit_id, owner, plan, tuple(claims), now)
+
+    def finish_commit(self, commit_id: int) -> None:
+        now = time.time()
+        with self._immediate() as db:
+            row = db.execute("SELECT claims FROM pending_commits WHERE id=?", (commit_id,))
+            found = row.fetchone()
+            if found is None:
+                return  # finished already (recovery and the owner may both try)
+            for stream_id, _expected, new in orjson.loads(found[0]):
+                db.execute(
+                    "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"
+                    " WHERE id=? AND claimed_by=?",
+                    (new, now, stream_id, commit_id),
+                )
+            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
+
+    def abandon_commit(self, commit_id: int) -> None:
+        with self._immediate() as db:
+            db.execute("UPDATE streams SET claimed_by=NULL WHERE claimed_by=?", (commit_id,))
+            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
+
+    def pending_commits(self) -> list[PendingCommit]:
+        rows = self._read("SELECT id, owner, plan, claims, created_at FROM pending_commits")
+        return [_pending(row) for row in rows]
+
+
+class _Immediate:
+    """``with`` block of one ``BEGIN IMMEDIATE`` transaction under the connection lock."""
+
+    def __init__(self, lock: threading.Lock, db: sqlite3.Connection) -> None:
+        self._lock, self._db = lock, db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self._lock.acquire()
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except BaseException:
+            self._lock.release()
+            raise
+        return self._db
+
+    def __exit__(self, kind: object, value: object, traceback: object) -> None:
+        try:
+            self._db.execute("ROLLBACK" if kind is not None else "COMMIT")
+        finally:
+            self._lock.release()

@@ -1,0 +1,1 @@
+"""The pipeline layer: SQL sessions on Spark, DML, change sets and streams."""
