@@ -24,7 +24,7 @@ from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
-from flush import commits_after, create_table, drop_table, new_table_folder
+from flush import commits_after, create_catalog_table, drop_table
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
@@ -33,7 +33,6 @@ from ingest_sdk.errors import (
     ChannelNotFoundError,
     InvalidRequestError,
     SchemaError,
-    TableAlreadyExistsError,
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
@@ -228,39 +227,20 @@ class IngestService:
         """Create a table (and its database and schema). Returns the table and whether it
         was created.
 
-        Nothing is ever deleted here: the table gets a new folder of its own
-        (:func:`flush.new_table_folder`), and a create that fails removes only that
-        folder, which it made itself a moment before.
+        Nothing is ever deleted here (:func:`flush.create_catalog_table`).
         """
         database, schema_name, table = split_table_name(name)
-        schema = TableSchema.parse(columns)
-        seen: dict[str, str] = {}
-        for column in schema:  # names of new columns follow the rules of table names
-            check_object_name(column.name, f"the column name {column.name[:60]!r}")
-            other = seen.setdefault(column.name.casefold(), column.name)
-            if other != column.name:  # Delta (and Spark) match column names ignoring case
-                raise SchemaError(
-                    f"the columns {other!r} and {column.name!r} differ only in case; Delta "
-                    "tables need names that differ in more than case: rename one"
-                )
-        try:
-            existing = self.catalog.get_table(database, schema_name, table)
-        except TableNotFoundError:
-            pass
-        else:
-            if if_not_exists:
-                return existing, False
-            raise TableAlreadyExistsError(
-                f"table {existing.full_name} already exists; use if_not_exists=true to keep "
-                "it, or drop it first"
-            )
-        folder = new_table_folder(self.config.warehouse, database, schema_name, table)
-        try:
-            create_table(str(folder), schema)
-            info = self.catalog.create_table(database, schema_name, table, str(folder), schema)
-        except BaseException:
-            drop_table(folder, self.config.warehouse)  # ours alone: made just above
-            raise
+        info, created = create_catalog_table(
+            self.catalog,
+            self.config.warehouse,
+            database,
+            schema_name,
+            table,
+            TableSchema.parse(columns),
+            if_not_exists,
+        )
+        if not created:
+            return info, False
         log.info("created table %s", info.full_name, extra={"table": info.full_name,
                  "location": info.uri})  # fmt: skip
         return info, True

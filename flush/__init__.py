@@ -3,6 +3,7 @@
 Nothing here speaks HTTP; the channel server calls in.
 """
 
+from flush.catalog_tables import check_column_names, create_catalog_table
 from flush.commit import (
     COMMIT_METADATA_KEY,
     ChannelProgress,
@@ -30,7 +31,9 @@ __all__ = [
     "TableWriter",
     "WrittenFile",
     "arrow_filesystem",
+    "check_column_names",
     "commits_after",
+    "create_catalog_table",
     "create_table",
     "delta_schema",
     "drop_table",

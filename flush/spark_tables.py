@@ -10,6 +10,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 from deltalake import DeltaTable
 
 if TYPE_CHECKING:
@@ -62,5 +63,5 @@ def read_delta(spark: SparkSession, table_uri: str, version: int | None = None) 
     if not files:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        return spark.createDataFrame([], from_arrow_schema(table.schema().to_arrow()))
+        return spark.createDataFrame([], from_arrow_schema(pa.schema(table.schema())))
     return spark.read.parquet(*files)

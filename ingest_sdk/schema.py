@@ -240,6 +240,11 @@ class TableSchema:
         """The Arrow schema of converted batches; also the Delta table schema."""
         return self._arrow
 
+    @property
+    def names(self) -> list[str]:
+        """The column names, in order."""
+        return [column.name for column in self.columns]
+
     def declarations(self) -> dict[str, str]:
         """The declarations that recreate this schema with :meth:`parse`."""
         return {quote_identifier(c.name): c.declaration for c in self.columns}

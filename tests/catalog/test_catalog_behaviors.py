@@ -1,10 +1,23 @@
 """The contract every catalog implementation must pass (SQLite today)."""
 
+import dataclasses
+import json
+import os
+import sqlite3
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from catalog import SqliteCatalog
+from catalog import (
+    ObjectAlreadyExistsError,
+    SqliteCatalog,
+    StreamClaim,
+    StreamClaimConflict,
+)
+from catalog.records import DEFAULT_PROPERTIES
 from flush import ChannelProgress, CommitRecord
 from ingest_sdk import TableAlreadyExistsError, TableNotFoundError, TableSchema
 
@@ -86,3 +99,482 @@ def test_drop_and_retention(catalog):
     assert removed == 1
     assert [c.name for c in catalog.list_channels(table.id)] == ["c"]
     assert catalog.remove_inactive_channels(time.time() - 3600, keep=set()) == 0
+
+
+# --- Helpers for the tests that share one catalog file between processes -------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Run first in every child: its arguments are the catalog file, a barrier folder, the
+#: child's index, then the test's own. ``wait()`` returns once every child is ready, so
+#: their calls really race.
+_CHILD_PRELUDE = """
+import json, os, random, sys, time
+from pathlib import Path
+from catalog import SqliteCatalog, StreamClaim, StreamClaimConflict
+path, barrier, index, args = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
+catalog = SqliteCatalog(path)
+
+def wait():
+    (barrier / f"ready-{index}").touch()
+    while not (barrier / "go").exists():
+        time.sleep(0.001)
+"""
+
+
+def run_children(body, path, barrier, processes, *args):
+    """Run ``processes`` children on one catalog file, released together; their JSON."""
+    barrier.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD_PRELUDE + body, str(path), str(barrier), str(index), *map(str, args)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(processes)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(barrier.glob("ready-*"))) < processes:
+            if time.monotonic() > deadline or any(c.poll() is not None for c in children):
+                break  # a child died early: its stderr says why below
+            time.sleep(0.005)
+        (barrier / "go").touch()
+        outputs = []
+        for child in children:
+            out, err = child.communicate(timeout=60)
+            assert child.returncode == 0, err
+            outputs.append(json.loads(out))
+        return outputs
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+# --- Row-id reservations ---------------------------------------------------------------
+
+
+def test_reserve_row_ids(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    other = catalog.create_table("DB", "S", "U", "/w2", SCHEMA)
+    assert catalog.reserve_row_ids(table.id, 5) == 0
+    assert catalog.reserve_row_ids(table.id, 3) == 5  # right after the first block
+    assert catalog.reserve_row_ids(table.id, 1) == 8
+    assert catalog.get_table_by_id(table.id).next_row_id == 9
+    assert catalog.reserve_row_ids(other.id, 4) == 0  # one sequence per table
+    # Zero: where the sequence stands, without moving it.
+    assert catalog.reserve_row_ids(table.id, 0) == 9
+    assert catalog.reserve_row_ids(table.id, 0) == 9
+    assert catalog.get_table_by_id(table.id).next_row_id == 9
+    with pytest.raises(ValueError):
+        catalog.reserve_row_ids(table.id, -1)
+    assert catalog.get_table_by_id(table.id).next_row_id == 9  # nothing moved
+    missing = max(t.id for t in catalog.list_tables()) + 1000
+    with pytest.raises(TableNotFoundError):
+        catalog.reserve_row_ids(missing, 1)
+    catalog.drop_table(other.id)
+    with pytest.raises(TableNotFoundError):
+        catalog.reserve_row_ids(other.id, 1)
+    assert catalog.reserve_row_ids(table.id, 2) == 9  # the failures consumed nothing
+
+
+def test_apply_commit_moves_the_row_id_sequence_only_forward(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    assert catalog.reserve_row_ids(table.id, 4) == 0
+    catalog.apply_commit(table.id, record(1, next_row_id=100))  # a writer used ids up to 99
+    assert catalog.get_table_by_id(table.id).next_row_id == 100
+    assert catalog.reserve_row_ids(table.id, 10) == 100
+    catalog.apply_commit(table.id, record(2, next_row_id=50))  # behind the reservations
+    assert catalog.get_table_by_id(table.id).next_row_id == 110
+    assert catalog.reserve_row_ids(table.id, 1) == 110
+    catalog.apply_commit(table.id, record(3, next_row_id=111))  # exactly where it stands
+    assert catalog.reserve_row_ids(table.id, 1) == 111
+
+
+_RESERVE_CHILD = """
+table_id, rounds = int(args[0]), int(args[1])
+rng = random.Random(index)
+wait()
+reserved = []
+for _ in range(rounds):
+    count = rng.randint(1, 50)
+    reserved.append((catalog.reserve_row_ids(table_id, count), count))
+catalog.close()
+print(json.dumps(reserved))
+"""
+
+
+def test_row_id_reservations_are_unique_across_processes(catalog, tmp_path):
+    if not isinstance(catalog, SqliteCatalog):
+        pytest.skip("shares the catalog file between processes")
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    start = catalog.reserve_row_ids(table.id, 7) + 7
+    outputs = run_children(
+        _RESERVE_CHILD, tmp_path / "catalog.sqlite", tmp_path / "barrier", 4, table.id, 200
+    )
+    ranges = sorted((first, count) for output in outputs for first, count in output)
+    assert len(ranges) == 4 * 200
+    for (first, count), (following, _) in zip(ranges, ranges[1:], strict=False):
+        assert first + count <= following, f"[{first}, {first + count}) overlaps {following}"
+    # No one else reserved: the blocks tile the sequence from where it stood, no gaps.
+    assert ranges[0][0] == start
+    assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:], strict=False))
+    end = ranges[-1][0] + ranges[-1][1]
+    assert end == start + sum(count for _, count in ranges)
+    assert catalog.get_table_by_id(table.id).next_row_id == end
+
+
+# --- Rename and properties -------------------------------------------------------------
+
+
+def test_rename_keeps_the_id_and_streams(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    other = catalog.create_table("DB", "S", "U", "/w2", SCHEMA)
+    catalog.open_channel(table.id, "c")
+    catalog.reserve_row_ids(table.id, 12)
+    catalog.set_table_properties(table.id, {"change_tracking": True})
+    stream = catalog.create_stream("DB", "S", "ST", table.id, "default", 0)
+    before = catalog.get_table_by_id(table.id)
+
+    catalog.rename_table(table.id, "DB2", "S2", "T2")
+    renamed = catalog.get_table("DB2", "S2", "T2")
+    assert renamed == dataclasses.replace(before, database="DB2", schema_name="S2", name="T2")
+    assert catalog.get_table_by_id(table.id) == renamed
+    with pytest.raises(TableNotFoundError):
+        catalog.get_table("DB", "S", "T")
+    assert catalog.get_stream_by_id(stream.id) == stream  # still on the same table id
+    assert catalog.list_streams(table.id) == [stream]
+    assert catalog.get_channel(table.id, "c").generation == 1
+    assert catalog.reserve_row_ids(table.id, 1) == 12
+
+    # Onto a name that is taken: refused, and neither table changes.
+    other_before = catalog.get_table_by_id(other.id)
+    renamed = catalog.get_table_by_id(table.id)
+    with pytest.raises(TableAlreadyExistsError):
+        catalog.rename_table(table.id, "DB", "S", "U")
+    assert catalog.get_table_by_id(table.id) == renamed
+    assert catalog.get_table_by_id(other.id) == other_before
+    assert catalog.get_table("DB", "S", "U") == other_before
+    assert sorted(t.full_name for t in catalog.list_tables()) == ["DB.S.U", "DB2.S2.T2"]
+
+    # The old name is free again.
+    recreated = catalog.create_table("DB", "S", "T", "/w3", SCHEMA)
+    assert recreated.id not in (table.id, other.id)
+
+
+def test_table_properties_merge_into_defaults_and_persist(catalog, tmp_path):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    other = catalog.create_table("DB", "S", "U", "/w2", SCHEMA)
+    assert table.properties == DEFAULT_PROPERTIES
+    changed = catalog.set_table_properties(table.id, {"change_tracking": True})
+    assert changed.properties == {**DEFAULT_PROPERTIES, "change_tracking": True}
+    # A second call merges into the first, it does not replace it.
+    changed = catalog.set_table_properties(table.id, {"data_retention_time_in_days": 7})
+    expected = {**DEFAULT_PROPERTIES, "change_tracking": True, "data_retention_time_in_days": 7}
+    assert changed.properties == expected
+    assert changed == dataclasses.replace(table, properties=expected)  # nothing else moved
+    assert catalog.get_table("DB", "S", "T").properties == expected
+    assert catalog.get_table_by_id(table.id).properties == expected
+    assert catalog.get_table_by_id(other.id).properties == DEFAULT_PROPERTIES
+    assert DEFAULT_PROPERTIES["change_tracking"] is False  # the defaults were not mutated
+    missing = max(t.id for t in catalog.list_tables()) + 1000
+    with pytest.raises(TableNotFoundError):
+        catalog.set_table_properties(missing, {"change_tracking": True})
+    if isinstance(catalog, SqliteCatalog):
+        again = SqliteCatalog(tmp_path / "catalog.sqlite")
+        assert again.get_table_by_id(table.id).properties == expected
+        assert again.get_table_by_id(other.id).properties == DEFAULT_PROPERTIES
+        again.close()
+
+
+# --- Streams -------------------------------------------------------------------------
+
+
+def test_streams(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    other = catalog.create_table("DB", "S", "U", "/w2", SCHEMA)
+    before = time.time()
+    stream = catalog.create_stream("DB", "S", "ST", table.id, "default", 3, comment="note")
+    assert (stream.full_name, stream.table_id, stream.mode, stream.offset_version) == (
+        "DB.S.ST",
+        table.id,
+        "default",
+        3,
+    )
+    assert (stream.comment, stream.claimed_by) == ("note", None)
+    assert before <= stream.created_at == stream.offset_moved_at <= time.time()
+    assert catalog.get_stream("DB", "S", "ST") == stream
+    assert catalog.get_stream_by_id(stream.id) == stream
+    assert catalog.get_stream("DB", "S", "NOPE") is None
+    assert catalog.get_stream_by_id(stream.id + 1000) is None
+
+    appended = catalog.create_stream("DB", "S", "A", other.id, "append_only", 0)
+    elsewhere = catalog.create_stream("DB", "S2", "ST", other.id, "default", 1)  # same name
+    assert len({stream.id, appended.id, elsewhere.id}) == 3
+    assert catalog.list_streams(table.id) == [stream]
+    assert sorted(catalog.list_streams(other.id), key=lambda s: s.id) == [appended, elsewhere]
+    assert sorted(catalog.list_streams(), key=lambda s: s.id) == [stream, appended, elsewhere]
+
+    with pytest.raises(ObjectAlreadyExistsError):
+        catalog.create_stream("DB", "S", "ST", other.id, "append_only", 9)
+    assert catalog.get_stream("DB", "S", "ST") == stream  # unchanged
+    assert len(catalog.list_streams()) == 3
+
+    # Replace: a new stream (new id, the given offset), the old one is gone.
+    replaced = catalog.create_stream("DB", "S", "ST", other.id, "append_only", 0, replace=True)
+    assert replaced.id not in (stream.id, appended.id, elsewhere.id)
+    assert (replaced.table_id, replaced.mode, replaced.offset_version) == (
+        other.id,
+        "append_only",
+        0,
+    )
+    assert (replaced.comment, replaced.claimed_by) == ("", None)
+    assert catalog.get_stream_by_id(stream.id) is None
+    assert catalog.get_stream("DB", "S", "ST") == replaced
+    assert catalog.list_streams(table.id) == []
+    fresh = catalog.create_stream("DB", "S", "NEW", table.id, "default", 2, replace=True)
+    assert catalog.get_stream("DB", "S", "NEW") == fresh  # replace with nothing to replace
+
+    assert catalog.drop_stream(replaced.id) is True
+    assert catalog.drop_stream(replaced.id) is False
+    assert catalog.get_stream("DB", "S", "ST") is None
+    assert catalog.get_stream_by_id(replaced.id) is None
+    assert catalog.drop_stream(replaced.id + 1000) is False
+    recreated = catalog.create_stream("DB", "S", "ST", table.id, "default", 0)
+    assert recreated.id not in (stream.id, replaced.id)  # ids are never reused
+
+
+def test_drop_table_leaves_its_streams(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    stream = catalog.create_stream("DB", "S", "ST", table.id, "default", 4)
+    catalog.drop_table(table.id)
+    assert catalog.get_stream_by_id(stream.id) == stream
+    assert catalog.get_stream("DB", "S", "ST") == stream
+    assert catalog.list_streams(table.id) == [stream]
+    recreated = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    assert catalog.list_streams(recreated.id) == []  # stale: it points at the old id
+    assert catalog.drop_stream(stream.id) is True
+
+
+# --- Pending pipeline commits ----------------------------------------------------------
+
+
+def streams_of(catalog, *offsets):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    return [
+        catalog.create_stream("DB", "S", f"ST{i}", table.id, "default", offset)
+        for i, offset in enumerate(offsets)
+    ]
+
+
+def test_begin_commit_claims_its_streams(catalog):
+    first, second, third = streams_of(catalog, 3, 5, 0)
+    plan = {"insert": [{"table": "DB.S.T", "rows": [1, 2]}], "note": "x"}
+    claims = (StreamClaim(first.id, 3, 7), StreamClaim(third.id, 0, 1))
+    pending = catalog.begin_commit("123:abc", plan, claims)
+    assert (pending.owner, pending.plan, pending.claims) == ("123:abc", plan, claims)
+    assert catalog.pending_commits() == [pending]
+    assert catalog.get_stream_by_id(first.id) == dataclasses.replace(first, claimed_by=pending.id)
+    assert catalog.get_stream_by_id(third.id) == dataclasses.replace(third, claimed_by=pending.id)
+    assert catalog.get_stream_by_id(second.id) == second  # not claimed
+    # A commit on other streams goes ahead alongside.
+    beside = catalog.begin_commit("123:def", {}, [StreamClaim(second.id, 5, 6)])
+    assert beside.id != pending.id
+    assert sorted(catalog.pending_commits(), key=lambda p: p.id) == [pending, beside]
+    assert catalog.get_stream_by_id(second.id).claimed_by == beside.id
+
+
+def test_a_losing_begin_commit_records_nothing(catalog):
+    first, second, third = streams_of(catalog, 3, 5, 0)
+    held = catalog.begin_commit("1:a", {"n": 1}, [StreamClaim(first.id, 3, 7)])
+    state = catalog.list_streams()
+
+    # The free stream comes first: it must not stay claimed when the held one fails.
+    with pytest.raises(StreamClaimConflict) as lost:
+        catalog.begin_commit(
+            "2:b", {"n": 2}, [StreamClaim(second.id, 5, 6), StreamClaim(first.id, 3, 8)]
+        )
+    assert lost.value.stream_ids == [first.id]
+    assert catalog.pending_commits() == [held]
+    assert catalog.list_streams() == state
+
+    # An offset that is not the expected one loses too (a commit moved it meanwhile).
+    with pytest.raises(StreamClaimConflict) as lost:
+        catalog.begin_commit(
+            "2:b", {"n": 3}, [StreamClaim(third.id, 0, 1), StreamClaim(second.id, 4, 6)]
+        )
+    assert lost.value.stream_ids == [second.id]
+    with pytest.raises(StreamClaimConflict):
+        catalog.begin_commit("2:b", {"n": 4}, [StreamClaim(first.id + 1000, 0, 1)])  # gone
+    assert catalog.pending_commits() == [held]
+    assert catalog.list_streams() == state
+    # Still free to claim with the right offsets.
+    won = catalog.begin_commit("2:b", {}, [StreamClaim(second.id, 5, 6), StreamClaim(third.id, 0, 1)])
+    assert catalog.get_stream_by_id(second.id).claimed_by == won.id
+
+
+def test_finish_commit_moves_the_offsets_once(catalog):
+    first, second, untouched = streams_of(catalog, 3, 5, 0)
+    pending = catalog.begin_commit(
+        "1:a", {"n": 1}, [StreamClaim(first.id, 3, 7), StreamClaim(second.id, 5, 9)]
+    )
+    time.sleep(0.01)
+    before = time.time()
+    catalog.finish_commit(pending.id)
+    after = time.time()
+    moved_first, moved_second = (catalog.get_stream_by_id(s.id) for s in (first, second))
+    assert moved_first == dataclasses.replace(
+        first, offset_version=7, offset_moved_at=moved_first.offset_moved_at
+    )
+    assert moved_second == dataclasses.replace(
+        second, offset_version=9, offset_moved_at=moved_second.offset_moved_at
+    )
+    for moved, old in ((moved_first, first), (moved_second, second)):
+        assert old.offset_moved_at < before <= moved.offset_moved_at <= after
+    assert catalog.get_stream_by_id(untouched.id) == untouched
+    assert catalog.pending_commits() == []
+
+    catalog.finish_commit(pending.id)  # again (owner and recovery both try): no-op
+    assert catalog.get_stream_by_id(first.id) == moved_first
+    assert catalog.get_stream_by_id(second.id) == moved_second
+    assert catalog.pending_commits() == []
+
+    # The old offset is no longer claimable, the new one is.
+    with pytest.raises(StreamClaimConflict):
+        catalog.begin_commit("1:b", {}, [StreamClaim(first.id, 3, 8)])
+    following = catalog.begin_commit("1:b", {}, [StreamClaim(first.id, 7, 8)])
+    catalog.finish_commit(pending.id)  # a stale retry does not touch the new claim
+    assert catalog.get_stream_by_id(first.id) == dataclasses.replace(
+        moved_first, claimed_by=following.id
+    )
+    catalog.finish_commit(following.id)
+    assert catalog.get_stream_by_id(first.id).offset_version == 8
+
+
+def test_abandon_commit_releases_without_moving(catalog):
+    first, second = streams_of(catalog, 3, 5)
+    keep = catalog.begin_commit("1:keep", {}, [StreamClaim(second.id, 5, 6)])
+    pending = catalog.begin_commit("1:a", {"n": 1}, [StreamClaim(first.id, 3, 7)])
+    catalog.abandon_commit(pending.id)
+    assert catalog.get_stream_by_id(first.id) == first  # same offset and moved-at, unclaimed
+    assert catalog.pending_commits() == [keep]
+    assert catalog.get_stream_by_id(second.id).claimed_by == keep.id  # others keep theirs
+    catalog.finish_commit(pending.id)  # finishing an abandoned commit: no-op
+    assert catalog.get_stream_by_id(first.id) == first
+    catalog.abandon_commit(pending.id)  # twice: no-op
+    assert catalog.pending_commits() == [keep]
+    again = catalog.begin_commit("1:b", {}, [StreamClaim(first.id, 3, 4)])  # free again
+    catalog.finish_commit(again.id)
+    assert catalog.get_stream_by_id(first.id).offset_version == 4
+
+
+def test_a_replaced_stream_is_not_moved_by_the_old_streams_commit(catalog):
+    (stream,) = streams_of(catalog, 3)
+    pending = catalog.begin_commit("1:a", {}, [StreamClaim(stream.id, 3, 7)])
+    replaced = catalog.create_stream("DB", "S", "ST0", stream.table_id, "default", 3, replace=True)
+    assert replaced.claimed_by is None
+    catalog.finish_commit(pending.id)
+    assert catalog.get_stream_by_id(replaced.id) == replaced
+    assert catalog.pending_commits() == []
+
+
+_CLAIM_CHILD = """
+stream_ids = json.loads(args[0])
+wait()
+result = []
+for stream_id in stream_ids:
+    try:
+        plan = {"stream": stream_id, "child": index}
+        pending = catalog.begin_commit(f"{index}:x", plan, [StreamClaim(stream_id, 0, 1)])
+        result.append((stream_id, pending.id))
+    except StreamClaimConflict as exc:
+        assert exc.stream_ids == [stream_id], exc.stream_ids
+        result.append((stream_id, None))
+catalog.close()
+print(json.dumps(result))
+"""
+
+
+def test_racing_processes_claim_a_stream_once(catalog, tmp_path):
+    if not isinstance(catalog, SqliteCatalog):
+        pytest.skip("shares the catalog file between processes")
+    streams = streams_of(catalog, *[0] * 20)
+    ids = [s.id for s in streams]
+    outputs = run_children(
+        _CLAIM_CHILD, tmp_path / "catalog.sqlite", tmp_path / "barrier", 4, json.dumps(ids)
+    )
+    winners = {}  # stream id -> (child, commit id)
+    for child, output in enumerate(outputs):
+        assert [stream_id for stream_id, _ in output] == ids
+        for stream_id, commit_id in output:
+            if commit_id is not None:
+                assert stream_id not in winners, f"stream {stream_id} claimed twice"
+                winners[stream_id] = (child, commit_id)
+    assert sorted(winners) == sorted(ids)  # exactly one winner per stream
+    pending = {p.id: p for p in catalog.pending_commits()}
+    assert sorted(pending) == sorted(commit_id for _, commit_id in winners.values())
+    for stream_id, (child, commit_id) in winners.items():
+        assert pending[commit_id].owner == f"{child}:x"
+        assert pending[commit_id].plan == {"stream": stream_id, "child": child}
+        assert pending[commit_id].claims == (StreamClaim(stream_id, 0, 1),)
+        assert catalog.get_stream_by_id(stream_id).claimed_by == commit_id
+
+
+# --- Catalog files made by older versions ----------------------------------------------
+
+#: ``tables`` as the first release made it: no ``properties`` column.
+_OLD_TABLES = """
+CREATE TABLE tables (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
+    applied_version INTEGER NOT NULL DEFAULT 0, next_row_id INTEGER NOT NULL DEFAULT 0,
+    clustering TEXT NOT NULL DEFAULT '[]',
+    UNIQUE (database, schema_name, name));
+"""
+
+
+def test_a_catalog_without_table_properties_still_opens(tmp_path):
+    path = tmp_path / "old.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(_OLD_TABLES)
+    old.execute(
+        "INSERT INTO tables (database, schema_name, name, uri, columns, created_at,"
+        " applied_version, next_row_id, clustering) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        ("DB", "S", "T", "/w/DB/S/T", json.dumps(SCHEMA.declarations()), 1.5, 4, 42, '["ID"]'),
+    )
+    old.commit()
+    old.close()
+
+    catalog = SqliteCatalog(path)
+    try:
+        info = catalog.get_table("DB", "S", "T")
+        assert (info.full_name, info.uri, info.schema, info.created_at) == (
+            "DB.S.T",
+            "/w/DB/S/T",
+            SCHEMA,
+            1.5,
+        )
+        assert (info.applied_version, info.next_row_id, info.clustering) == (4, 42, ("ID",))
+        assert info.properties == DEFAULT_PROPERTIES
+        assert catalog.get_table_by_id(info.id) == info
+        assert [t.name for t in catalog.list_tables()] == ["T"]
+        assert catalog.reserve_row_ids(info.id, 3) == 42
+        changed = catalog.set_table_properties(info.id, {"change_tracking": True})
+        assert changed.properties == {**DEFAULT_PROPERTIES, "change_tracking": True}
+        assert catalog.create_table("DB", "S", "U", "/w", SCHEMA).properties == DEFAULT_PROPERTIES
+        assert catalog.create_stream("DB", "S", "ST", info.id, "default", 4).table_id == info.id
+    finally:
+        catalog.close()
+    again = SqliteCatalog(path)  # the upgraded file opens again
+    try:
+        assert again.get_table("DB", "S", "T").properties["change_tracking"] is True
+        assert again.get_table("DB", "S", "T").next_row_id == 45
+    finally:
+        again.close()

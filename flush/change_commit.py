@@ -1,0 +1,256 @@
+"""Committing a change set to a Delta table: the one Delta write of the pipeline layer.
+
+A change set is keyed by the hidden row id: the new state of rows inserted or updated
+(``rows``) and the ids of rows deleted (``deleted``). Inserts alone are an append of
+one Parquet file; anything else is one delta-rs ``merge`` on the row id. Either way the
+commit carries the consumer's app transactions (one per stream it consumed) and
+metadata naming the pipeline commit, so a replay finds it and never applies it twice.
+An empty change set still commits (an empty commit), because the app transactions
+must land even when a consumption wrote no row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction, RemoveAction
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from flush.parquet_files import WrittenFile, write_parquet_file
+from flush.tables import ROW_ID_COLUMN
+
+__all__ = [
+    "PIPELINE_METADATA_KEY",
+    "ChangeSet",
+    "ConcurrentChangeError",
+    "StagedChange",
+    "TxnVersionError",
+    "changed_row_ids",
+    "commit_staged",
+    "landed_version",
+    "stage_change_set",
+]
+
+PIPELINE_METADATA_KEY = "ingest.pipelines"
+_OP = "__INGEST_OP"
+
+
+class ConcurrentChangeError(RuntimeError):
+    """Another writer changed rows this change set updates or deletes, after it was computed."""
+
+
+class TxnVersionError(RuntimeError):
+    """A consumer would move an app transaction backwards (delta-rs would accept it)."""
+
+
+@dataclass(slots=True)
+class ChangeSet:
+    """Rows to write to one table, keyed by the hidden row id.
+
+    Attributes:
+        rows: the new state of inserted and updated rows (the table's Delta schema).
+        deleted: ids of deleted rows.
+        new_ids: ids in ``rows`` that no earlier version holds (inserts).
+    """
+
+    rows: pa.Table
+    deleted: pa.Array = field(default_factory=lambda: pa.array([], pa.int64()))
+    new_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.int64()))
+
+    @property
+    def is_append(self) -> bool:
+        """Only inserts: an append that no concurrent writer can conflict with."""
+        return len(self.deleted) == 0 and len(self.new_ids) == self.rows.num_rows
+
+    def touched_ids(self) -> pa.Array:
+        """Ids of existing rows this change set updates or deletes."""
+        updated = self.rows.column(ROW_ID_COLUMN).combine_chunks()
+        existing = updated.filter(pc.invert(pc.is_in(updated, value_set=self.new_ids)))
+        return pa.concat_arrays([existing.cast(pa.int64()), self.deleted.cast(pa.int64())])
+
+
+def landed_version(table: DeltaTable, commit_id: int, after_version: int) -> int | None:
+    """The version of the pipeline commit ``commit_id`` if it is in the log after
+    ``after_version`` (a replay must not apply it twice)."""
+    newest = table.version()
+    if newest <= after_version:
+        return None
+    for entry in table.history(limit=newest - after_version):
+        text = entry.get(PIPELINE_METADATA_KEY)
+        if (
+            entry.get("version", -1) > after_version
+            and text is not None
+            and orjson.loads(text).get("commit") == commit_id
+        ):
+            return int(entry["version"])
+    return None
+
+
+def changed_row_ids(table_uri: str, after_version: int, to_version: int) -> pa.Array:
+    """Ids of rows updated or deleted by commits in ``(after_version, to_version]``
+    (from the change data feed; compaction does not count)."""
+    if to_version <= after_version:
+        return pa.array([], pa.int64())
+    events = pa.table(
+        DeltaTable(table_uri).load_cdf(
+            starting_version=after_version + 1, ending_version=to_version
+        )
+    )
+    kinds = events.column("_change_type").cast(pa.string())
+    mask = pc.is_in(kinds, value_set=pa.array(["delete", "update_preimage"]))
+    return events.column(ROW_ID_COLUMN).filter(mask).combine_chunks()
+
+
+def _check_txns(table: DeltaTable, app_transactions: dict[str, int]) -> None:
+    for app_id, version in app_transactions.items():
+        landed = table.transaction_version(app_id)
+        if landed is not None and landed > version:
+            raise TxnVersionError(
+                f"{app_id} is already at version {landed} in {table.table_uri}; "
+                f"refusing to move it back to {version}"
+            )
+
+
+def _quoted(name: str) -> str:
+    """A column name as DataFusion (delta-rs' SQL) reads it: quoted keeps its case."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class StagedChange:
+    """A change set written to disk before its commit, so recovery can roll it forward.
+
+    ``kind`` is ``append`` (``path`` is the data file the commit adds) or ``merge``
+    (``path`` holds the rows with an operation column: U upsert, D delete).
+    """
+
+    kind: str
+    path: str  # relative to the table folder
+    size: int
+    rows: int
+    stats: str
+    touched: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_dict(cls, value: dict[str, object]) -> StagedChange:
+        return cls(**{**value, "touched": tuple(value.get("touched", ()))})  # type: ignore[arg-type]
+
+
+def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
+    """Write ``change`` under the table's ``_ingest/`` folder (fsync'd). An append's file
+    is the data file its commit adds; a merge's is the source of the merge. An unused
+    file is unreferenced by the log, and maintenance's vacuum removes it in time."""
+    if change.is_append:
+        written = write_parquet_file(table_uri, change.rows)
+        return StagedChange("append", written.path, written.size, written.rows, written.stats)
+    arrow_schema = change.rows.schema
+    deletes = pa.table(
+        {
+            name: (
+                change.deleted.cast(pa.int64())
+                if name == ROW_ID_COLUMN
+                else pa.nulls(len(change.deleted), arrow_schema.field(name).type)
+            )
+            for name in arrow_schema.names
+        },
+        schema=arrow_schema,
+    )
+    source = pa.concat_tables([change.rows, deletes]).append_column(
+        _OP, pa.array(["U"] * change.rows.num_rows + ["D"] * deletes.num_rows)
+    )
+    written = write_parquet_file(table_uri, source, use_dictionary=True)
+    touched = tuple(change.touched_ids().to_pylist())
+    return StagedChange("merge", written.path, written.size, written.rows, "", touched)
+
+
+def _merge(table: DeltaTable, source: pa.Table, properties: CommitProperties) -> None:
+    names = [n for n in source.schema.names if n != _OP]
+    values = {_quoted(n): f"s.{_quoted(n)}" for n in names}
+    row_id = _quoted(ROW_ID_COLUMN)
+    (
+        table.merge(
+            source,
+            f"t.{row_id} = s.{row_id}",
+            source_alias="s",
+            target_alias="t",
+            commit_properties=properties,
+        )
+        .when_matched_delete(predicate=f"s.{_OP} = 'D'")
+        .when_matched_update(updates=values, predicate=f"s.{_OP} = 'U'")
+        .when_not_matched_insert(updates=values, predicate=f"s.{_OP} = 'U'")
+        .execute()
+    )
+
+
+def commit_staged(
+    table_uri: str,
+    staged: StagedChange | None,
+    *,
+    commit_id: int,
+    base_version: int,
+    app_transactions: dict[str, int],
+    metadata: dict[str, object],
+) -> int:
+    """Apply a staged change set (None: nothing but the app transactions) to the table
+    in one Delta commit; returns its version.
+
+    Idempotent: if the log already holds pipeline commit ``commit_id`` after
+    ``base_version`` (the version the change set was computed on), that version is
+    returned and nothing is written. A merge that loses a race with another writer
+    (delta-rs reports a conflict) is retried on the newest version, after checking that
+    no commit since ``base_version`` changed a row this change set updates or deletes.
+
+    Raises:
+        ConcurrentChangeError: another writer changed a row this change set touches.
+        TxnVersionError: an app transaction would move backwards.
+    """
+    properties = CommitProperties(
+        custom_metadata={
+            PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "commit": commit_id}).decode()
+        },
+        app_transactions=[Transaction(app, version) for app, version in app_transactions.items()],
+    )
+    for attempt in Retrying(
+        retry=retry_if_exception_type(CommitFailedError),
+        stop=stop_after_attempt(10),
+        wait=wait_random_exponential(multiplier=0.05, max=2),
+        reraise=True,
+    ):
+        with attempt:
+            table = DeltaTable(table_uri)
+            if (landed := landed_version(table, commit_id, base_version)) is not None:
+                return landed
+            _check_txns(table, app_transactions)
+            if staged is None or staged.kind == "append":
+                actions: list[AddAction | RemoveAction] = []
+                if staged is not None and staged.rows:
+                    actions.append(
+                        WrittenFile(staged.path, staged.size, staged.rows, staged.stats)
+                        .add_action()
+                    )  # fmt: skip
+                table.create_write_transaction(
+                    actions, "append", table.schema(), commit_properties=properties
+                )
+            else:
+                if table.version() > base_version and staged.touched:
+                    changed = changed_row_ids(table_uri, base_version, table.version())
+                    touched = pa.array(staged.touched, pa.int64())
+                    if pc.any(pc.is_in(changed, value_set=touched)).as_py():
+                        raise ConcurrentChangeError(
+                            "rows this statement changes were changed by another writer after "
+                            f"version {base_version}; run the statement again"
+                        )
+                source = pq.read_table(f"{table_uri}/{staged.path}")
+                _merge(table, source, properties)
+    version = landed_version(DeltaTable(table_uri), commit_id, base_version)
+    assert version is not None, "the commit landed but is not in the log"
+    return version

@@ -1,0 +1,155 @@
+"""Binding a query's names to our objects: each table, stream or CHANGES clause a query
+names becomes a Spark temporary view of what the transaction sees, and the query text
+is rewritten to read those views. Spark then evaluates the query as written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from catalog import TableInfo
+from pipelines.changes import ChangeMode
+from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.statements import quote_metadata_columns
+from pipelines.transaction import Transaction
+
+if TYPE_CHECKING:
+    from pipelines.session import Session
+
+__all__ = ["Binder", "parse"]
+
+_VIEW_NUMBERS = itertools.count(1)
+
+
+def parse(text: str) -> exp.Expression:
+    """One statement as sqlglot's Spark dialect reads it (after quoting METADATA$ names).
+
+    Raises:
+        SqlError: a syntax error, with sqlglot's description of where.
+    """
+    try:
+        trees = sqlglot.parse(quote_metadata_columns(text), read="spark")
+    except ParseError as exc:
+        raise SqlError(f"SQL compilation error: {exc}", "SQL_COMPILATION_ERROR") from None
+    found = [t for t in trees if t is not None]
+    if len(found) != 1:
+        raise SqlError(
+            f"expected one statement, got {len(found)}; send statements one at a time",
+            "SQL_COMPILATION_ERROR",
+        )
+    return found[0]
+
+
+def _part(identifier: exp.Identifier | None) -> str | None:
+    if identifier is None or not isinstance(identifier, exp.Identifier):
+        return None
+    return identifier.name if identifier.quoted else identifier.name.upper()
+
+
+class Binder:
+    """Binds the names of one statement in one transaction."""
+
+    def __init__(self, session: Session, txn: Transaction) -> None:
+        self.session = session
+        self.txn = txn
+        self.streams: list[int] = []
+
+    def names(self, table: exp.Table) -> tuple[str, str, str]:
+        """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE``."""
+        name = _part(table.this) if isinstance(table.this, exp.Identifier) else None
+        if name is None:
+            raise SqlError(f"cannot read from {table.sql('spark')!r}", "SQL_COMPILATION_ERROR")
+        schema = _part(table.args.get("db")) or self.session.schema
+        database = _part(table.args.get("catalog")) or self.session.database
+        return database, schema, name
+
+    def table(self, table: exp.Table) -> TableInfo:
+        database, schema, name = self.names(table)
+        try:
+            return self.session.catalog.get_table(database, schema, name)
+        except Exception:
+            raise ObjectNotFoundError(
+                f"table {database}.{schema}.{name} does not exist; check the name (unquoted "
+                "names are upper-cased; USE DATABASE/SCHEMA sets the defaults) or create it"
+            ) from None
+
+    def view(self, frame: object, table: exp.Table) -> exp.Table:
+        """Register ``frame`` as a temporary view; the reference that replaces ``table``."""
+        view = f"ingest_v{next(_VIEW_NUMBERS)}"
+        frame.createOrReplaceTempView(view)  # type: ignore[attr-defined]
+        self.session.views.append(view)
+        alias = table.args.get("alias") or exp.TableAlias(
+            this=exp.to_identifier(table.name, quoted=True)
+        )
+        return exp.Table(this=exp.to_identifier(view), alias=alias)
+
+    def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
+        """Replace every table, stream and CHANGES reference in ``tree`` (in place) but
+        ``skip`` (a DML target) and CTE names; record the streams read."""
+        ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
+        for table in list(tree.find_all(exp.Table)):
+            if table is skip or not isinstance(table.this, exp.Identifier):
+                continue
+            if not table.args.get("db") and table.name.upper() in ctes:
+                continue
+            table.replace(self._frame_for(table))
+        return tree
+
+    def _frame_for(self, table: exp.Table) -> exp.Table:
+        changes = table.args.get("changes")
+        if changes is not None:
+            return self.view(self._changes(table, changes), table)
+        database, schema, name = self.names(table)
+        stream = self.session.catalog.get_stream(database, schema, name)
+        try:
+            info = self.session.catalog.get_table(database, schema, name)
+        except Exception:
+            info = None
+        if info is not None:
+            return self.view(self.txn.table_frame(info), table)
+        if stream is not None:
+            self.streams.append(stream.id)
+            self.session.check_stream_fresh(stream)
+            return self.view(self.txn.stream_frame(stream, ChangeMode(stream.mode)), table)
+        raise ObjectNotFoundError(
+            f"object {database}.{schema}.{name} does not exist: no table or stream of that "
+            "name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
+        )
+
+    def _changes(self, table: exp.Table, changes: exp.Changes) -> object:
+        from pipelines.changes import read_changes
+
+        info = self.table(table)
+        information = changes.args.get("information")
+        mode_name = information.name.upper() if information is not None else "DEFAULT"
+        try:
+            mode = ChangeMode(mode_name)
+        except ValueError:
+            raise SqlError(
+                f"CHANGES(INFORMATION => {mode_name}) is not supported; use DEFAULT, "
+                "APPEND_ONLY or APPEND_ONLY_FINAL",
+                "SQL_COMPILATION_ERROR",
+            ) from None
+        start = changes.args.get("at_before")
+        if start is None:
+            raise SqlError(
+                "a CHANGES clause needs AT(...) or BEFORE(...) to say where the changes start",
+                "SQL_COMPILATION_ERROR",
+            )
+        after = self.session.point(info, start.this.upper(), start.args["kind"].upper(),
+                                   start.expression)  # fmt: skip
+        end = changes.args.get("end")
+        to = self.txn.version(info)
+        if end is not None:
+            to = self.session.point(info, "AT", end.args["kind"].upper(), end.expression)
+        if to < after:
+            raise SqlError(
+                f"the CHANGES clause ends (version {to}) before it starts (version {after})",
+                "SQL_COMPILATION_ERROR",
+            )
+        return read_changes(self.session.spark, info.uri, info.schema, after, to, mode)

@@ -1,0 +1,281 @@
+"""Statements about objects: tables, streams, SHOW, DESCRIBE, USE, ALTER.
+
+Each handler takes the session and the classified statement and returns a DataFrame
+(a status row, or the rows of SHOW/DESCRIBE), as the reference system answers.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from deltalake import DeltaTable
+
+from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo
+from flush import create_catalog_table, drop_table
+from ingest_sdk import TableSchema
+from ingest_sdk.schema import check_object_name
+from pipelines.changes import ChangeMode
+from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.statements import Statement, split_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipelines.session import Session
+
+__all__ = ["HANDLERS"]
+
+_SETTINGS = {
+    "CHANGE_TRACKING": ("change_tracking", None),
+    "DATA_RETENTION_TIME_IN_DAYS": ("data_retention_time_in_days", (0, 90)),
+    "MAX_DATA_EXTENSION_TIME_IN_DAYS": ("max_data_extension_time_in_days", (0, 90)),
+}
+_STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
+                 "TRUE": ChangeMode.APPEND_ONLY, "FINAL": ChangeMode.APPEND_ONLY_FINAL}  # fmt: skip
+
+
+def _status(session: Session, message: str) -> DataFrame:
+    return session.spark.createDataFrame([(message,)], "status STRING")
+
+
+def _literal(text: str | None) -> str:
+    return "" if text is None else text[1:-1].replace("''", "'")
+
+
+def _split_columns(text: str) -> list[str]:
+    """Column definitions at the top level of ``(...)`` (commas inside parentheses or
+    quotes stay)."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _table_schema(text: str) -> TableSchema:
+    declarations: dict[str, str] = {}
+    for definition in _split_columns(text):
+        match = re.fullmatch(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s+(.+)', definition, re.S)
+        if match is None:
+            raise SqlError(
+                f"cannot read the column definition {definition[:80]!r}; write NAME TYPE "
+                "[NOT NULL], e.g. ID NUMBER(38,0) NOT NULL",
+                "SQL_COMPILATION_ERROR",
+            )
+        declarations[match.group(1)] = match.group(2)
+    return TableSchema.parse(declarations)
+
+
+def create_table(session: Session, statement: Statement) -> DataFrame:
+    parts = statement.parts
+    database, schema_name, name = session.qualify(parts["name"] or "")
+    schema = _table_schema(parts["columns"] or "")
+    existing = session.find_table(database, schema_name, name)
+    if existing is not None and parts["replace"]:
+        if parts["if_not_exists"]:
+            raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        _drop(session, existing)
+    info, created = create_catalog_table(
+        session.catalog, session.warehouse, database, schema_name, name, schema,
+        if_not_exists=bool(parts["if_not_exists"]),
+    )  # fmt: skip
+    if not created:
+        return _status(session, f"{info.name} already exists, statement succeeded.")
+    return _status(session, f"Table {info.name} successfully created.")
+
+
+def _drop(session: Session, info: TableInfo) -> None:
+    session.catalog.drop_table(info.id)
+    drop_table(info.uri, session.warehouse)
+
+
+def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
+    database, schema_name, name = session.qualify(statement.parts["name"] or "")
+    info = session.find_table(database, schema_name, name)
+    if info is None:
+        if statement.parts["if_exists"]:
+            return _status(session, "Drop statement executed successfully (table did not exist).")
+        raise ObjectNotFoundError(f"table {database}.{schema_name}.{name} does not exist")
+    _drop(session, info)
+    return _status(session, f"{info.name} successfully dropped.")
+
+
+def rename_table(session: Session, statement: Statement) -> DataFrame:
+    info = session.require_table(statement.parts["name"] or "")
+    database, schema_name, name = session.qualify(statement.parts["new"] or "")
+    check_object_name(name, "the table name")
+    session.catalog.rename_table(info.id, database, schema_name, name)
+    return _status(session, "Statement executed successfully.")
+
+
+def alter_table_set(session: Session, statement: Statement) -> DataFrame:
+    info = session.require_table(statement.parts["name"] or "")
+    properties: dict[str, Any] = {}
+    for key, value in re.findall(
+        r"([A-Za-z_]+)\s*=\s*([^\s,]+)", statement.parts["settings"] or ""
+    ):
+        setting = _SETTINGS.get(key.upper())
+        if setting is None:
+            raise SqlError(f"unsupported table setting {key}; supported: {', '.join(_SETTINGS)}",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        field, bounds = setting
+        if bounds is None:
+            if value.upper() not in ("TRUE", "FALSE"):
+                raise SqlError(f"{key} must be TRUE or FALSE, got {value}", "SQL_COMPILATION_ERROR")
+            properties[field] = value.upper() == "TRUE"
+        else:
+            if not value.isdigit() or not bounds[0] <= int(value) <= bounds[1]:
+                raise SqlError(f"{key} must be a whole number of days from {bounds[0]} to "
+                               f"{bounds[1]}, got {value}", "SQL_COMPILATION_ERROR")  # fmt: skip
+            properties[field] = int(value)
+    session.catalog.set_table_properties(info.id, properties)
+    return _status(session, "Statement executed successfully.")
+
+
+def show_tables(session: Session, statement: Statement) -> DataFrame:
+    pattern = _like(statement.parts.get("like"))
+    rows = [
+        (_time(t.created_at), t.name, t.database, t.schema_name, "TABLE",
+         "ON" if t.properties["change_tracking"] else "OFF",
+         t.properties["data_retention_time_in_days"])
+        for t in session.catalog.list_tables() if pattern(t.name)
+    ]  # fmt: skip
+    schema = ("created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
+              "kind STRING, change_tracking STRING, retention_time BIGINT")  # fmt: skip
+    return session.spark.createDataFrame(rows, schema)
+
+
+def describe_table(session: Session, statement: Statement) -> DataFrame:
+    info = session.require_table(statement.parts["name"] or "")
+    rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
+    return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
+
+
+def _like(pattern: str | None) -> Any:
+    if pattern is None:
+        return lambda name: True
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c)
+                    for c in _literal(pattern))  # fmt: skip
+    return lambda name: re.fullmatch(regex, name, re.I | re.S) is not None
+
+
+def _time(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+
+
+def create_stream(session: Session, statement: Statement) -> DataFrame:
+    parts = statement.parts
+    database, schema_name, name = session.qualify(parts["name"] or "")
+    check_object_name(name, "the stream name")
+    info = session.require_table(parts["table"] or "")
+    if session.find_table(database, schema_name, name) is not None:
+        raise SqlError(f"a table named {database}.{schema_name}.{name} exists; a stream needs "
+                       "a name no table has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    if parts["replace"] and parts["if_not_exists"]:
+        raise SqlError(
+            "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
+        )
+    existing = session.catalog.get_stream(database, schema_name, name)
+    if existing is not None and parts["if_not_exists"]:
+        return _status(session, f"{name} already exists, statement succeeded.")
+    mode = _STREAM_MODES[(parts["append_only"] or "").upper() or None]
+    offset = DeltaTable(info.uri).version()
+    if parts["at_kind"]:
+        offset = session.point(info, parts["at_kind"].upper(), (parts["point_kind"] or "").upper(),
+                               parts["point"] or "")  # fmt: skip
+    if not info.properties["change_tracking"]:
+        session.catalog.set_table_properties(info.id, {"change_tracking": True})
+    try:
+        session.catalog.create_stream(
+            database, schema_name, name, info.id, mode.value, offset,
+            comment=_literal(parts["comment"]), replace=bool(parts["replace"]),
+        )  # fmt: skip
+    except ObjectAlreadyExistsError as exc:
+        raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
+    return _status(session, f"Stream {name} successfully created.")
+
+
+def drop_stream(session: Session, statement: Statement) -> DataFrame:
+    database, schema_name, name = session.qualify(statement.parts["name"] or "")
+    stream = session.catalog.get_stream(database, schema_name, name)
+    if stream is None:
+        if statement.parts["if_exists"]:
+            return _status(session, "Drop statement executed successfully (stream did not exist).")
+        raise ObjectNotFoundError(f"stream {database}.{schema_name}.{name} does not exist")
+    session.catalog.drop_stream(stream.id)
+    return _status(session, f"{name} successfully dropped.")
+
+
+_STREAM_SCHEMA = (
+    "created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
+    "comment STRING, table_name STRING, type STRING, stale BOOLEAN, mode STRING, "
+    "stale_after TIMESTAMP, offset_version BIGINT"
+)
+
+
+def _stream_row(session: Session, stream: StreamRecord) -> tuple[Any, ...]:
+    table = session.catalog.get_table_by_id(stream.table_id)
+    stale, stale_after = session.staleness(stream, table)
+    return (_time(stream.created_at), stream.name, stream.database, stream.schema_name,
+            stream.comment, table.full_name if table else None, "DELTA", stale, stream.mode,
+            _time(stale_after), stream.offset_version)  # fmt: skip
+
+
+def show_streams(session: Session, statement: Statement) -> DataFrame:
+    pattern = _like(statement.parts.get("like"))
+    rows = [_stream_row(session, s) for s in session.catalog.list_streams() if pattern(s.name)]
+    return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
+
+
+def describe_stream(session: Session, statement: Statement) -> DataFrame:
+    stream = session.require_stream(statement.parts["name"] or "")
+    return session.spark.createDataFrame([_stream_row(session, stream)], _STREAM_SCHEMA)
+
+
+def use(session: Session, statement: Statement) -> DataFrame:
+    parts = split_name(statement.parts["name"] or "")
+    what = (statement.parts["what"] or ("SCHEMA" if len(parts) == 2 else "DATABASE")).upper()
+    for part in parts:
+        check_object_name(part, "the name")
+    if what == "DATABASE" and len(parts) == 1:
+        session.database = parts[0]
+    elif what == "SCHEMA" and len(parts) == 1:
+        session.schema = parts[0]
+    elif what == "SCHEMA" and len(parts) == 2:
+        session.database, session.schema = parts
+    else:
+        raise SqlError(f"USE {what} takes {'one' if what == 'DATABASE' else 'one or two'} "
+                       "name part(s)", "SQL_COMPILATION_ERROR")  # fmt: skip
+    return _status(session, "Statement executed successfully.")
+
+
+HANDLERS = {
+    "create_table": create_table,
+    "drop_table": drop_table_statement,
+    "rename_table": rename_table,
+    "alter_table_set": alter_table_set,
+    "show_tables": show_tables,
+    "describe_table": describe_table,
+    "create_stream": create_stream,
+    "drop_stream": drop_stream,
+    "show_streams": show_streams,
+    "describe_stream": describe_stream,
+    "use": use,
+}

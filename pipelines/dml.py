@@ -1,0 +1,222 @@
+"""INSERT, UPDATE, DELETE and MERGE: Spark computes what changes, as rows keyed by the
+hidden row id; the transaction stages them and commits them through ``flush``.
+
+Each statement becomes one Spark query over the transaction's view of the target
+(with its row ids) and its sources: for UPDATE the new state of every matching row,
+for DELETE the ids of the matching rows, for MERGE the clause each source row takes.
+Results are checked with the ingest conversion rules (types, lengths, NOT NULL), so a
+row inserted by SQL is stored exactly as the same row ingested through a channel.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from sqlglot import exp
+
+from catalog import TableInfo
+from flush.change_commit import ChangeSet
+from flush.tables import ROW_ID_COLUMN, delta_schema
+from ingest_sdk.batch_check import check_arrow_batch
+from ingest_sdk.schema import Column
+from pipelines.binding import Binder
+from pipelines.errors import SqlError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipelines.session import Session
+    from pipelines.transaction import Transaction
+
+__all__ = ["run_delete", "run_insert", "run_merge", "run_update"]
+
+_RID = f"`{ROW_ID_COLUMN}`"
+
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _column(info: TableInfo, identifier: exp.Expression) -> Column:
+    """The target column an assignment or column list names (identifier rules)."""
+    node = identifier.this if isinstance(identifier, exp.Column) else identifier
+    name = node.name if getattr(node, "quoted", False) else node.name.upper()
+    column = info.schema.find(name) or info.schema.find(node.name)
+    if column is None:
+        raise SqlError(
+            f"invalid identifier {node.name!r}: table {info.full_name} has the columns "
+            f"{', '.join(info.schema.names)}",
+            "SQL_COMPILATION_ERROR",
+        )
+    return column
+
+
+def _rows(session: Session, info: TableInfo, data: pa.Table, new: bool = False) -> pa.Table:
+    """A result (the table's columns in order, then the row id unless ``new``) as the
+    table's rows, checked by the ingest conversion rules. New rows get ids from the
+    table's sequence, reserved in the catalog."""
+    names = info.schema.names
+    user = data.select(list(range(len(names)))).rename_columns(names)
+    checked = check_arrow_batch(info.schema, user)
+    target = delta_schema(info.schema)
+    if new:
+        first = session.catalog.reserve_row_ids(info.id, checked.num_rows)
+        ids = pa.array(range(first, first + checked.num_rows), pa.int64())
+    else:
+        ids = data.column(len(names)).combine_chunks().cast(pa.int64())
+    return checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
+
+
+def _result(session: Session, **counts: int) -> DataFrame:
+    names = [name.replace("_", " ") for name in counts]
+    schema = ", ".join(f"`{name}` BIGINT" for name in names)
+    return session.spark.createDataFrame([tuple(counts.values())], schema)
+
+
+def _target(binder: Binder, txn: Transaction, table: exp.Table) -> tuple[TableInfo, str, str]:
+    """The DML target, the view of it with row ids, and the alias statements use."""
+    info = binder.table(table)
+    alias = table.alias or table.name
+    view = binder.view(txn.table_frame(info, row_ids=True), table)
+    return info, view.name, _q(alias)
+
+
+def _sql(node: exp.Expression | None) -> str:
+    return node.sql("spark") if node is not None else ""
+
+
+def run_insert(session: Session, txn: Transaction, tree: exp.Insert) -> DataFrame:
+    binder = Binder(session, txn)
+    target = tree.this
+    listed = target.expressions if isinstance(target, exp.Schema) else []
+    table = target.this if isinstance(target, exp.Schema) else target
+    info = binder.table(table)
+    query = binder.bind(tree.expression)
+    frame = session.run_spark(_sql(query))
+    columns = [_column(info, c) for c in listed] if listed else list(info.schema.columns)
+    if len(frame.columns) != len(columns):
+        raise SqlError(
+            f"INSERT into {info.full_name} names {len(columns)} column(s) but the query "
+            f"gives {len(frame.columns)}; list the target columns or match the query to them",
+            "SQL_COMPILATION_ERROR",
+        )
+    given = {c.name: frame.columns[i] for i, c in enumerate(columns)}
+    from pyspark.sql import functions as F
+
+    frame = frame.select(
+        *[
+            (F.col(_q(given[c.name])) if c.name in given else F.lit(None)).alias(c.name)
+            for c in info.schema.columns
+        ]
+    )
+    rows = _rows(session, info, frame.toArrow(), new=True)
+    txn.stage(info, ChangeSet(rows, new_ids=rows.column(ROW_ID_COLUMN).combine_chunks()))
+    session.consumed(txn, binder)
+    return _result(session, number_of_rows_inserted=rows.num_rows)
+
+
+def run_update(session: Session, txn: Transaction, tree: exp.Update) -> DataFrame:
+    binder = Binder(session, txn)
+    binder.bind(tree, skip=tree.this)
+    info, view, alias = _target(binder, txn, tree.this)
+    assigned = {}
+    for assignment in tree.expressions:
+        column = _column(info, assignment.this)
+        assigned[column.name] = _sql(assignment.expression)
+    values = [f"{assigned.get(c, f'{alias}.{_q(c)}')} AS {_q(c)}" for c in info.schema.names]
+    sources = tree.args.get("from_") or tree.args.get("from")
+    extra = f", {_sql(sources)[len('FROM ') :]}" if sources is not None else ""
+    where = f" {_sql(tree.args.get('where'))}" if tree.args.get("where") else ""
+    text = f"SELECT {', '.join(values)}, {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
+    # A row matched by several source rows is updated once (by one of them).
+    frame = session.run_spark(text).dropDuplicates([ROW_ID_COLUMN])
+    rows = _rows(session, info, frame.toArrow())
+    txn.stage(info, ChangeSet(rows))
+    session.consumed(txn, binder)
+    return _result(session, number_of_rows_updated=rows.num_rows,
+                   number_of_multi_joined_rows_updated=0)  # fmt: skip
+
+
+def run_delete(session: Session, txn: Transaction, tree: exp.Delete) -> DataFrame:
+    binder = Binder(session, txn)
+    binder.bind(tree, skip=tree.this)
+    info, view, alias = _target(binder, txn, tree.this)
+    using = tree.args.get("using")
+    extra = f", {', '.join(_sql(u) for u in using)}" if using else ""
+    where = f" {_sql(tree.args.get('where'))}" if tree.args.get("where") else ""
+    text = f"SELECT DISTINCT {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
+    ids = session.run_spark(text).toArrow().column(0).combine_chunks().cast(pa.int64())
+    txn.stage(info, ChangeSet(delta_schema(info.schema).empty_table(), deleted=ids))
+    session.consumed(txn, binder)
+    return _result(session, number_of_rows_deleted=len(ids))
+
+
+def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
+    binder = Binder(session, txn)
+    binder.bind(tree, skip=tree.this)
+    info, view, alias = _target(binder, txn, tree.this)
+    source = _sql(tree.args["using"])
+    on = _sql(tree.args["on"])
+    clauses, kinds = [], []
+    for index, when in enumerate(tree.args["whens"].expressions):
+        if when.args.get("source"):
+            raise SqlError("WHEN NOT MATCHED BY SOURCE is not supported", "SQL_COMPILATION_ERROR")
+        matched = f"{alias}.{_RID} IS {'NOT ' if when.args.get('matched') else ''}NULL"
+        condition = when.args.get("condition")
+        clauses.append(
+            f"WHEN {matched}{f' AND ({_sql(condition)})' if condition else ''} THEN {index}"
+        )
+        kinds.append(when)
+    choice = f"CASE {' '.join(clauses)} END"
+    values = []
+    for name in info.schema.names:
+        branches = []
+        for index, when in enumerate(kinds):
+            then = when.args["then"]
+            if isinstance(then, exp.Update):
+                assigned = {
+                    _column(info, a.this).name: _sql(a.expression) for a in then.expressions
+                }
+                branches.append(f"WHEN {index} THEN {assigned.get(name, f'{alias}.{_q(name)}')}")
+            elif isinstance(then, exp.Insert):
+                listed = then.this.expressions if then.this is not None else []
+                names = [_column(info, c).name for c in listed] or info.schema.names
+                given = dict(zip(names, then.expression.expressions, strict=False))
+                if len(names) != len(then.expression.expressions):
+                    raise SqlError("the INSERT clause of MERGE lists a different number of "
+                                   "columns and values", "SQL_COMPILATION_ERROR")  # fmt: skip
+                value = given.get(name)
+                branches.append(f"WHEN {index} THEN {_sql(value) if value is not None else 'NULL'}")
+        values.append(f"CASE {choice} {' '.join(branches)} END AS {_q(name)}")
+    text = (
+        f"SELECT {', '.join(values)}, {alias}.{_RID}, {choice} AS __clause"
+        f" FROM {source} LEFT JOIN {view} AS {alias} ON {on} WHERE ({choice}) IS NOT NULL"
+    )
+    data = session.run_spark(text).toArrow()
+    clause = data.column("__clause")
+    matched_ids = data.column(ROW_ID_COLUMN).filter(pc.is_valid(data.column(ROW_ID_COLUMN)))
+    if len(pc.unique(matched_ids)) != len(matched_ids):
+        raise SqlError(
+            "MERGE is nondeterministic: a target row matches more than one source row; make "
+            "the ON condition match at most one source row per target row",
+            "NONDETERMINISTIC_MERGE",
+        )
+    deletes = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Var)]
+    inserts = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Insert)]
+    is_delete = pc.is_in(clause, value_set=pa.array(deletes, clause.type))
+    is_insert = pc.is_in(clause, value_set=pa.array(inserts, clause.type))
+    is_update = pc.invert(pc.or_(is_delete, is_insert))
+    deleted = data.column(ROW_ID_COLUMN).filter(is_delete).combine_chunks().cast(pa.int64())
+    columns = len(info.schema.names) + 1
+
+    updated = _rows(session, info, data.filter(is_update).select(list(range(columns))))
+    inserted = _rows(session, info, data.filter(is_insert).select(list(range(columns))), new=True)
+    rows = pa.concat_tables([updated, inserted])
+    new_ids = inserted.column(ROW_ID_COLUMN).combine_chunks()
+    txn.stage(info, ChangeSet(rows, deleted=deleted, new_ids=new_ids))
+    session.consumed(txn, binder)
+    return _result(session, number_of_rows_inserted=inserted.num_rows,
+                   number_of_rows_updated=updated.num_rows,
+                   number_of_rows_deleted=len(deleted))  # fmt: skip

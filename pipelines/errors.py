@@ -1,0 +1,60 @@
+"""Errors of the pipeline layer: each names the cause and what to do, never a traceback.
+
+``code`` is stable (the HTTP face answers it); the message is for people.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ObjectNotFoundError",
+    "SqlError",
+    "StreamConflictError",
+    "StreamStaleError",
+    "TransactionConflictError",
+    "UnsupportedStatementError",
+]
+
+
+class SqlError(Exception):
+    """A statement could not run; nothing was changed.
+
+    Attributes:
+        code: a stable error code, e.g. ``SQL_COMPILATION_ERROR``.
+    """
+
+    code = "SQL_ERROR"
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class UnsupportedStatementError(SqlError):
+    """The statement is not one this system runs."""
+
+    code = "UNSUPPORTED_STATEMENT"
+
+
+class ObjectNotFoundError(SqlError):
+    """A table, stream or schema named by the statement does not exist."""
+
+    code = "OBJECT_NOT_FOUND"
+
+
+class StreamStaleError(SqlError):
+    """The stream's offset is outside the table's retained history."""
+
+    code = "STREAM_STALE"
+
+
+class StreamConflictError(SqlError):
+    """Another transaction consumed the stream first; this one changed nothing."""
+
+    code = "STREAM_CONSUMED_CONCURRENTLY"
+
+
+class TransactionConflictError(SqlError):
+    """Another writer changed the rows this transaction changes; it changed nothing."""
+
+    code = "TRANSACTION_CONFLICT"

@@ -1,0 +1,324 @@
+"""The SQL session: one statement at a time, Spark as the engine, our tables as the data.
+
+``Session(warehouse=...)`` opens the same catalog and tables as the service. Each
+statement is classified by its header and handed to one handler from one table of
+them; statements that hold a query are bound to our objects and evaluated by Spark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deltalake import DeltaTable
+from sqlglot import exp
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from catalog import Catalog, SqliteCatalog, StreamRecord, TableInfo
+from ingest_sdk.errors import IngestError
+from pipelines import ddl, dml
+from pipelines.binding import Binder, parse
+from pipelines.commit import recover_pending
+from pipelines.errors import (
+    ObjectNotFoundError,
+    SqlError,
+    StreamStaleError,
+    TransactionConflictError,
+)
+from pipelines.statements import Statement, classify, split_name
+from pipelines.transaction import Transaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["Session"]
+
+log = logging.getLogger(__name__)
+DAY = 86_400.0
+_TRANSACTION_KINDS = {"begin", "commit", "rollback"}
+_DML: dict[str, Callable[..., DataFrame]] = {
+    "insert": dml.run_insert,
+    "update": dml.run_update,
+    "delete": dml.run_delete,
+    "merge": dml.run_merge,
+}
+
+
+class Session:
+    """A SQL session on a warehouse (the service's folder and catalog).
+
+    Args:
+        warehouse: the warehouse folder (``catalog.sqlite`` and the tables inside).
+        spark: a Spark session to use; by default a local one (shared in the process).
+        database, schema: the defaults for one- and two-part names (``USE`` changes them).
+        catalog: a catalog to use instead of the warehouse's SQLite file.
+    """
+
+    def __init__(
+        self,
+        warehouse: str | Path,
+        spark: SparkSession | None = None,
+        database: str = "DB",
+        schema: str = "PUBLIC",
+        catalog: Catalog | None = None,
+    ) -> None:
+        self.warehouse = Path(warehouse)
+        self.warehouse.mkdir(parents=True, exist_ok=True)
+        self._own_catalog = catalog is None
+        self.catalog = catalog or SqliteCatalog(self.warehouse / "catalog.sqlite")
+        if spark is None:
+            from flush.spark_tables import spark_session
+
+            spark = spark_session(app_name="ingest-pipelines")
+        self.spark = spark
+        self.database, self.schema = database, schema
+        self.views: list[str] = []
+        self._transaction: Transaction | None = None
+        # Spark logs every failed query; here each one is answered as a SqlError instead.
+        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+        recover_pending(self.catalog)
+
+    # The public face
+    def sql(self, text: str) -> DataFrame:
+        """Run one statement; a query's rows, or one row of status or counts.
+
+        Raises:
+            SqlError: the statement cannot run (the message names the cause and the fix);
+                nothing was changed.
+        """
+        statement = classify(text)
+        try:
+            return self._run(statement)
+        except SqlError:
+            raise
+        except IngestError as exc:  # conversion rules, names, types: the user's to fix
+            raise SqlError(str(exc), getattr(exc, "code", "SQL_EXECUTION_ERROR")) from None
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """``with session.transaction():`` BEGIN, then COMMIT, or ROLLBACK on an error."""
+        self.sql("BEGIN")
+        try:
+            yield self
+        except BaseException:
+            if self._transaction is not None:
+                self.sql("ROLLBACK")
+            raise
+        self.sql("COMMIT")
+
+    def close(self) -> None:
+        for view in self.views:
+            self.spark.catalog.dropTempView(view)
+        self.views.clear()
+        self._transaction = None
+        if self._own_catalog:
+            self.catalog.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # Running statements
+    def _run(self, statement: Statement) -> DataFrame:
+        if statement.kind in _TRANSACTION_KINDS:
+            return self._transaction_control(statement)
+        handler = ddl.HANDLERS.get(statement.kind)
+        if handler is not None:
+            if self._transaction is not None:
+                raise SqlError(
+                    f"{statement.kind.replace('_', ' ').upper()} cannot run inside a "
+                    "transaction; COMMIT or ROLLBACK first",
+                    "SQL_COMPILATION_ERROR",
+                )
+            return handler(self, statement)
+        if self._transaction is not None:
+            return self._in(self._transaction, statement)
+        # Autocommit: a statement that lost a race on its rows runs again on fresh data.
+        for attempt in Retrying(
+            retry=retry_if_exception_type(TransactionConflictError),
+            stop=stop_after_attempt(4),
+            wait=wait_random_exponential(multiplier=0.1, max=2),
+            reraise=True,
+        ):
+            with attempt:
+                txn = Transaction(self.catalog, self.spark)
+                result = self._in(txn, statement)
+                txn.commit(statement.text)
+        return result
+
+    def _in(self, txn: Transaction, statement: Statement) -> DataFrame:
+        tree = parse(statement.text)
+        runner = _DML.get(statement.kind)
+        if runner is not None:
+            kind = {"insert": exp.Insert, "update": exp.Update, "delete": exp.Delete,
+                    "merge": exp.Merge}[statement.kind]  # fmt: skip
+            if not isinstance(tree, kind):
+                raise SqlError(f"cannot read this {statement.kind.upper()} statement",
+                               "SQL_COMPILATION_ERROR")  # fmt: skip
+            return runner(self, txn, tree)
+        if not isinstance(tree, exp.Query):
+            raise SqlError(
+                f"unsupported statement {statement.text.strip()[:60]!r}", "UNSUPPORTED_STATEMENT"
+            )
+        binder = Binder(self, txn)
+        return self.run_spark(binder.bind(tree).sql("spark"))
+
+    def _transaction_control(self, statement: Statement) -> DataFrame:
+        from pipelines.ddl import _status
+
+        if statement.kind == "begin":
+            if self._transaction is not None:
+                raise SqlError("a transaction is already open; COMMIT or ROLLBACK it first",
+                               "TRANSACTION_ALREADY_OPEN")  # fmt: skip
+            self._transaction = Transaction(self.catalog, self.spark)
+            return _status(self, "Statement executed successfully.")
+        txn, self._transaction = self._transaction, None
+        if statement.kind == "commit" and txn is not None:
+            txn.commit("COMMIT")
+        return _status(self, "Statement executed successfully.")
+
+    def run_spark(self, text: str) -> DataFrame:
+        """Run a query in Spark; its errors become :class:`SqlError` with Spark's message."""
+        from pyspark.errors import PySparkException
+
+        try:
+            frame = self.spark.sql(text)
+            frame.schema  # noqa: B018 - analysis errors surface here, not on first use
+            return frame
+        except PySparkException as exc:
+            message = str(exc).strip().splitlines()[0][:500]
+            raise SqlError(f"SQL compilation error: {message}", "SQL_COMPILATION_ERROR") from None
+
+    def consumed(self, txn: Transaction, binder: Binder) -> None:
+        """A DML statement read these streams: it consumes them when it commits."""
+        for stream_id in binder.streams:
+            stream = self.catalog.get_stream_by_id(stream_id)
+            if stream is not None:
+                txn.consume(stream)
+
+    # Names and objects
+    def qualify(self, name: str) -> tuple[str, str, str]:
+        parts = split_name(name)
+        if not parts or len(parts) > 3:
+            raise SqlError(f"invalid name {name[:80]!r}", "SQL_COMPILATION_ERROR")
+        full = [self.database, self.schema][: 3 - len(parts)] + parts
+        return full[0], full[1], full[2]
+
+    def find_table(self, database: str, schema: str, name: str) -> TableInfo | None:
+        try:
+            return self.catalog.get_table(database, schema, name)
+        except IngestError:
+            return None
+
+    def require_table(self, name: str) -> TableInfo:
+        database, schema, table = self.qualify(name)
+        info = self.find_table(database, schema, table)
+        if info is None:
+            raise ObjectNotFoundError(
+                f"table {database}.{schema}.{table} does not exist; check the name (unquoted "
+                "names are upper-cased; USE DATABASE/SCHEMA sets the defaults) or create it"
+            )
+        return info
+
+    def require_stream(self, name: str) -> StreamRecord:
+        database, schema, stream_name = self.qualify(name)
+        stream = self.catalog.get_stream(database, schema, stream_name)
+        if stream is None:
+            raise ObjectNotFoundError(f"stream {database}.{schema}.{stream_name} does not exist")
+        return stream
+
+    def point(self, info: TableInfo, at: str, kind: str, value: Any) -> int:
+        """The table version an AT/BEFORE(VERSION|TIMESTAMP|STREAM => ...) names: the
+        version whose state the changes start after."""
+        text = value.sql("spark") if isinstance(value, exp.Expression) else str(value).strip()
+        literal = text[1:-1].replace("''", "'") if text[:1] == "'" else text
+        current = DeltaTable(info.uri).version()
+        if kind in ("VERSION", "OFFSET"):
+            if not literal.lstrip("-").isdigit():
+                raise SqlError(
+                    f"{kind} => needs a whole number, got {text}", "SQL_COMPILATION_ERROR"
+                )
+            version = int(literal)
+        elif kind == "STREAM":
+            stream = self.require_stream(literal)
+            if stream.table_id != info.id:
+                raise SqlError(
+                    f"stream {stream.full_name} is on another table", "SQL_COMPILATION_ERROR"
+                )
+            version = stream.offset_version
+            at = "AT"
+        elif kind == "TIMESTAMP":
+            version = self._version_at(info, literal, strictly_before=at == "BEFORE")
+            at = "AT"
+        else:
+            raise SqlError(f"unsupported point {kind}", "SQL_COMPILATION_ERROR")
+        version = version - 1 if at == "BEFORE" else version
+        if not 0 <= version <= current:
+            raise SqlError(
+                f"version {version} of {info.full_name} does not exist (versions 0 to "
+                f"{current})", "SQL_COMPILATION_ERROR",
+            )  # fmt: skip
+        return version
+
+    def _version_at(self, info: TableInfo, text: str, strictly_before: bool) -> int:
+        from datetime import datetime
+
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise SqlError(f"cannot read the timestamp {text!r}; write 'YYYY-MM-DD HH:MM:SS'",
+                           "SQL_COMPILATION_ERROR") from None  # fmt: skip
+        if moment.tzinfo is None:
+            from datetime import UTC
+
+            moment = moment.replace(tzinfo=UTC)
+        millis = moment.timestamp() * 1000
+        found = None
+        for entry in DeltaTable(info.uri).history():
+            stamp = entry.get("timestamp", 0)
+            if stamp < millis or (stamp == millis and not strictly_before):
+                found = max(found or 0, int(entry["version"]))
+        if found is None:
+            raise SqlError(f"{info.full_name} has no version at or before {text}",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        return found
+
+    # Streams
+    def staleness(self, stream: StreamRecord, table: TableInfo | None) -> tuple[bool, float]:
+        """Whether the stream is stale, and when it becomes stale if not consumed.
+
+        ``STALE_AFTER`` = when the offset last moved + the larger of the table's data
+        retention and its maximum extension (the extension holds while unconsumed).
+        """
+        if table is None:
+            return True, stream.offset_moved_at
+        days = max(table.properties["data_retention_time_in_days"],
+                   table.properties["max_data_extension_time_in_days"])  # fmt: skip
+        stale_after = stream.offset_moved_at + days * DAY
+        return time.time() > stale_after or not _history_kept(table, stream), stale_after
+
+    def check_stream_fresh(self, stream: StreamRecord) -> None:
+        stale, _ = self.staleness(stream, self.catalog.get_table_by_id(stream.table_id))
+        if stale:
+            raise StreamStaleError(
+                f"stream {stream.full_name} is stale: its offset (version "
+                f"{stream.offset_version}) is outside the table's retained history, or its "
+                "table was dropped or replaced; recreate it with CREATE OR REPLACE STREAM"
+            )
+
+
+def _history_kept(table: TableInfo, stream: StreamRecord) -> bool:
+    """Whether every commit after the stream's offset is still in the table's log."""
+    log_dir = Path(table.uri) / "_delta_log"
+    versions = [int(p.name.split(".")[0]) for p in log_dir.glob("*.json") if p.name[0].isdigit()]
+    return (
+        not versions
+        or min(versions) <= stream.offset_version + 1
+        or max(versions) <= (stream.offset_version)
+    )

@@ -1,0 +1,134 @@
+"""Statement headers: what kind of statement a text is, and the parts of its header.
+
+Only headers are parsed here (CREATE STREAM ..., SHOW ..., BEGIN): a statement that
+holds a query (SELECT, INSERT, UPDATE, DELETE, MERGE) is parsed by sqlglot's Spark
+dialect so its table references can be resolved, and Spark evaluates the query.
+Snowflake writes ``METADATA$ACTION`` unquoted, which Spark SQL does not accept: those
+names are backquoted first.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from pipelines.errors import SqlError, UnsupportedStatementError
+
+__all__ = ["NAME", "Statement", "classify", "split_name"]
+
+_PART = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
+#: One to three dot-separated identifier parts, quoted or not.
+NAME = rf"{_PART}(?:\s*\.\s*{_PART}){{0,2}}"
+_TRUE_FALSE = r"(?:TRUE|FALSE|FINAL)"
+_POINT = (
+    r"(?P<at_kind>AT|BEFORE)\s*\(\s*(?P<point_kind>VERSION|TIMESTAMP|STREAM|OFFSET)\s*=>\s*"
+    r"(?P<point>'(?:[^']|'')*'|[^)]+?)\s*\)"
+)
+
+#: Statement kinds by header, first match wins; the pattern must match the whole text.
+_HEADERS: list[tuple[str, str]] = [
+    ("begin", r"(?:BEGIN|START)(?:\s+(?:TRANSACTION|WORK))?(?:\s+NAME\s+\S+)?"),
+    ("commit", r"COMMIT(?:\s+WORK)?"),
+    ("rollback", r"ROLLBACK(?:\s+WORK)?"),
+    ("use", rf"USE\s+(?:(?P<what>DATABASE|SCHEMA)\s+)?(?P<name>{NAME})"),
+    ("show_tables", r"SHOW\s+(?:TERSE\s+)?TABLES(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"),
+    ("show_streams", r"SHOW\s+(?:TERSE\s+)?STREAMS(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"),
+    ("describe_stream", rf"(?:DESCRIBE|DESC)\s+STREAM\s+(?P<name>{NAME})"),
+    ("describe_table", rf"(?:DESCRIBE|DESC)\s+(?:TABLE\s+)?(?P<name>{NAME})"),
+    (
+        "create_stream",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?STREAM\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
+        rf"(?P<name>{NAME})\s+ON\s+TABLE\s+(?P<table>{NAME})"
+        rf"(?:\s+APPEND_ONLY\s*=\s*(?P<append_only>{_TRUE_FALSE}))?"
+        rf"(?:\s+SHOW_INITIAL_ROWS\s*=\s*(?P<initial>TRUE|FALSE))?"
+        rf"(?:\s+{_POINT})?"
+        r"(?:\s+COMMENT\s*=\s*(?P<comment>'(?:[^']|'')*'))?",
+    ),
+    ("drop_stream", rf"DROP\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
+    (
+        "create_table",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?TABLE\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
+        rf"(?P<name>{NAME})\s*\((?P<columns>.*)\)",
+    ),
+    ("drop_table", rf"DROP\s+TABLE\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
+    ("rename_table", rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+RENAME\s+TO\s+(?P<new>{NAME})"),
+    (
+        "alter_table_set",
+        rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+SET\s+(?P<settings>[A-Z_]+\s*=\s*\S+"
+        r"(?:\s*,?\s*[A-Z_]+\s*=\s*\S+)*)",
+    ),
+]
+_COMPILED = [(kind, re.compile(rf"\s*{p}\s*;?\s*", re.I | re.S)) for kind, p in _HEADERS]
+#: Statements whose body is a query: parsed by sqlglot, evaluated by Spark.
+_QUERY_KINDS = {
+    "SELECT": "query",
+    "WITH": "query",
+    "VALUES": "query",
+    "(": "query",
+    "INSERT": "insert",
+    "UPDATE": "update",
+    "DELETE": "delete",
+    "MERGE": "merge",
+}
+SUPPORTED = (
+    "SELECT/WITH queries, INSERT, UPDATE, DELETE, MERGE, CREATE [OR REPLACE] TABLE, DROP "
+    "TABLE, ALTER TABLE ... SET CHANGE_TRACKING|DATA_RETENTION_TIME_IN_DAYS|"
+    "MAX_DATA_EXTENSION_TIME_IN_DAYS = ..., ALTER TABLE ... RENAME TO, SHOW TABLES, DESCRIBE "
+    "TABLE, CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, USE "
+    "DATABASE|SCHEMA, BEGIN, COMMIT, ROLLBACK"
+)
+_METADATA = re.compile(r"(?<![\w$`])(METADATA\$(?:ACTION|ISUPDATE|ROW_ID))(?![\w$])", re.I)
+_LITERALS = re.compile(r"'(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One statement: its kind, the parts of its header, and its text."""
+
+    kind: str
+    text: str
+    parts: dict[str, str | None] = field(default_factory=dict)
+
+
+def quote_metadata_columns(text: str) -> str:
+    """Backquote unquoted ``METADATA$...`` names outside literals and comments."""
+    out, position = [], 0
+    for literal in _LITERALS.finditer(text):
+        out.append(
+            _METADATA.sub(lambda m: f"`{m.group(1).upper()}`", text[position : literal.start()])
+        )
+        out.append(literal.group(0))
+        position = literal.end()
+    out.append(_METADATA.sub(lambda m: f"`{m.group(1).upper()}`", text[position:]))
+    return "".join(out)
+
+
+def classify(text: str) -> Statement:
+    """The kind of one statement.
+
+    Raises:
+        SqlError: not a single statement of text.
+        UnsupportedStatementError: a statement this system does not run (the message
+            lists the ones it does).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise SqlError("the statement is empty; send one SQL statement", "SQL_COMPILATION_ERROR")
+    for kind, pattern in _COMPILED:
+        match = pattern.fullmatch(text)
+        if match is not None:
+            return Statement(kind, text, match.groupdict())
+    stripped = _LITERALS.sub(" ", text).lstrip().lstrip("(")
+    first = re.match(r"[A-Za-z]+", stripped)
+    word = "(" if text.lstrip().startswith("(") else (first.group(0) if first else "")
+    query_kind = _QUERY_KINDS.get(word.upper())
+    if query_kind is not None:
+        return Statement(query_kind, text)
+    shown = " ".join(text.split())[:80]
+    raise UnsupportedStatementError(f"unsupported statement {shown!r}; supported: {SUPPORTED}")
+
+
+def split_name(name: str) -> list[str]:
+    """The parts of a dotted name by identifier rules: unquoted parts upper-cased,
+    quoted parts exact (``""`` is a quote)."""
+    parts = re.findall(_PART, name)
+    return [p[1:-1].replace('""', '"') if p.startswith('"') else p.upper() for p in parts]

@@ -1,0 +1,156 @@
+"""A transaction: the versions it reads, the writes it stages, the streams it consumes.
+
+Every statement runs in one: an explicit one (BEGIN ... COMMIT) or its own. A table
+is pinned at the version current when the transaction first touches it, and a stream
+at the offset it had then, so every statement of the transaction sees the same
+changes (repeatable read). Writes are staged in memory, keyed by row id, and later
+statements see them; nothing reaches Delta before :meth:`Transaction.commit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
+from flush.change_commit import ChangeSet
+from flush.spark_tables import read_delta
+from flush.tables import ROW_ID_COLUMN, delta_schema
+from pipelines.changes import ChangeMode, read_changes
+from pipelines.commit import TableWrites, commit_consumer
+from pipelines.errors import ObjectNotFoundError, StreamStaleError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["StreamRead", "Transaction"]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRead:
+    """A stream as this transaction reads it: changes of versions ``(offset, to]``."""
+
+    stream: StreamRecord
+    table: TableInfo
+    offset: int
+    to: int
+
+
+def _ids(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    return values.cast(pa.int64())
+
+
+class Transaction:
+    """The state of one transaction; see the module docstring."""
+
+    def __init__(self, catalog: Catalog, spark: SparkSession) -> None:
+        self.catalog = catalog
+        self.spark = spark
+        self.versions: dict[int, int] = {}
+        self.writes: dict[int, TableWrites] = {}
+        self.reads: dict[int, StreamRead] = {}
+        self.consumed: set[int] = set()
+
+    # Reading
+    def version(self, info: TableInfo) -> int:
+        """The table's version for this transaction (pinned on first use)."""
+        if info.id not in self.versions:
+            self.versions[info.id] = DeltaTable(info.uri).version()
+        return self.versions[info.id]
+
+    def table_frame(self, info: TableInfo, row_ids: bool = False) -> DataFrame:
+        """The table as this transaction sees it: its pinned version plus staged writes."""
+        frame = read_delta(self.spark, info.uri, self.version(info))
+        writes = self.writes.get(info.id)
+        if writes is not None:
+            change = writes.change
+            gone = pa.concat_arrays([_ids(change.rows.column(ROW_ID_COLUMN)), change.deleted])
+            if len(gone):
+                ids = self.spark.createDataFrame(pa.table({ROW_ID_COLUMN: gone}))
+                frame = frame.join(ids, on=ROW_ID_COLUMN, how="left_anti")
+            if change.rows.num_rows:
+                frame = frame.unionByName(self.spark.createDataFrame(change.rows))
+        if not row_ids:
+            frame = frame.drop(ROW_ID_COLUMN)
+        return frame
+
+    def stream_read(self, stream: StreamRecord) -> StreamRead:
+        """Where the stream stands for this transaction (pinned on first use).
+
+        Raises:
+            StreamStaleError: the stream's table was dropped or recreated.
+        """
+        read = self.reads.get(stream.id)
+        if read is None:
+            table = self.catalog.get_table_by_id(stream.table_id)
+            if table is None:
+                raise StreamStaleError(
+                    f"stream {stream.full_name} is stale: its table was dropped or replaced; "
+                    "recreate the stream with CREATE OR REPLACE STREAM"
+                )
+            read = StreamRead(stream, table, stream.offset_version, self.version(table))
+            self.reads[stream.id] = read
+        return read
+
+    def stream_frame(self, stream: StreamRecord, mode: ChangeMode) -> DataFrame:
+        read = self.stream_read(stream)
+        return read_changes(
+            self.spark, read.table.uri, read.table.schema, read.offset, read.to, mode
+        )
+
+    # Writing
+    def stage(self, info: TableInfo, change: ChangeSet) -> None:
+        """Add one statement's change to the table's staged writes (later wins by row id)."""
+        base = self.version(info)
+        writes = self.writes.get(info.id)
+        if writes is None:
+            self.writes[info.id] = TableWrites(info, base, change)
+            return
+        old = writes.change
+        replaced = pa.concat_arrays([_ids(change.rows.column(ROW_ID_COLUMN)), change.deleted])
+        keep = pc.invert(pc.is_in(old.rows.column(ROW_ID_COLUMN), value_set=replaced))
+        rows = pa.concat_tables([old.rows.filter(keep), change.rows])
+        new_ids = pa.concat_arrays([old.new_ids, change.new_ids])
+        # A row inserted by this transaction and deleted again never existed for others.
+        inserted_here = pc.is_in(change.deleted, value_set=new_ids)
+        deleted = pa.concat_arrays([old.deleted, change.deleted.filter(pc.invert(inserted_here))])
+        new_ids = new_ids.filter(pc.invert(pc.is_in(new_ids, value_set=change.deleted)))
+        writes.change = ChangeSet(rows, deleted, new_ids)
+
+    def touch(self, info: TableInfo) -> None:
+        """Make the table a target of this transaction even if nothing is written to it:
+        a consumption that writes no row still commits (and moves its streams)."""
+        if info.id not in self.writes:
+            empty = delta_schema(info.schema).empty_table()
+            self.stage(info, ChangeSet(empty))
+
+    def consume(self, stream: StreamRecord) -> None:
+        self.stream_read(stream)
+        self.consumed.add(stream.id)
+
+    def commit(self, statement: str) -> dict[int, int]:
+        """Commit the staged writes and consumed streams (see :func:`commit_consumer`)."""
+        if not self.writes and not self.consumed:
+            return {}
+        claims = [
+            StreamClaim(stream_id, self.reads[stream_id].offset, self.reads[stream_id].to)
+            for stream_id in sorted(self.consumed)
+        ]
+        return commit_consumer(self.catalog, list(self.writes.values()), claims, statement)
+
+
+def require_table(catalog: Catalog, database: str, schema_name: str, name: str) -> TableInfo:
+    """The table, or an error that names it and says what to do."""
+    try:
+        return catalog.get_table(database, schema_name, name)
+    except Exception as exc:
+        raise ObjectNotFoundError(
+            f"table {database}.{schema_name}.{name} does not exist or is not authorized; "
+            "check the name (unquoted names are upper-cased) or create it"
+        ) from exc
