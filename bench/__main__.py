@@ -7,7 +7,7 @@ import sys
 
 import orjson
 
-from bench import backpressure, compaction, conversion, ingest
+from bench import backpressure, compaction, conversion, ingest, pipelines
 from ingest_sdk.process_exit import run_entry_point
 
 BENCHMARKS = {
@@ -16,6 +16,9 @@ BENCHMARKS = {
     "compaction": compaction.run,
     "backpressure": backpressure.run,
     "json": conversion.run_json,
+    "stream_read_vs_scan": pipelines.run_stream_read,
+    "append_only_growth": pipelines.run_append_only_growth,
+    "consuming_insert": pipelines.run_consuming_insert,
 }
 
 

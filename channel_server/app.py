@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from catalog import SqliteCatalog
+from channel_server import sql_api  # noqa: F401 - registers POST /v1/sql on routes
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService

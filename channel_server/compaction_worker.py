@@ -1,4 +1,6 @@
-"""The service's compaction worker: one long-lived ``python -m flush.compact --serve``.
+"""The service's Spark worker: one long-lived ``python -m pipelines.worker --serve``.
+
+It compacts tables and runs SQL statements (``POST /v1/sql``) in one warm Spark.
 
 Compaction runs in a separate process so ingestion latency does not suffer, and
 in one *long-lived* process so its Spark session (JVM, JIT-compiled code, Python
@@ -57,12 +59,20 @@ class CompactionWorker:
         Raises:
             CompactionWorkerDied: the worker exited before answering.
         """
+        return await self.request({"table": table_name})
+
+    async def request(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send one request (a compaction or a SQL statement) and return the answer.
+
+        Raises:
+            CompactionWorkerDied: the worker exited before answering.
+        """
         async with self._turn:
             self._cancel_idle_stop()
             process = await self._running_process()
             assert process.stdin is not None and process.stdout is not None
             try:
-                process.stdin.write(orjson.dumps({"table": table_name}) + b"\n")
+                process.stdin.write(orjson.dumps(payload) + b"\n")
                 await process.stdin.drain()
                 line = await process.stdout.readline()
             except asyncio.CancelledError:

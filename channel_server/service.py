@@ -33,6 +33,8 @@ from ingest_sdk.errors import (
     ChannelNotFoundError,
     InvalidRequestError,
     SchemaError,
+    ServerError,
+    SqlStatementError,
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
@@ -140,13 +142,44 @@ class IngestService:
     def _compaction_command(self) -> list[str]:
         trigger = self.config.compaction
         return [
-            sys.executable, "-m", "flush.compact", "--serve",
+            sys.executable, "-m", "pipelines.worker", "--serve",
             "--warehouse", str(self.config.warehouse),
             "--catalog", str(self.config.catalog_file),
             "--target-file-mb", str(trigger.target_file_mb),
             *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
             *trigger.extra_args,
         ]  # fmt: skip
+
+    async def run_sql(
+        self, statement: str, session: str, max_rows: int, timeout: float
+    ) -> dict[str, Any]:
+        """Run one SQL statement in the Spark worker (statements take turns with
+        compaction runs); the answer holds Arrow IPC rows (base64) or an error.
+
+        A statement that runs past ``timeout`` seconds is cancelled by stopping the
+        worker: its transaction is rolled back, or rolled forward if it had decided
+        to commit (the consumer commit protocol), when the worker next starts.
+
+        Raises:
+            SqlStatementError: the statement failed, or timed out.
+        """
+        request = {"statement": statement, "session": session, "max_rows": max_rows}
+        try:
+            answer = await asyncio.wait_for(self.compaction_worker.request(request), timeout)
+        except TimeoutError:
+            raise SqlStatementError(
+                f"the statement ran longer than {timeout:g} s and was cancelled; raise the "
+                "timeout (the request's timeout field) or make the statement cheaper",
+                sql_code="STATEMENT_TIMEOUT",
+            ) from None
+        except CompactionWorkerDied as exc:
+            raise ServerError(f"the Spark worker failed: {exc}") from None
+        error = answer.get("error")
+        if error is not None:
+            if not isinstance(error, dict):  # a request the worker could not read
+                raise ServerError(f"the Spark worker could not run the statement: {error}")
+            raise SqlStatementError(str(error.get("message")), sql_code=error.get("code"))
+        return answer
 
     async def _run_compaction(self, table: TableState) -> None:
         name = table.info.full_name

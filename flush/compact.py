@@ -31,7 +31,7 @@ from typing import IO, Any
 import orjson
 
 from flush.compaction import CompactionPolicy, CompactionResult, compact_table
-from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_table
+from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_table, stream_retention_hours
 
 MiB = 1024 * 1024
 
@@ -97,7 +97,9 @@ def compact_and_record(
     output: dict[str, Any] = {"table": info.full_name, **run_record(result)}
     if args.maintenance:
         done = maintain_table(
-            info.uri, args.retention_hours, allow_short_retention=args.allow_short_retention
+            info.uri,
+            stream_retention_hours(catalog, info, args.retention_hours),
+            allow_short_retention=args.allow_short_retention,
         )
         output["vacuumed_files"] = len(done.deleted_files)
         report(f"maintenance: checkpoint at {done.checkpoint_version}, "
@@ -116,22 +118,32 @@ def serve(
     the compaction itself (maintenance, the catalog) ends the worker; the service
     reports it as died and starts a new one for the next run.
     """
-    from ingest_sdk.schema import split_table_name
-
     for line in requests:
         if not line.strip():
             continue
-        name = None
         try:
             request = orjson.loads(line)
-            name = request["table"]
-            info = catalog.get_table(*split_table_name(name))
-        except Exception as exc:
-            answer: dict[str, Any] = {"table": name, "status": "FAILED", "error": repr(exc)}
-        else:
-            answer = compact_and_record(spark, catalog, info, args)
-        replies.write(orjson.dumps(answer).decode() + "\n")
+        except orjson.JSONDecodeError as exc:
+            request = {"error": repr(exc)}
+        replies.write(orjson.dumps(answer_compaction(spark, catalog, args, request)).decode())
+        replies.write("\n")
         replies.flush()
+
+
+def answer_compaction(
+    spark: Any, catalog: Any, args: argparse.Namespace, request: dict[str, Any]
+) -> dict[str, Any]:
+    """The answer to one compaction request ``{"table": "DB.SCHEMA.TABLE"}``."""
+    from ingest_sdk.schema import split_table_name
+
+    name = request.get("table") if isinstance(request, dict) else None
+    try:
+        if "error" in request:
+            raise ValueError(request["error"])
+        info = catalog.get_table(*split_table_name(name))  # type: ignore[arg-type]
+    except Exception as exc:
+        return {"table": name, "status": "FAILED", "error": repr(exc)}
+    return compact_and_record(spark, catalog, info, args)
 
 
 def main(argv: list[str] | None = None) -> int:

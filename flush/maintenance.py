@@ -19,10 +19,17 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
+from catalog import Catalog, TableInfo
 from flush.commit import COMMIT_METADATA_KEY
 from flush.tables import INGEST_DIR, live_files
 
-__all__ = ["DEFAULT_RETENTION_HOURS", "MaintenanceResult", "maintain_table", "vacuum_data_folders"]
+__all__ = [
+    "DEFAULT_RETENTION_HOURS",
+    "MaintenanceResult",
+    "maintain_table",
+    "stream_retention_hours",
+    "vacuum_data_folders",
+]
 
 DEFAULT_RETENTION_HOURS = 168.0
 #: Below this a vacuum could delete files that a slow reader or a pending commit needs.
@@ -76,6 +83,26 @@ def vacuum_data_folders(
                 if directory.is_dir() and not any(directory.iterdir()):
                     directory.rmdir()
     return deleted
+
+
+def stream_retention_hours(catalog: Catalog, info: TableInfo, retention_hours: float) -> float:
+    """The retention a table's maintenance must keep so no stream on it goes stale.
+
+    While a stream is unconsumed the table's history is kept from the stream's last
+    offset move, for up to the table's ``max_data_extension_time_in_days`` (the reference
+    system's MAX_DATA_EXTENSION_TIME_IN_DAYS, default 14): a stream older than that is
+    stale anyway (``STALE_AFTER``). The change feed a stream reads needs the files of
+    every commit after its offset, which vacuum would otherwise delete once compacted.
+    """
+    streams = catalog.list_streams(info.id)
+    if not streams:
+        return retention_hours
+    now = time.time()
+    days = max(info.properties["data_retention_time_in_days"],
+               info.properties["max_data_extension_time_in_days"])  # fmt: skip
+    oldest = min(stream.offset_moved_at for stream in streams)
+    needed = min(now - oldest, days * 86_400.0) / 3600 + 1.0  # an hour of slack
+    return max(retention_hours, needed)
 
 
 def maintain_table(

@@ -132,6 +132,34 @@ class AsyncStreamingIngestClient:
         )
         return answer["migrations"]  # type: ignore[no-any-return]
 
+    # -- SQL --------------------------------------------------------------------------------
+
+    async def sql(
+        self,
+        statement: str,
+        session: str | None = None,
+        max_rows: int | None = None,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run one SQL statement in the service (``POST /v1/sql``); its rows as dicts.
+
+        ``session`` names a server-side session (its ``USE`` defaults and open transaction
+        last between calls). Never retried: a statement may change data. Decimals come
+        back as strings (no digit lost).
+
+        Raises:
+            SqlStatementError: the statement failed (``sql_code`` says why); nothing changed.
+        """
+        body: dict[str, Any] = {"statement": statement}
+        for key, value in (("session", session), ("max_rows", max_rows), ("timeout", timeout)):
+            if value is not None:
+                body[key] = value
+        answer = await self.transport.request(
+            "POST", "/v1/sql", json=body, retry=False, extra_timeout=float(timeout or 300)
+        )
+        names = [column["name"] for column in answer["columns"]]
+        return [dict(zip(names, row, strict=True)) for row in answer["rows"]]
+
     # -- channels ---------------------------------------------------------------------------
 
     async def open_channel(self, request: OpenChannelRequest) -> AsyncChannel:

@@ -56,6 +56,7 @@ __all__ = [
     "SchemaError",
     "ServerError",
     "ServiceError",
+    "SqlStatementError",
     "TableAlreadyExistsError",
     "TableNotFoundError",
     "TransportError",
@@ -250,6 +251,20 @@ class ServerError(ServiceError):
     retriable = True
 
 
+class SqlStatementError(ServiceError):
+    """A SQL statement sent to ``POST /v1/sql`` failed; nothing was changed.
+
+    ``details["sql_code"]`` is the statement's own code (``OBJECT_NOT_FOUND``,
+    ``STREAM_STALE``, ``STREAM_CONSUMED_CONCURRENTLY``, ``STATEMENT_TIMEOUT``...).
+    """
+
+    code = "SQL_ERROR"
+
+    @property
+    def sql_code(self) -> str:
+        return str(self.details.get("sql_code", "SQL_ERROR"))
+
+
 class _RemoteSchemaError(ServiceError, SchemaError):
     code = "SCHEMA_ERROR"
 
@@ -272,6 +287,7 @@ ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
         ServerError,
         _RemoteSchemaError,
         _RemoteUnsupportedFeatureError,
+        SqlStatementError,
     )
 }
 

@@ -200,6 +200,16 @@ class StreamingIngestClient:
     def compact(self, name: str) -> bool:
         return self._loop.run(self._client.compact(name))
 
+    def sql(
+        self,
+        statement: str,
+        session: str | None = None,
+        max_rows: int | None = None,
+        timeout: float | None = None,
+    ) -> list[dict[str, Any]]:
+        """Run one SQL statement in the service; its rows as dicts (see the async client)."""
+        return self._loop.run(self._client.sql(statement, session, max_rows, timeout))
+
     def get_migration_history(self, name: str) -> list[dict[str, Any]]:
         return self._loop.run(self._client.get_migration_history(name))
 

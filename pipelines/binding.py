@@ -91,6 +91,11 @@ class Binder:
     def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
         """Replace every table, stream and CHANGES reference in ``tree`` (in place) but
         ``skip`` (a DML target) and CTE names; record the streams read."""
+        # Unquoted names are upper-cased, as on the ingest side, so a result's columns
+        # are named as the reference system names them (Spark resolves names either way).
+        for identifier in tree.find_all(exp.Identifier):
+            if not identifier.quoted:
+                identifier.set("this", identifier.this.upper())
         ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
         for table in list(tree.find_all(exp.Table)):
             if table is skip or not isinstance(table.this, exp.Identifier):
