@@ -136,7 +136,11 @@ class SqliteCatalog(Catalog):
         for (table, column), declaration in _ADDED_COLUMNS.items():
             present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in present:
-                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                try:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                except sqlite3.OperationalError as exc:  # another process added it first
+                    if "duplicate column" not in str(exc):
+                        raise
 
     def close(self) -> None:
         with self._lock:
@@ -280,7 +284,7 @@ class SqliteCatalog(Catalog):
 
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
         try:
-            self._write(
+            (count,) = self._write(
                 [
                     (
                         "UPDATE tables SET database=?, schema_name=?, name=? WHERE id=?",
@@ -292,6 +296,8 @@ class SqliteCatalog(Catalog):
             raise TableAlreadyExistsError(
                 f"table {database}.{schema_name}.{name} already exists; choose another name"
             ) from exc
+        if count == 0:
+            raise TableNotFoundError(f"table id {table_id} does not exist any more")
 
     def set_table_properties(self, table_id: int, properties: dict[str, Any]) -> TableInfo:
         with self._immediate() as db:
@@ -430,7 +436,12 @@ class SqliteCatalog(Catalog):
                     "SELECT offset_version, claimed_by FROM streams WHERE id=?",
                     (claim.stream_id,),
                 ).fetchone()
-                if row is None or row[0] != claim.expected or row[1] is not None:
+                if (
+                    row is None
+                    or row[0] != claim.expected
+                    or row[1] is not None
+                    or claim.new < claim.expected  # an offset never moves back
+                ):
                     lost.append(claim.stream_id)
             if lost:
                 raise StreamClaimConflict(lost)

@@ -152,7 +152,8 @@ def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
     if change.is_append:
         written = write_parquet_file(table_uri, change.rows)
         return StagedChange("append", written.path, written.size, written.rows, written.stats)
-    arrow_schema = change.rows.schema
+    # Deleted rows travel as ids with NULL values: the source allows NULL everywhere.
+    arrow_schema = pa.schema([f.with_nullable(True) for f in change.rows.schema])
     deletes = pa.table(
         {
             name: (
@@ -164,7 +165,7 @@ def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
         },
         schema=arrow_schema,
     )
-    source = pa.concat_tables([change.rows, deletes]).append_column(
+    source = pa.concat_tables([change.rows.cast(arrow_schema), deletes]).append_column(
         _OP, pa.array(["U"] * change.rows.num_rows + ["D"] * deletes.num_rows)
     )
     written = write_parquet_file(table_uri, source, use_dictionary=True)

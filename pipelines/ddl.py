@@ -86,6 +86,9 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = session.qualify(parts["name"] or "")
     schema = _table_schema(parts["columns"] or "")
+    if session.catalog.get_stream(database, schema_name, name) is not None:
+        raise SqlError(f"a stream named {database}.{schema_name}.{name} exists; a table needs "
+                       "a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
         if parts["if_not_exists"]:

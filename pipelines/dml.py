@@ -102,7 +102,9 @@ def run_insert(session: Session, txn: Transaction, tree: exp.Insert) -> DataFram
             f"gives {len(frame.columns)}; list the target columns or match the query to them",
             "SQL_COMPILATION_ERROR",
         )
-    given = {c.name: frame.columns[i] for i, c in enumerate(columns)}
+    # By position, as INSERT means: a query's columns may share a name.
+    frame = frame.toDF(*[f"c{i}" for i in range(len(frame.columns))])
+    given = {c.name: f"c{i}" for i, c in enumerate(columns)}
     from pyspark.sql import functions as F
 
     frame = frame.select(

@@ -79,7 +79,8 @@ class Session:
         self.views: list[str] = []
         self._transaction: Transaction | None = None
         # Spark logs every failed query; here each one is answered as a SqlError instead.
-        logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+        for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         recover_pending(self.catalog)
 
     # The public face
@@ -110,10 +111,15 @@ class Session:
             raise
         self.sql("COMMIT")
 
-    def close(self) -> None:
+    def release_views(self) -> None:
+        """Drop the Spark views earlier statements made; DataFrames a query returned
+        before this no longer work afterwards (the worker calls it after each answer)."""
         for view in self.views:
             self.spark.catalog.dropTempView(view)
         self.views.clear()
+
+    def close(self) -> None:
+        self.release_views()
         self._transaction = None
         if self._own_catalog:
             self.catalog.close()
@@ -161,7 +167,11 @@ class Session:
             if not isinstance(tree, kind):
                 raise SqlError(f"cannot read this {statement.kind.upper()} statement",
                                "SQL_COMPILATION_ERROR")  # fmt: skip
-            return runner(self, txn, tree)
+            try:
+                return runner(self, txn, tree)
+            finally:
+                if txn is not self._transaction:  # an explicit transaction may reuse them
+                    self.release_views()
         if not isinstance(tree, exp.Query):
             raise SqlError(
                 f"unsupported statement {statement.text.strip()[:60]!r}", "UNSUPPORTED_STATEMENT"

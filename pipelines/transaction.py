@@ -22,7 +22,7 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from pipelines.changes import ChangeMode, read_changes
 from pipelines.commit import TableWrites, commit_consumer
-from pipelines.errors import ObjectNotFoundError, StreamStaleError
+from pipelines.errors import ObjectNotFoundError, StreamConflictError, StreamStaleError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -95,6 +95,14 @@ class Transaction:
                     "recreate the stream with CREATE OR REPLACE STREAM"
                 )
             read = StreamRead(stream, table, stream.offset_version, self.version(table))
+            if read.to < read.offset:
+                # Another transaction consumed the stream past this one's snapshot of the
+                # table: reading it here would deliver those changes again.
+                raise StreamConflictError(
+                    f"stream {stream.full_name} was consumed by another transaction after "
+                    "this one first read its table; this transaction cannot use it. "
+                    "ROLLBACK and run it again"
+                )
             self.reads[stream.id] = read
         return read
 

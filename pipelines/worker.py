@@ -66,11 +66,13 @@ def answer_statement(pool: SessionPool, request: dict[str, Any]) -> dict[str, An
     statement = request.get("statement")
     session_name = request.get("session") or "default"
     max_rows = int(request.get("max_rows") or 10_000)
+    session = pool.get(str(session_name))
     try:
-        frame = pool.get(str(session_name)).sql(str(statement))
-        data = frame.limit(max_rows + 1).toArrow()
+        data = session.sql(str(statement)).limit(max_rows + 1).toArrow()
     except SqlError as exc:
         return {"error": {"code": exc.code, "message": str(exc)}}
+    finally:
+        session.release_views()  # the answer is materialised: its views can go
     truncated = data.num_rows > max_rows
     data = data.slice(0, max_rows)
     return {"arrow": base64.b64encode(_arrow_bytes(data)).decode(), "rows": data.num_rows,

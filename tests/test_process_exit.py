@@ -79,8 +79,17 @@ def test_the_wrapper_keeps_the_status_main_gave(body, code, stderr):
 
 
 @pytest.mark.parametrize(
-    "module", ["channel_server", "flush.compact", "examples.kafka_bridge", "bench"]
+    "module",
+    [
+        "channel_server",
+        "flush.compact",
+        "pipelines",
+        "pipelines.worker",
+        "examples.kafka_bridge",
+        "bench",
+    ],
 )
 def test_every_entry_point_ends_through_the_wrapper(module):
-    path = ROOT / (module.replace(".", "/") + ("/__main__.py" if module != "flush.compact" else ".py"))
+    file = ROOT / (module.replace(".", "/") + ".py")
+    path = file if file.exists() else ROOT / module.replace(".", "/") / "__main__.py"
     assert "run_entry_point(main)" in path.read_text()

@@ -1,6 +1,7 @@
 """The contract every catalog implementation must pass (SQLite today)."""
 
 import dataclasses
+import itertools
 import json
 import os
 import sqlite3
@@ -125,10 +126,21 @@ def wait():
 def run_children(body, path, barrier, processes, *args):
     """Run ``processes`` children on one catalog file, released together; their JSON."""
     barrier.mkdir()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD_PRELUDE + body, str(path), str(barrier), str(index), *map(str, args)],
+            [
+                sys.executable,
+                "-c",
+                _CHILD_PRELUDE + body,
+                str(path),
+                str(barrier),
+                str(index),
+                *map(str, args),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,
@@ -220,11 +232,11 @@ def test_row_id_reservations_are_unique_across_processes(catalog, tmp_path):
     )
     ranges = sorted((first, count) for output in outputs for first, count in output)
     assert len(ranges) == 4 * 200
-    for (first, count), (following, _) in zip(ranges, ranges[1:], strict=False):
+    for (first, count), (following, _) in itertools.pairwise(ranges):
         assert first + count <= following, f"[{first}, {first + count}) overlaps {following}"
     # No one else reserved: the blocks tile the sequence from where it stood, no gaps.
     assert ranges[0][0] == start
-    assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:], strict=False))
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(ranges))
     end = ranges[-1][0] + ranges[-1][1]
     assert end == start + sum(count for _, count in ranges)
     assert catalog.get_table_by_id(table.id).next_row_id == end
@@ -415,7 +427,9 @@ def test_a_losing_begin_commit_records_nothing(catalog):
     assert catalog.pending_commits() == [held]
     assert catalog.list_streams() == state
     # Still free to claim with the right offsets.
-    won = catalog.begin_commit("2:b", {}, [StreamClaim(second.id, 5, 6), StreamClaim(third.id, 0, 1)])
+    won = catalog.begin_commit(
+        "2:b", {}, [StreamClaim(second.id, 5, 6), StreamClaim(third.id, 0, 1)]
+    )
     assert catalog.get_stream_by_id(second.id).claimed_by == won.id
 
 

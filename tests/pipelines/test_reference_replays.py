@@ -2,9 +2,10 @@
 statement, comparing every intermediate stream result, plus the stream behaviours the
 reference lists (offsets, noise, points, staleness, renames)."""
 
+
 import pytest
 
-from pipelines import StreamStaleError
+from pipelines import SqlError, StreamConflictError, StreamStaleError
 from tests.pipelines.conftest import rows
 
 INSERT, DELETE = "INSERT", "DELETE"
@@ -12,9 +13,7 @@ INSERT, DELETE = "INSERT", "DELETE"
 
 def changes(session, source, column="a"):
     """``(value, action, is_update)`` of every change row of a stream (or CHANGES query)."""
-    return rows(
-        session.sql(f"SELECT {column}, METADATA$ACTION, METADATA$ISUPDATE FROM {source}")
-    )
+    return rows(session.sql(f"SELECT {column}, METADATA$ACTION, METADATA$ISUPDATE FROM {source}"))
 
 
 def with_ids(session, source, column="a"):
@@ -116,12 +115,13 @@ def test_snowflake_append_only_shows_a_row_as_inserted(session):
     assert changes(session, "s_standard") == [(2, INSERT, False)]
 
 
-# 3. Repeatable read: a transaction sees and consumes the changes as of its start.
+# 3. Repeatable read: a transaction sees and consumes the changes as of its first read.
 def test_repeatable_read_then_consume(session_factory):
     a = session_factory()
     b = session_factory()  # the same warehouse: another client
     a.sql("CREATE TABLE t1(a INT)")
     a.sql("CREATE TABLE target(a INT)")
+    a.sql("CREATE TABLE target_b(a INT)")
     a.sql("CREATE STREAM s1 ON TABLE t1")
     a.sql("INSERT INTO t1 VALUES (1), (2)")
     first_seen = [(1, INSERT, False), (2, INSERT, False)]
@@ -144,6 +144,40 @@ def test_repeatable_read_then_consume(session_factory):
     assert [r[:3] for r in after] == [(2, DELETE, True), (20, INSERT, True)]
     assert after[0][3] == after[1][3]
     assert with_ids(b, "s1") == after
+
+    # Two consumers of T2's change: the first to commit wins, the other changes nothing.
+    a.sql("BEGIN")
+    a.sql("INSERT INTO target SELECT a FROM s1")
+    b.sql("INSERT INTO target_b SELECT a FROM s1")  # autocommit: consumes first
+    with pytest.raises(StreamConflictError):
+        a.sql("COMMIT")
+    assert values(a, "target") == [1, 2]
+    assert values(a, "target_b") == [2, 20]
+    assert changes(a, "s1") == []
+
+
+def test_a_stale_transaction_never_moves_an_offset_backwards(session_factory):
+    a = session_factory()
+    b = session_factory()
+    for table in ("t1", "tgt", "tgt2"):
+        a.sql(f"CREATE TABLE {table}(a INT)")
+    a.sql("CREATE STREAM s1 ON TABLE t1")
+    a.sql("INSERT INTO t1 VALUES (1)")
+
+    a.sql("BEGIN")
+    a.sql("SELECT * FROM t1").collect()  # pins t1 at the version holding 1
+    b.sql("INSERT INTO t1 VALUES (2)")
+    b.sql("INSERT INTO tgt SELECT a FROM s1")  # consumes 1 and 2
+    consumed = show_stream(b, "S1")["offset_version"]
+    # The stream moved past A's snapshot of t1: A may not use it (refused at the read).
+    with pytest.raises(StreamConflictError):
+        a.sql("INSERT INTO tgt2 SELECT a FROM s1")
+    a.sql("COMMIT")
+    assert values(b, "tgt2") == []
+
+    assert values(b, "tgt") == [1, 2]
+    assert show_stream(b, "S1")["offset_version"] >= consumed
+    assert changes(b, "s1") == []  # 2 was consumed already: never delivered again
 
 
 def test_rollback_leaves_the_stream_where_it_was(session):
@@ -187,14 +221,14 @@ def test_reading_never_moves_a_stream_and_an_empty_consumption_does(session):
     expected = [(1, INSERT, False), (2, INSERT, False)]
     assert changes(session, "s") == expected
     assert changes(session, "s") == expected
-    assert session.sql("SELECT COUNT(*) AS n FROM s").collect()[0]["n"] == 2
+    assert session.sql("SELECT COUNT(*) AS n FROM s").collect()[0]["N"] == 2
     assert show_stream(session, "S")["offset_version"] == offset
 
     result = session.sql("INSERT INTO tgt SELECT a FROM s WHERE 1 = 0").collect()
     assert result[0]["number of rows inserted"] == 0
     assert changes(session, "s") == []
     assert values(session, "tgt") == []
-    assert show_stream(session, "S")["offset_version"] > offset
+    assert show_stream(session, "S")["offset_version"] == offset + 1  # the insert's version
 
 
 def test_noise_and_net_changes_in_a_standard_stream(session):
@@ -266,9 +300,13 @@ def test_stream_points_and_changes_clause(session):
     assert with_ids(session, "s_copy") == with_ids(session, "s_mid")
 
     # CHANGES between two versions: the net change of that range, moving nothing.
-    between = f"t CHANGES (INFORMATION => DEFAULT) AT (VERSION => {v0 + 1}) END (VERSION => {v0 + 3})"
+    between = (
+        f"t CHANGES (INFORMATION => DEFAULT) AT (VERSION => {v0 + 1}) END (VERSION => {v0 + 3})"
+    )
     assert changes(session, between) == [(20, INSERT, False)]
-    between = f"t CHANGES (INFORMATION => DEFAULT) AT (VERSION => {v0 + 2}) END (VERSION => {v0 + 3})"
+    between = (
+        f"t CHANGES (INFORMATION => DEFAULT) AT (VERSION => {v0 + 2}) END (VERSION => {v0 + 3})"
+    )
     assert changes(session, between) == [(2, DELETE, True), (20, INSERT, True)]
     upto_now = f"t CHANGES (INFORMATION => DEFAULT) AT (VERSION => {v0})"
     assert changes(session, upto_now) == [(20, INSERT, False)]
@@ -335,3 +373,12 @@ def test_recreated_table_makes_the_stream_stale_and_rename_does_not(session):
     assert changes(session, "s") == []
     session.sql("INSERT INTO u VALUES (3)")
     assert changes(session, "s") == [(3, INSERT, False)]
+
+
+def test_a_table_cannot_take_a_streams_name(session):
+    session.sql("CREATE TABLE t(a INT)")
+    session.sql("CREATE STREAM s ON TABLE t")
+    session.sql("INSERT INTO t VALUES (1)")
+    with pytest.raises(SqlError):
+        session.sql("CREATE TABLE s(a INT)")
+    assert changes(session, "s") == [(1, INSERT, False)]
