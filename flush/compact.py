@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
@@ -109,14 +110,20 @@ def compact_and_record(
 
 
 def serve(
-    spark: Any, catalog: Any, args: argparse.Namespace, requests: IO[str], replies: IO[str]
+    spark: Any,
+    catalog: Any,
+    args: argparse.Namespace,
+    requests: IO[str],
+    replies: IO[str],
+    answer: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> None:
     """Answer each request line with one JSON line until ``requests`` ends.
 
     A bad request (not JSON, no such table) or a failed compaction gets
     ``{"status": "FAILED", "error": ...}`` and the worker goes on. An error outside
     the compaction itself (maintenance, the catalog) ends the worker; the service
-    reports it as died and starts a new one for the next run.
+    reports it as died and starts a new one for the next run. ``answer`` replaces the
+    compaction answer (the pipelines worker also answers SQL requests).
     """
     for line in requests:
         if not line.strip():
@@ -125,7 +132,11 @@ def serve(
             request = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             request = {"error": repr(exc)}
-        replies.write(orjson.dumps(answer_compaction(spark, catalog, args, request)).decode())
+        if answer is None:
+            reply = answer_compaction(spark, catalog, args, request)
+        else:
+            reply = answer(request)
+        replies.write(orjson.dumps(reply).decode())
         replies.write("\n")
         replies.flush()
 

@@ -18,10 +18,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
 import pyarrow as pa
 
 from flush.compact import answer_compaction, parse_args
+from flush.compact import serve as serve_requests
 from pipelines.errors import SqlError
 from pipelines.session import Session
 
@@ -84,20 +84,14 @@ def serve(
 ) -> None:
     """Answer each request line with one JSON line until ``requests`` ends."""
     pool = SessionPool(Path(args.warehouse), spark, catalog)
+
+    def answer(request: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(request, dict) and "statement" in request:
+            return answer_statement(pool, request)
+        return answer_compaction(spark, catalog, args, request)
+
     try:
-        for line in requests:
-            if not line.strip():
-                continue
-            try:
-                request = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                request = {"error": repr(exc)}
-            if isinstance(request, dict) and "statement" in request:
-                answer = answer_statement(pool, request)
-            else:
-                answer = answer_compaction(spark, catalog, args, request)
-            replies.write(orjson.dumps(answer).decode() + "\n")
-            replies.flush()
+        serve_requests(spark, catalog, args, requests, replies, answer)
     finally:
         pool.close()
 
