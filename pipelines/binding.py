@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import SqlglotError
 
 from catalog import TableInfo
+from flush.spark_tables import read_delta
+from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.statements import quote_metadata_columns
@@ -34,7 +36,7 @@ def parse(text: str) -> exp.Expression:
     """
     try:
         trees = sqlglot.parse(quote_metadata_columns(text), read="spark")
-    except ParseError as exc:
+    except SqlglotError as exc:
         raise SqlError(f"SQL compilation error: {exc}", "SQL_COMPILATION_ERROR") from None
     found = [t for t in trees if t is not None]
     if len(found) != 1:
@@ -115,6 +117,19 @@ class Binder:
             info = self.session.catalog.get_table(database, schema, name)
         except Exception:
             info = None
+        when = table.args.get("when")
+        if when is not None:  # time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...)
+            if info is None:
+                raise SqlError(
+                    f"AT/BEFORE needs a table; {database}.{schema}.{name} is not one",
+                    "SQL_COMPILATION_ERROR",
+                )
+            version = self.session.point(
+                info, when.this.upper(), when.args["kind"].upper(), when.expression
+            )
+            frame = read_delta(self.session.spark, info.uri, version).drop(ROW_ID_COLUMN)
+            table.set("when", None)
+            return self.view(frame, table)
         if info is not None:
             return self.view(self.txn.table_frame(info), table)
         if stream is not None:

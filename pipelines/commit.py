@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: This process, as pending commits name their owner (pid, and a token against pid reuse).
 OWNER = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
+#: Pending commits this process is rolling forward right now; any other of its own pending
+#: commits failed half way and may be completed by recovery like a dead process's.
+_IN_FLIGHT: set[int] = set()
 
 
 def stream_app_id(stream_id: int) -> str:
@@ -54,10 +57,11 @@ class TableWrites:
     change: ChangeSet
 
 
-def _owner_alive(owner: str) -> bool:
+def _owner_alive(pending: PendingCommit) -> bool:
+    owner = pending.owner
     pid_text, _, token = owner.partition(":")
     if owner == OWNER:
-        return True
+        return pending.id in _IN_FLIGHT
     try:
         pid = int(pid_text)
         if pid == os.getpid():
@@ -141,17 +145,27 @@ def commit_consumer(
         except StreamClaimConflict:
             raise _lost(catalog, claims) from None
     failpoint("pipeline_after_decide")
+    _IN_FLIGHT.add(pending.id)
     try:
         return _roll_forward(catalog, pending)
     except ConcurrentChangeError as exc:
         if _nothing_landed(pending):
             catalog.abandon_commit(pending.id)
             raise TransactionConflictError(f"{exc}; this transaction changed nothing") from exc
-        raise SqlError(
-            f"commit {pending.id} is partly applied and will be completed when a session "
-            f"next opens this warehouse: {exc}",
-            "COMMIT_PENDING",
-        ) from exc
+        raise _pending_error(pending, exc) from exc
+    except Exception as exc:  # the decision stands: recovery completes it
+        raise _pending_error(pending, exc) from exc
+    finally:
+        _IN_FLIGHT.discard(pending.id)
+
+
+def _pending_error(pending: PendingCommit, exc: BaseException) -> SqlError:
+    return SqlError(
+        f"commit {pending.id} is decided but not finished ({type(exc).__name__}: {exc}); the "
+        "next statement that consumes its streams, or the next session on this warehouse, "
+        "completes it",
+        "COMMIT_PENDING",
+    )
 
 
 def _lost(catalog: Catalog, claims: Sequence[StreamClaim]) -> StreamConflictError:
@@ -185,7 +199,7 @@ def recover_pending(catalog: Catalog) -> int:
     """
     done = 0
     for pending in catalog.pending_commits():
-        if _owner_alive(pending.owner):
+        if _owner_alive(pending):
             continue
         try:
             _roll_forward(catalog, pending)

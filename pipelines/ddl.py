@@ -70,6 +70,7 @@ def _split_columns(text: str) -> list[str]:
 
 def _table_schema(text: str) -> TableSchema:
     declarations: dict[str, str] = {}
+    seen: set[str] = set()
     for definition in _split_columns(text):
         match = re.fullmatch(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s+(.+)', definition, re.S)
         if match is None:
@@ -78,6 +79,10 @@ def _table_schema(text: str) -> TableSchema:
                 "[NOT NULL], e.g. ID NUMBER(38,0) NOT NULL",
                 "SQL_COMPILATION_ERROR",
             )
+        name = split_name(match.group(1))[0]
+        if name in seen:
+            raise SqlError(f"the column {name} is declared twice", "SQL_COMPILATION_ERROR")
+        seen.add(name)
         declarations[match.group(1)] = match.group(2)
     return TableSchema.parse(declarations)
 
@@ -85,15 +90,18 @@ def _table_schema(text: str) -> TableSchema:
 def create_table(session: Session, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = session.qualify(parts["name"] or "")
+    for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
+        check_object_name(part, f"the {what} name")
+    if parts["replace"] and parts["if_not_exists"]:
+        raise SqlError(
+            "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
+        )
     schema = _table_schema(parts["columns"] or "")
     if session.catalog.get_stream(database, schema_name, name) is not None:
         raise SqlError(f"a stream named {database}.{schema_name}.{name} exists; a table needs "
                        "a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
-        if parts["if_not_exists"]:
-            raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
-                           "SQL_COMPILATION_ERROR")  # fmt: skip
         _drop(session, existing)
     info, created = create_catalog_table(
         session.catalog, session.warehouse, database, schema_name, name, schema,
@@ -124,6 +132,12 @@ def rename_table(session: Session, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     database, schema_name, name = session.qualify(statement.parts["new"] or "")
     check_object_name(name, "the table name")
+    if session.catalog.get_stream(database, schema_name, name) is not None:
+        raise SqlError(
+            f"a stream named {database}.{schema_name}.{name} exists; a table needs a name no "
+            "stream has",
+            "OBJECT_ALREADY_EXISTS",
+        )
     session.catalog.rename_table(info.id, database, schema_name, name)
     return _status(session, "Statement executed successfully.")
 
@@ -203,8 +217,6 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
     if parts["at_kind"]:
         offset = session.point(info, parts["at_kind"].upper(), (parts["point_kind"] or "").upper(),
                                parts["point"] or "")  # fmt: skip
-    if not info.properties["change_tracking"]:
-        session.catalog.set_table_properties(info.id, {"change_tracking": True})
     try:
         session.catalog.create_stream(
             database, schema_name, name, info.id, mode.value, offset,
@@ -212,6 +224,8 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
         )  # fmt: skip
     except ObjectAlreadyExistsError as exc:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
+    if not info.properties["change_tracking"]:
+        session.catalog.set_table_properties(info.id, {"change_tracking": True})
     return _status(session, f"Stream {name} successfully created.")
 
 

@@ -42,7 +42,10 @@ def _q(name: str) -> str:
 def _column(info: TableInfo, identifier: exp.Expression) -> Column:
     """The target column an assignment or column list names (identifier rules)."""
     node = identifier.this if isinstance(identifier, exp.Column) else identifier
-    name = node.name if getattr(node, "quoted", False) else node.name.upper()
+    if not isinstance(node, exp.Identifier):
+        shown = identifier.sql("spark") if identifier is not None else "nothing"
+        raise SqlError(f"expected a column name, got {shown[:80]!r}", "SQL_COMPILATION_ERROR")
+    name = node.name if node.quoted else node.name.upper()
     column = info.schema.find(name) or info.schema.find(node.name)
     if column is None:
         raise SqlError(
@@ -93,6 +96,10 @@ def run_insert(session: Session, txn: Transaction, tree: exp.Insert) -> DataFram
     listed = target.expressions if isinstance(target, exp.Schema) else []
     table = target.this if isinstance(target, exp.Schema) else target
     info = binder.table(table)
+    if tree.expression is None:
+        raise SqlError(
+            "INSERT needs VALUES (...) or a query after the table", "SQL_COMPILATION_ERROR"
+        )
     query = binder.bind(tree.expression)
     frame = session.run_spark(_sql(query))
     columns = [_column(info, c) for c in listed] if listed else list(info.schema.columns)
@@ -124,7 +131,15 @@ def run_update(session: Session, txn: Transaction, tree: exp.Update) -> DataFram
     binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
     assigned = {}
+    if not tree.expressions:
+        raise SqlError("UPDATE needs SET column = value", "SQL_COMPILATION_ERROR")
     for assignment in tree.expressions:
+        if not isinstance(assignment, exp.EQ):
+            raise SqlError(
+                f"cannot read the assignment {assignment.sql('spark')[:80]!r}; write "
+                "SET column = value",
+                "SQL_COMPILATION_ERROR",
+            )
         column = _column(info, assignment.this)
         assigned[column.name] = _sql(assignment.expression)
     values = [f"{assigned.get(c, f'{alias}.{_q(c)}')} AS {_q(c)}" for c in info.schema.names]
@@ -178,11 +193,19 @@ def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
         for index, when in enumerate(kinds):
             then = when.args["then"]
             if isinstance(then, exp.Update):
+                if not all(isinstance(a, exp.EQ) for a in then.expressions):
+                    raise SqlError(
+                        "cannot read an assignment of MERGE's UPDATE SET", "SQL_COMPILATION_ERROR"
+                    )
                 assigned = {
                     _column(info, a.this).name: _sql(a.expression) for a in then.expressions
                 }
                 branches.append(f"WHEN {index} THEN {assigned.get(name, f'{alias}.{_q(name)}')}")
             elif isinstance(then, exp.Insert):
+                if then.expression is None:
+                    raise SqlError(
+                        "the INSERT clause of MERGE needs VALUES (...)", "SQL_COMPILATION_ERROR"
+                    )
                 listed = then.this.expressions if then.this is not None else []
                 names = [_column(info, c).name for c in listed] or info.schema.names
                 given = dict(zip(names, then.expression.expressions, strict=False))
@@ -191,7 +214,10 @@ def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
                                    "columns and values", "SQL_COMPILATION_ERROR")  # fmt: skip
                 value = given.get(name)
                 branches.append(f"WHEN {index} THEN {_sql(value) if value is not None else 'NULL'}")
-        values.append(f"CASE {choice} {' '.join(branches)} END AS {_q(name)}")
+        if not branches:  # only DELETE clauses: the values are never written
+            values.append(f"{alias}.{_q(name)} AS {_q(name)}")
+        else:
+            values.append(f"CASE {choice} {' '.join(branches)} END AS {_q(name)}")
     text = (
         f"SELECT {', '.join(values)}, {alias}.{_RID}, {choice} AS __clause"
         f" FROM {source} LEFT JOIN {view} AS {alias} ON {on} WHERE ({choice}) IS NOT NULL"

@@ -25,6 +25,8 @@ class SqlError(Exception):
     code = "SQL_ERROR"
 
     def __init__(self, message: str, code: str | None = None) -> None:
+        if code == "SQL_COMPILATION_ERROR" and not message.startswith("SQL compilation error"):
+            message = f"SQL compilation error: {message}"
         super().__init__(message)
         if code is not None:
             self.code = code

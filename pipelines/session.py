@@ -167,8 +167,13 @@ class Session:
             if not isinstance(tree, kind):
                 raise SqlError(f"cannot read this {statement.kind.upper()} statement",
                                "SQL_COMPILATION_ERROR")  # fmt: skip
+            from pyspark.errors import PySparkException
+
             try:
                 return runner(self, txn, tree)
+            except PySparkException as exc:  # raised while Spark computed the change
+                message = str(exc).strip().splitlines()[0][:500]
+                raise SqlError(f"SQL execution error: {message}", "SQL_EXECUTION_ERROR") from None
             finally:
                 if txn is not self._transaction:  # an explicit transaction may reuse them
                     self.release_views()

@@ -91,15 +91,23 @@ class Statement:
 
 
 def quote_metadata_columns(text: str) -> str:
-    """Backquote unquoted ``METADATA$...`` names outside literals and comments."""
-    out, position = [], 0
+    """Spark SQL text from a statement written for the reference system: unquoted
+    ``METADATA$...`` names backquoted, and ``"quoted"`` identifiers (``""`` inside is a
+    quote) backquoted, since Spark would read double quotes as a string."""
+    out: list[str] = []
+    position = 0
+
+    def quoted(match: re.Match[str]) -> str:
+        return f"`{match.group(1).upper()}`"
+
     for literal in _LITERALS.finditer(text):
-        out.append(
-            _METADATA.sub(lambda m: f"`{m.group(1).upper()}`", text[position : literal.start()])
-        )
-        out.append(literal.group(0))
+        out.append(_METADATA.sub(quoted, text[position : literal.start()]))
+        token = literal.group(0)
+        if token.startswith('"'):
+            token = "`" + token[1:-1].replace('""', '"').replace("`", "``") + "`"
+        out.append(token)
         position = literal.end()
-    out.append(_METADATA.sub(lambda m: f"`{m.group(1).upper()}`", text[position:]))
+    out.append(_METADATA.sub(quoted, text[position:]))
     return "".join(out)
 
 
