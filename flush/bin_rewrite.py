@@ -158,7 +158,14 @@ def range_boundaries(paths: list[str], column: str, ranges: int) -> tuple[Any, .
 def _inputs_dataset(paths: list[str]) -> ds.Dataset:
     """The input files as one dataset with the newest file's schema (the last path):
     older undersized files, maybe written by another engine, are cast to it."""
-    return ds.dataset(paths, schema=pq.read_schema(paths[-1]), format="parquet")
+    return ds.dataset(paths, schema=_plain_views(pq.read_schema(paths[-1])), format="parquet")
+
+
+def _plain_views(schema: pa.Schema) -> pa.Schema:
+    """String and binary views (which delta-rs merges write) as plain strings and binaries:
+    pyarrow's ``take`` (the sort) has no kernel for views."""
+    plain = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+    return pa.schema([f.with_type(plain.get(f.type, f.type)) for f in schema], schema.metadata)
 
 
 def _sorted(data: pa.Table, task: BinTask) -> pa.Table:

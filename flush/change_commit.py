@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import ROW_ID_COLUMN
@@ -38,6 +38,8 @@ __all__ = [
 ]
 
 PIPELINE_METADATA_KEY = "ingest.pipelines"
+#: How long a merge keeps retrying after conflicts with concurrent appends.
+MERGE_RETRY_SECONDS = 60.0
 _OP = "__INGEST_OP"
 
 
@@ -75,21 +77,24 @@ class ChangeSet:
         return pa.concat_arrays([existing.cast(pa.int64()), self.deleted.cast(pa.int64())])
 
 
+def commit_app_id(commit_id: int) -> str:
+    """The app transaction that marks pipeline commit ``commit_id`` in a table's log.
+
+    Whether a commit landed is read from the snapshot's app transactions, not from the
+    history: delta-rs 1.6 numbers ``history()`` entries from the version the handle was
+    loaded at, so a commit landing meanwhile shifts every label.
+    """
+    return f"ingest-pipeline-commit:{commit_id}"
+
+
 def landed_version(table: DeltaTable, commit_id: int, after_version: int) -> int | None:
-    """The version of the pipeline commit ``commit_id`` if it is in the log after
-    ``after_version`` (a replay must not apply it twice)."""
-    newest = table.version()
-    if newest <= after_version:
+    """A version at or after the pipeline commit ``commit_id`` if the log holds it (a
+    replay must not apply it twice); None if it never landed."""
+    if table.version() <= after_version:
         return None
-    for entry in table.history(limit=newest - after_version):
-        text = entry.get(PIPELINE_METADATA_KEY)
-        if (
-            entry.get("version", -1) > after_version
-            and text is not None
-            and orjson.loads(text).get("commit") == commit_id
-        ):
-            return int(entry["version"])
-    return None
+    if table.transaction_version(commit_app_id(commit_id)) is None:
+        return None
+    return table.version()
 
 
 def changed_row_ids(table_uri: str, after_version: int, to_version: int) -> pa.Array:
@@ -218,12 +223,15 @@ def commit_staged(
         custom_metadata={
             PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "commit": commit_id}).decode()
         },
-        app_transactions=[Transaction(app, version) for app, version in app_transactions.items()],
+        app_transactions=[Transaction(app, version) for app, version in app_transactions.items()]
+        + [Transaction(commit_app_id(commit_id), 1)],
     )
+    # A merge conflicts with every append that lands while it runs (delta-rs checks
+    # blind appends too), so under steady ingestion it retries for a while, not a count.
     for attempt in Retrying(
         retry=retry_if_exception_type(CommitFailedError),
-        stop=stop_after_attempt(10),
-        wait=wait_random_exponential(multiplier=0.05, max=2),
+        stop=stop_after_delay(MERGE_RETRY_SECONDS),
+        wait=wait_random_exponential(multiplier=0.02, max=0.5),
         reraise=True,
     ):
         with attempt:

@@ -206,9 +206,15 @@ def recover_pending(catalog: Catalog) -> int:
             log.info("rolled forward pipeline commit %d of %s", pending.id, pending.owner)
         except ConcurrentChangeError:
             if not _nothing_landed(pending):
-                raise
+                log.error("pipeline commit %d is partly applied and its rows changed "
+                          "meanwhile; it stays pending", pending.id)  # fmt: skip
+                continue
             catalog.abandon_commit(pending.id)
             log.warning("abandoned pipeline commit %d: its rows changed meanwhile", pending.id)
+        except Exception:  # retried by the next recovery; never stops a session opening
+            log.exception("rolling forward pipeline commit %d failed; it stays pending",
+                          pending.id)  # fmt: skip
+            continue
         done += 1
     return done
 
