@@ -3,8 +3,9 @@
 A change set is keyed by the hidden row id: the new state of rows inserted or updated
 (``rows``) and the ids of rows deleted (``deleted``). Inserts alone are an append of
 one Parquet file; anything else is one delta-rs ``merge`` on the row id. Either way the
-commit carries the consumer's app transactions (one per stream it consumed) and
-metadata naming the pipeline commit, so a replay finds it and never applies it twice.
+commit carries the consumer's app transactions (one per stream it consumed), one more
+that marks the pipeline commit itself (so a replay finds it and never applies it twice)
+and metadata naming it.
 An empty change set still commits (an empty commit), because the app transactions
 must land even when a consumption wrote no row.
 """

@@ -71,14 +71,7 @@ class Binder:
         return database, schema, name
 
     def table(self, table: exp.Table) -> TableInfo:
-        database, schema, name = self.names(table)
-        try:
-            return self.session.catalog.get_table(database, schema, name)
-        except Exception:
-            raise ObjectNotFoundError(
-                f"table {database}.{schema}.{name} does not exist; check the name (unquoted "
-                "names are upper-cased; USE DATABASE/SCHEMA sets the defaults) or create it"
-            ) from None
+        return self.session.table_or_error(*self.names(table))
 
     def view(self, frame: object, table: exp.Table) -> exp.Table:
         """Register ``frame`` as a temporary view; the reference that replaces ``table``."""
@@ -113,10 +106,7 @@ class Binder:
             return self.view(self._changes(table, changes), table)
         database, schema, name = self.names(table)
         stream = self.session.catalog.get_stream(database, schema, name)
-        try:
-            info = self.session.catalog.get_table(database, schema, name)
-        except Exception:
-            info = None
+        info = self.session.find_table(database, schema, name)
         when = table.args.get("when")
         if when is not None:  # time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...)
             if info is None:

@@ -18,8 +18,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from catalog import Catalog, PendingCommit, StreamClaim, StreamClaimConflict, TableInfo
 from flush.change_commit import (
     ChangeSet,
@@ -217,8 +215,3 @@ def recover_pending(catalog: Catalog) -> int:
             continue
         done += 1
     return done
-
-
-def empty_change(info_schema: pa.Schema) -> ChangeSet:
-    """A change set that writes nothing (a consumption that selected no row)."""
-    return ChangeSet(info_schema.empty_table())

@@ -232,7 +232,10 @@ class Session:
             return None
 
     def require_table(self, name: str) -> TableInfo:
-        database, schema, table = self.qualify(name)
+        return self.table_or_error(*self.qualify(name))
+
+    def table_or_error(self, database: str, schema: str, table: str) -> TableInfo:
+        """The table, or an error that names it and says what to check."""
         info = self.find_table(database, schema, table)
         if info is None:
             raise ObjectNotFoundError(

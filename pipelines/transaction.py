@@ -19,10 +19,10 @@ from deltalake import DeltaTable
 from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
-from flush.tables import ROW_ID_COLUMN, delta_schema
+from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode, read_changes
 from pipelines.commit import TableWrites, commit_consumer
-from pipelines.errors import ObjectNotFoundError, StreamConflictError, StreamStaleError
+from pipelines.errors import StreamConflictError, StreamStaleError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -131,13 +131,6 @@ class Transaction:
         new_ids = new_ids.filter(pc.invert(pc.is_in(new_ids, value_set=change.deleted)))
         writes.change = ChangeSet(rows, deleted, new_ids)
 
-    def touch(self, info: TableInfo) -> None:
-        """Make the table a target of this transaction even if nothing is written to it:
-        a consumption that writes no row still commits (and moves its streams)."""
-        if info.id not in self.writes:
-            empty = delta_schema(info.schema).empty_table()
-            self.stage(info, ChangeSet(empty))
-
     def consume(self, stream: StreamRecord) -> None:
         self.stream_read(stream)
         self.consumed.add(stream.id)
@@ -151,14 +144,3 @@ class Transaction:
             for stream_id in sorted(self.consumed)
         ]
         return commit_consumer(self.catalog, list(self.writes.values()), claims, statement)
-
-
-def require_table(catalog: Catalog, database: str, schema_name: str, name: str) -> TableInfo:
-    """The table, or an error that names it and says what to do."""
-    try:
-        return catalog.get_table(database, schema_name, name)
-    except Exception as exc:
-        raise ObjectNotFoundError(
-            f"table {database}.{schema_name}.{name} does not exist or is not authorized; "
-            "check the name (unquoted names are upper-cased) or create it"
-        ) from exc
