@@ -7,6 +7,10 @@ row id, and streams with exactly-once consumption.
         session.sql("INSERT INTO t2 SELECT a FROM s")   # consumes s when it commits
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from pipelines.changes import ChangeMode
 from pipelines.errors import (
     ObjectNotFoundError,
@@ -18,6 +22,9 @@ from pipelines.errors import (
 )
 from pipelines.session import Session
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 __all__ = [
     "ChangeMode",
     "ObjectNotFoundError",
@@ -27,4 +34,15 @@ __all__ = [
     "StreamStaleError",
     "TransactionConflictError",
     "UnsupportedStatementError",
+    "register_data_sources",
 ]
+
+
+def register_data_sources(spark: SparkSession) -> None:
+    """Make ``format("ingest-changes")`` (change rows, batch and streaming) and
+    ``format("ingest")`` (append, batch and streaming) known to ``spark``."""
+    from pipelines.change_source import ChangesDataSource
+    from pipelines.table_sink import TableSinkDataSource
+
+    spark.dataSource.register(ChangesDataSource)
+    spark.dataSource.register(TableSinkDataSource)

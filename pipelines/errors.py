@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "InvalidOptionError",
     "ObjectNotFoundError",
     "SqlError",
     "StreamConflictError",
@@ -60,3 +61,9 @@ class TransactionConflictError(SqlError):
     """Another writer changed the rows this transaction changes; it changed nothing."""
 
     code = "TRANSACTION_CONFLICT"
+
+
+class InvalidOptionError(SqlError):
+    """A Spark data source option is unknown, missing or out of range."""
+
+    code = "INVALID_OPTION"

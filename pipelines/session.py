@@ -75,6 +75,9 @@ class Session:
 
             spark = spark_session(app_name="ingest-pipelines")
         self.spark = spark
+        from pipelines import register_data_sources
+
+        register_data_sources(spark)  # format("ingest-changes") and format("ingest")
         self.database, self.schema = database, schema
         self.views: list[str] = []
         self._transaction: Transaction | None = None

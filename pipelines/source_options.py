@@ -1,0 +1,113 @@
+"""Options of our Spark data sources, checked at the door.
+
+Spark hands a data source its options as text (keys case-insensitive). Every key is
+checked against the ones the source knows (a misspelt ``startingVersion`` must not
+silently read from the beginning), the warehouse must be an existing warehouse (a
+source never creates a catalog), and the table must exist.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+
+from catalog import SqliteCatalog, TableInfo
+from ingest_sdk.errors import IngestError
+from pipelines.errors import InvalidOptionError, ObjectNotFoundError
+from pipelines.statements import NAME, split_name
+
+__all__ = ["SourceOptions"]
+
+CATALOG_FILE = "catalog.sqlite"
+
+
+class SourceOptions:
+    """The options of one data source use, validated.
+
+    Args:
+        options: what Spark passed (case-insensitive keys).
+        source: the format name, for messages.
+        known: the option names this use accepts, in their documented spelling.
+    """
+
+    def __init__(self, options: Mapping[str, str], source: str, known: Iterable[str]) -> None:
+        self.source = source
+        spelled = {name.lower(): name for name in known}
+        self.values = {str(key).lower(): str(value) for key, value in options.items()}
+        unknown = sorted(set(self.values) - set(spelled))
+        if unknown:
+            raise InvalidOptionError(
+                f"{source}: unknown option(s) {', '.join(unknown)}; the options are "
+                f"{', '.join(sorted(spelled.values()))}"
+            )
+        self._spelled = spelled
+
+    def get(self, name: str) -> str | None:
+        return self.values.get(name.lower())
+
+    def require(self, name: str, hint: str) -> str:
+        value = self.get(name)
+        if value is None or not value.strip():
+            raise InvalidOptionError(f"{self.source}: the option {name} is required ({hint})")
+        return value.strip()
+
+    def whole_number(self, name: str, minimum: int = 0) -> int | None:
+        """An optional whole-number option, at least ``minimum``."""
+        value = self.get(name)
+        if value is None:
+            return None
+        text = value.strip()
+        if not text.isdigit() or int(text) < minimum or len(text) > 18:
+            raise InvalidOptionError(
+                f"{self.source}: the option {name} must be a whole number of at least "
+                f"{minimum}, got {value[:40]!r}"
+            )
+        return int(text)
+
+    def timestamp(self, name: str) -> datetime | None:
+        """An optional ISO timestamp option (UTC unless it names a zone)."""
+        value = self.get(name)
+        if value is None:
+            return None
+        try:
+            moment = datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise InvalidOptionError(
+                f"{self.source}: cannot read the option {name}={value[:40]!r} as a timestamp; "
+                "write 'YYYY-MM-DD HH:MM:SS' (UTC) or an ISO timestamp with a zone"
+            ) from None
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+    def warehouse(self) -> Path:
+        """The warehouse folder; it must hold the service's catalog."""
+        folder = Path(self.require("warehouse", "the service's warehouse folder"))
+        if not (folder / CATALOG_FILE).is_file():
+            raise InvalidOptionError(
+                f"{self.source}: {str(folder)[:200]} is not a warehouse (no {CATALOG_FILE}); "
+                "set the option warehouse to the folder the service (make run) or a Session uses"
+            )
+        return folder
+
+    def catalog(self) -> SqliteCatalog:
+        return SqliteCatalog(self.warehouse() / CATALOG_FILE)
+
+    def table(self, catalog: SqliteCatalog) -> TableInfo:
+        """The table the option ``table`` names (``T``, ``SCHEMA.T`` or ``DB.SCHEMA.T``;
+        unquoted parts upper-cased; defaults DB and PUBLIC)."""
+        text = self.require("table", "a table name such as DB.PUBLIC.ORDERS")
+        if re.fullmatch(NAME, text) is None:
+            raise InvalidOptionError(
+                f"{self.source}: invalid table name {text[:80]!r}; write NAME, SCHEMA.NAME or "
+                'DB.SCHEMA.NAME (letters, digits, _ and $, or "quoted")'
+            )
+        parts = split_name(text)
+        database, schema, name = (["DB", "PUBLIC"][: 3 - len(parts)] + parts)[-3:]
+        try:
+            return catalog.get_table(database, schema, name)
+        except IngestError:
+            raise ObjectNotFoundError(
+                f"{self.source}: table {database}.{schema}.{name} does not exist; check the "
+                "option table (unquoted names are upper-cased) and the option warehouse"
+            ) from None
