@@ -2,7 +2,10 @@
 
 Set ``INGEST_FAILPOINTS`` to a comma-separated list of ``name=action`` before
 the process starts. Actions: ``kill`` (SIGKILL this process, as a power cut
-would) and ``error`` (raise :class:`InjectedFailure`, as a full disk would).
+would), ``killsession`` (SIGKILL every process of its session: a Spark
+application's driver, JVM and Python workers at once, when the failpoint runs in a
+worker; start the application with ``start_new_session=True``)
+and ``error`` (raise :class:`InjectedFailure`, as a full disk would).
 ``error*N`` raises only the first N times. Production never sets the variable,
 so every failpoint is a dictionary lookup that finds nothing.
 """
@@ -33,6 +36,19 @@ def _parse(spec: str) -> dict[str, list[object]]:
 _POINTS = _parse(os.environ.get(ENV_VAR, ""))
 
 
+def _kill_session() -> None:
+    """SIGKILL every process in this process's session, this one last."""
+    session, me = os.getsid(0), os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                if os.getsid(int(entry)) == session:
+                    os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue  # gone already, or not ours
+    os.kill(me, signal.SIGKILL)
+
+
 def failpoint(name: str) -> None:
     """Fail here if the environment asked for it."""
     point = _POINTS.get(name)
@@ -45,4 +61,6 @@ def failpoint(name: str) -> None:
         point[1] = remaining - 1  # type: ignore[operator]
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "killsession":
+        _kill_session()
     raise InjectedFailure(f"failpoint {name}")
