@@ -5,7 +5,8 @@ deletes and update pre/post images of each commit, never compaction (its commits
 not change data). The net change of one row between the versions is its state before
 the first event against its state after the last one, compared by row id; equal
 states are dropped, which removes copy-on-write noise (an UPDATE that changed no value)
-for free. The modes are parameters of the one builder:
+for free. The netting is Arrow compute on the events delta-rs returns; Spark gets
+the result. The modes are parameters of the one builder:
 
 - ``DEFAULT`` (standard streams): net changes; an update is a DELETE + INSERT pair with
   ``METADATA$ISUPDATE`` true and the same row id.
@@ -21,6 +22,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from flush.tables import ROW_ID_COLUMN, delta_schema
@@ -30,7 +32,9 @@ from pipelines.errors import StreamStaleError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ACTION", "CHANGE_COLUMNS", "ISUPDATE", "ROW_ID", "ChangeMode", "read_changes"]
+__all__ = [
+    "ACTION", "CHANGE_COLUMNS", "ISUPDATE", "ROW_ID", "ChangeMode", "net_changes", "read_changes",
+]  # fmt: skip
 
 ACTION, ISUPDATE, ROW_ID = "METADATA$ACTION", "METADATA$ISUPDATE", "METADATA$ROW_ID"
 CHANGE_COLUMNS = (ACTION, ISUPDATE, ROW_ID)
@@ -72,6 +76,75 @@ def change_events(table_uri: str, schema: TableSchema, after: int, to: int) -> p
     return events.select([f.name for f in fields]).cast(pa.schema(fields))
 
 
+def net_changes(events: pa.Table, columns: list[str], mode: ChangeMode) -> pa.Table:
+    """The net change of each row in ``events`` (as :func:`change_events` gives them):
+    the table's ``columns``, then ``METADATA$ACTION``, ``METADATA$ISUPDATE`` and
+    ``METADATA$ROW_ID``; deletes first, then inserts.
+
+    Events are sorted by row id and then by (version, before-kind first); a row's first
+    event holds its state before the range if it is a delete or pre-image, its last
+    event its state after if it is an insert or post-image. Rows whose two states are
+    equal (or both absent) drop out; a state only after is an INSERT, only before a
+    DELETE, both an update pair. ``APPEND_ONLY`` keeps the first insert of each row.
+    """
+    kind = events.column("_change_type")
+    if mode is ChangeMode.APPEND_ONLY:  # inserts only: the cheap read on insert-only history
+        events = events.filter(pc.equal(kind, "insert"))
+        kind = events.column("_change_type")
+    before_kind = pc.is_in(kind, value_set=pa.array(_BEFORE_KINDS))
+    order = pc.add(
+        pc.multiply(events.column("_commit_version"), 2),
+        pc.if_else(before_kind, 0, 1).cast(pa.int64()),
+    )
+    ordered = events.append_column("__order", order).sort_by(
+        [(ROW_ID_COLUMN, "ascending"), ("__order", "ascending")]
+    )
+    ids = ordered.column(ROW_ID_COLUMN).combine_chunks()
+    count = len(ids)
+    if count == 0:
+        return _labelled(ordered.slice(0, 0), columns, "INSERT", pa.array([], pa.bool_()))
+    changes_id = pc.not_equal(ids.slice(1), ids.slice(0, count - 1))
+    first = ordered.filter(pa.concat_arrays([pa.array([True]), changes_id]))
+    last = ordered.filter(pa.concat_arrays([changes_id, pa.array([True])]))
+    if mode is ChangeMode.APPEND_ONLY:
+        return _labelled(first, columns, "INSERT", pa.array([False] * first.num_rows))
+    has_before = pc.is_in(first.column("_change_type"), value_set=pa.array(_BEFORE_KINDS))
+    has_after = pc.is_in(last.column("_change_type"), value_set=pa.array(_AFTER_KINDS))
+    same = pc.and_(has_before, has_after)
+    for name in columns:
+        same = pc.and_(same, _same_values(first.column(name), last.column(name)))
+    keep = pc.invert(pc.or_(same, pc.invert(pc.or_(has_before, has_after))))
+    if mode is ChangeMode.APPEND_ONLY_FINAL:
+        keep = pc.and_(keep, pc.invert(has_before))
+    is_update = pc.and_(has_before, has_after)
+    deleted = pc.and_(keep, has_before)
+    inserted = pc.and_(keep, has_after)
+    return pa.concat_tables([
+        _labelled(first.filter(deleted), columns, "DELETE", is_update.filter(deleted)),
+        _labelled(last.filter(inserted), columns, "INSERT", is_update.filter(inserted)),
+    ])  # fmt: skip
+
+
+def _same_values(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.Array:
+    """Null-safe equality (NULL = NULL; NaN = NaN, as Spark compares)."""
+    equal = pc.equal(left, right)
+    both_null = pc.and_(pc.is_null(left), pc.is_null(right))
+    if pa.types.is_floating(left.type):
+        both_null = pc.or_(both_null, pc.and_(pc.is_nan(left), pc.is_nan(right)).fill_null(False))
+    return pc.if_else(pc.is_null(equal), both_null, pc.or_(equal, both_null))
+
+
+def _labelled(rows: pa.Table, columns: list[str], action: str, is_update: pa.Array) -> pa.Table:
+    count = rows.num_rows
+    return pa.table(
+        [*(rows.column(name) for name in columns),
+         pa.array([action] * count, pa.string()),
+         is_update,
+         rows.column(ROW_ID_COLUMN)],
+        names=[*columns, ACTION, ISUPDATE, ROW_ID],
+    )  # fmt: skip
+
+
 def read_changes(
     spark: SparkSession,
     table_uri: str,
@@ -83,53 +156,9 @@ def read_changes(
     """The changes of versions ``(after, to]`` as a DataFrame: the table's columns, then
     ``METADATA$ACTION``, ``METADATA$ISUPDATE`` and ``METADATA$ROW_ID``.
 
-    One plan: group the events by row id; the state before the range is the first
-    event's if it is a delete or pre-image, the state after is the last event's if it is
-    an insert or post-image; rows whose two states are equal (or both absent) drop out,
-    a state only after is an INSERT, only before a DELETE, both an update pair.
+    The events are netted in Arrow (:func:`net_changes`) where delta-rs left them, on
+    the driver: a Spark plan grouping them by row id cost seconds even for a few
+    thousand changes (two shuffles and a sort aggregate).
     """
-    from pyspark.sql import functions as F
-
     events = change_events(table_uri, schema, after, to)
-    columns = schema.names
-    frame = spark.createDataFrame(events)
-    kind = F.col("_change_type")
-    if mode is ChangeMode.APPEND_ONLY:  # inserts only: the cheap read on insert-only history
-        frame = frame.where(kind == "insert")
-    order = F.col("_commit_version") * 2 + F.when(kind.isin(_BEFORE_KINDS), 0).otherwise(1)
-    event = F.struct(kind.alias("kind"), F.struct(*[F.col(f"`{c}`") for c in columns]).alias("v"))
-    grouped = frame.groupBy(ROW_ID_COLUMN).agg(
-        F.min_by(event, order).alias("first"), F.max_by(event, order).alias("last")
-    )
-    before = F.when(F.col("first.kind").isin(_BEFORE_KINDS), F.col("first.v"))
-    after_state = F.when(F.col("last.kind").isin(_AFTER_KINDS), F.col("last.v"))
-    if mode is ChangeMode.APPEND_ONLY:
-        before, after_state = F.lit(None), F.col("first.v")
-    states = grouped.select(
-        F.col(ROW_ID_COLUMN), before.alias("before"), after_state.alias("after")
-    ).where(~F.col("before").eqNullSafe(F.col("after")))
-    if mode is ChangeMode.APPEND_ONLY_FINAL:
-        states = states.where(F.col("before").isNull())
-    is_update = F.col("before").isNotNull() & F.col("after").isNotNull()
-    labelled = states.select(
-        F.col(ROW_ID_COLUMN),
-        F.explode(
-            F.filter(
-                F.array(
-                    F.when(F.col("before").isNotNull(),
-                           F.struct(F.lit("DELETE").alias("a"), is_update.alias("u"),
-                                    F.col("before").alias("v"))),
-                    F.when(F.col("after").isNotNull(),
-                           F.struct(F.lit("INSERT").alias("a"), is_update.alias("u"),
-                                    F.col("after").alias("v"))),
-                ),
-                lambda change: change.isNotNull(),
-            )
-        ).alias("c"),
-    )  # fmt: skip
-    return labelled.select(
-        *[F.col("c.v").getField(c).alias(c) for c in columns],
-        F.col("c.a").alias(ACTION),
-        F.col("c.u").alias(ISUPDATE),
-        F.col(ROW_ID_COLUMN).alias(ROW_ID),
-    )
+    return spark.createDataFrame(net_changes(events, schema.names, mode))
