@@ -32,7 +32,7 @@ from typing import IO, Any
 import orjson
 
 from flush.compaction import CompactionPolicy, CompactionResult, compact_table
-from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_table, stream_retention_hours
+from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_catalog_table
 
 MiB = 1024 * 1024
 
@@ -97,10 +97,8 @@ def compact_and_record(
     catalog.record_migration(info.id, run_record(result))
     output: dict[str, Any] = {"table": info.full_name, **run_record(result)}
     if args.maintenance:
-        done = maintain_table(
-            info.uri,
-            stream_retention_hours(catalog, info, args.retention_hours),
-            allow_short_retention=args.allow_short_retention,
+        done = maintain_catalog_table(
+            catalog, info, args.retention_hours, allow_short_retention=args.allow_short_retention
         )
         output["vacuumed_files"] = len(done.deleted_files)
         report(f"maintenance: checkpoint at {done.checkpoint_version}, "

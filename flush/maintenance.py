@@ -14,6 +14,7 @@ they are never touched.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +27,9 @@ from flush.tables import INGEST_DIR, live_files
 __all__ = [
     "DEFAULT_RETENTION_HOURS",
     "MaintenanceResult",
+    "maintain_catalog_table",
     "maintain_table",
+    "pending_commit_files",
     "stream_retention_hours",
     "vacuum_data_folders",
 ]
@@ -49,8 +52,12 @@ def vacuum_data_folders(
     *,
     dry_run: bool = False,
     allow_short_retention: bool = False,
+    keep: Iterable[str] = (),
 ) -> list[str]:
     """Delete unreferenced files in ``_ingest/`` and ``_compacted/``; returns their paths.
+
+    ``keep`` lists more files (relative to the table) that must stay: the staged change
+    sets of pending pipeline commits (:func:`pending_commit_files`).
 
     Raises:
         ValueError: a retention under one hour without ``allow_short_retention``.
@@ -63,7 +70,7 @@ def vacuum_data_folders(
     root = Path(table_uri)
     cutoff = time.time() - retention_hours * 3600
     table = DeltaTable(table_uri)
-    keep = {f["path"] for f in live_files(table)}
+    keep = {f["path"] for f in live_files(table)} | set(keep)
     for entry in table.history():
         version = entry.get("version", 0)
         recent = entry.get("timestamp", 0) / 1000 >= cutoff
@@ -105,17 +112,48 @@ def stream_retention_hours(catalog: Catalog, info: TableInfo, retention_hours: f
     return max(retention_hours, needed)
 
 
+def pending_commit_files(catalog: Catalog, table_id: int) -> set[str]:
+    """Files of a table that pending pipeline commits will add or merge (their plans
+    list ``tables`` of ``{"table_id", "staged": {"path", ...}}``, see pipelines' commit).
+    They are unreferenced by the log until the commit lands, however long it waits."""
+    return {
+        entry["staged"]["path"]
+        for pending in catalog.pending_commits()
+        for entry in pending.plan.get("tables", [])
+        if entry.get("table_id") == table_id and entry.get("staged")
+    }
+
+
 def maintain_table(
     table_uri: str,
     retention_hours: float = DEFAULT_RETENTION_HOURS,
     *,
     allow_short_retention: bool = False,
+    keep: Iterable[str] = (),
 ) -> MaintenanceResult:
-    """Checkpoint the log, clean up expired log files, and vacuum the data folders."""
+    """Checkpoint the log, clean up expired log files, and vacuum the data folders
+    (never the files in ``keep``)."""
     table = DeltaTable(table_uri)
     table.create_checkpoint()
     table.cleanup_metadata()
     deleted = vacuum_data_folders(
-        table_uri, retention_hours, allow_short_retention=allow_short_retention
+        table_uri, retention_hours, allow_short_retention=allow_short_retention, keep=keep
     )
     return MaintenanceResult(checkpoint_version=table.version(), deleted_files=deleted)
+
+
+def maintain_catalog_table(
+    catalog: Catalog,
+    info: TableInfo,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    *,
+    allow_short_retention: bool = False,
+) -> MaintenanceResult:
+    """:func:`maintain_table` for a table of the catalog: the retention extended for its
+    streams (:func:`stream_retention_hours`), the staged files of pending commits kept."""
+    return maintain_table(
+        info.uri,
+        stream_retention_hours(catalog, info, retention_hours),
+        allow_short_retention=allow_short_retention,
+        keep=pending_commit_files(catalog, info.id),
+    )
