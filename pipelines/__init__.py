@@ -19,6 +19,7 @@ from pipelines.errors import (
     StreamStaleError,
     TransactionConflictError,
     UnsupportedStatementError,
+    evaluation_errors,
 )
 from pipelines.session import Session
 
@@ -34,6 +35,7 @@ __all__ = [
     "StreamStaleError",
     "TransactionConflictError",
     "UnsupportedStatementError",
+    "evaluation_errors",
     "register_data_sources",
 ]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TextIO
 import orjson
 
 from ingest_sdk.process_exit import run_entry_point
-from pipelines.errors import SqlError
+from pipelines.errors import SqlError, evaluation_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -80,7 +80,8 @@ def print_frame(frame: DataFrame, form: str, limit: int, out: TextIO) -> None:
 
 def run_one(session: Session, statement: str, args: argparse.Namespace) -> int:
     try:
-        print_frame(session.sql(statement), args.format, args.max_rows, sys.stdout)
+        with evaluation_errors():
+            print_frame(session.sql(statement), args.format, args.max_rows, sys.stdout)
     except SqlError as exc:
         print(f"error {exc.code}: {exc}", file=sys.stderr)
         return 1

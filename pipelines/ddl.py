@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
-from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo
+from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo, full_name
 from flush import create_catalog_table, drop_table
 from ingest_sdk import TableSchema
+from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
 from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -103,10 +104,17 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
         _drop(session, existing)
-    info, created = create_catalog_table(
-        session.catalog, session.warehouse, database, schema_name, name, schema,
-        if_not_exists=bool(parts["if_not_exists"]),
-    )  # fmt: skip
+    try:
+        info, created = create_catalog_table(
+            session.catalog, session.warehouse, database, schema_name, name, schema,
+            if_not_exists=bool(parts["if_not_exists"]),
+        )  # fmt: skip
+    except TableAlreadyExistsError:  # its message names the HTTP fix; say the SQL one
+        raise SqlError(
+            f"table {full_name(database, schema_name, name)} already exists; write CREATE "
+            "TABLE IF NOT EXISTS to keep it, or CREATE OR REPLACE TABLE to replace it",
+            "TABLE_EXISTS",
+        ) from None
     if not created:
         return _status(session, f"{info.name} already exists, statement succeeded.")
     return _status(session, f"Table {info.name} successfully created.")

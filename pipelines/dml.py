@@ -202,7 +202,7 @@ def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
                 }
                 branches.append(f"WHEN {index} THEN {assigned.get(name, f'{alias}.{_q(name)}')}")
             elif isinstance(then, exp.Insert):
-                if then.expression is None:
+                if not isinstance(then.expression, exp.Expression):  # sqlglot: None or False
                     raise SqlError(
                         "the INSERT clause of MERGE needs VALUES (...)", "SQL_COMPILATION_ERROR"
                     )

@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 __all__ = [
     "InvalidOptionError",
     "ObjectNotFoundError",
@@ -13,6 +16,7 @@ __all__ = [
     "StreamStaleError",
     "TransactionConflictError",
     "UnsupportedStatementError",
+    "evaluation_errors",
 ]
 
 
@@ -67,3 +71,17 @@ class InvalidOptionError(SqlError):
     """A Spark data source option is unknown, missing or out of range."""
 
     code = "INVALID_OPTION"
+
+
+@contextlib.contextmanager
+def evaluation_errors() -> Iterator[None]:
+    """Spark's errors while it evaluates a query's DataFrame (a division by zero, a
+    failed cast) as :class:`SqlError` ``SQL_EXECUTION_ERROR``: ``Session.sql`` returns
+    queries unevaluated, so the faces that evaluate them (HTTP, CLI) wrap the action."""
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except PySparkException as exc:
+        message = str(exc).strip().splitlines()[0][:500]
+        raise SqlError(f"SQL execution error: {message}", "SQL_EXECUTION_ERROR") from None

@@ -28,8 +28,9 @@ from pipelines.errors import (
     SqlError,
     StreamStaleError,
     TransactionConflictError,
+    UnsupportedStatementError,
 )
-from pipelines.statements import Statement, classify, split_name
+from pipelines.statements import SUPPORTED, Statement, classify, split_name
 from pipelines.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -181,8 +182,8 @@ class Session:
                 if txn is not self._transaction:  # an explicit transaction may reuse them
                     self.release_views()
         if not isinstance(tree, exp.Query):
-            raise SqlError(
-                f"unsupported statement {statement.text.strip()[:60]!r}", "UNSUPPORTED_STATEMENT"
+            raise UnsupportedStatementError(
+                f"unsupported statement {statement.text.strip()[:60]!r}; supported: {SUPPORTED}"
             )
         binder = Binder(self, txn)
         return self.run_spark(binder.bind(tree).sql("spark"))

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from flush.compact import answer_compaction, parse_args
 from flush.compact import serve as serve_requests
-from pipelines.errors import SqlError
+from pipelines.errors import SqlError, evaluation_errors
 from pipelines.session import Session
 
 __all__ = ["SessionPool", "answer_statement", "main"]
@@ -68,7 +68,8 @@ def answer_statement(pool: SessionPool, request: dict[str, Any]) -> dict[str, An
     max_rows = int(request.get("max_rows") or 10_000)
     session = pool.get(str(session_name))
     try:
-        data = session.sql(str(statement)).limit(max_rows + 1).toArrow()
+        with evaluation_errors():
+            data = session.sql(str(statement)).limit(max_rows + 1).toArrow()
     except SqlError as exc:
         return {"error": {"code": exc.code, "message": str(exc)}}
     finally:

@@ -19,18 +19,15 @@ change something (known bugs, marked xfail) run on a fresh warehouse of their ow
 
 from __future__ import annotations
 
+import argparse
 import contextlib
-import logging
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import sqlglot
 from deltalake import DeltaTable
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlglot import exp
-from sqlglot.errors import TokenError
 
 from flush.tables import ROW_ID_COLUMN
 from pipelines import (
@@ -41,6 +38,7 @@ from pipelines import (
     UnsupportedStatementError,
 )
 from pipelines.changes import change_events
+from pipelines.errors import evaluation_errors
 from tests.pipelines.conftest import rows
 
 # The world every test starts from: T has versions 0 (create), 1 and 2 (inserts); stream
@@ -176,23 +174,6 @@ COMPILE, EXEC, UNSUP, NOTFOUND = (
     "OBJECT_NOT_FOUND",
 )
 MISSING = ("DB.PUBLIC.MISSING", "does not exist", "unquoted names are upper-cased")
-NEEDS_CLOSING = bug(
-    "sqlglot's TokenError (unterminated string, identifier or comment) is not caught in "
-    "pipelines.binding.parse, which only catches ParseError: it leaks as a raw "
-    "sqlglot.errors.TokenError",
-    raises=TokenError,
-)
-NO_SOURCE = bug(
-    "an INSERT without VALUES or a query (sqlglot leaves Insert.expression None/False) "
-    "reaches Binder.bind(None) in dml.run_insert, or run_merge's INSERT clause: "
-    "AttributeError leaks",
-    raises=AttributeError,
-)
-PLACEHOLDER_SET = bug(
-    "sqlglot reads 'SET {' / 'SET ?' as a Placeholder, not an assignment; "
-    "dml._column(info, assignment.this) then gets None: AttributeError leaks",
-    raises=AttributeError,
-)
 UNSUPPORTED = ("unsupported statement", "supported:", "CREATE [OR REPLACE] TABLE")
 
 # fmt: off
@@ -220,11 +201,7 @@ CASES = [
     bad("UNDROP TABLE t", U, UNSUP, *UNSUPPORTED, id="undrop"),
     bad("SELEC 1", U, UNSUP, *UNSUPPORTED, id="misspelt-select"),
     bad("CREATE STREAM s2 ON TABLE t APPEND_ONLY = MAYBE", U, UNSUP, *UNSUPPORTED, id="stream-bad-append-only"),
-    bad("VALUES (1)", U, UNSUP, "unsupported statement", id="bare-values", marks=bug(
-        "Session._in raises a plain SqlError with code UNSUPPORTED_STATEMENT (not an "
-        "UnsupportedStatementError, and without the list of supported statements) for a "
-        "'query' that sqlglot does not parse as exp.Query; statements.py lists VALUES "
-        "among the query kinds")),
+    bad("VALUES (1)", U, UNSUP, *UNSUPPORTED, id="bare-values"),
     # Syntax errors
     bad("SELECT FROM WHERE", S, COMPILE, "compilation error", "line 1", id="select-from-where"),
     bad("SELECT * FROM t WHERE", S, COMPILE, "compilation error", "line 1", id="dangling-where"),
@@ -235,7 +212,7 @@ CASES = [
     bad("DELETE FROM", S, COMPILE, "compilation error", id="delete-from-nothing"),
     bad("INSERT INTO tgt", S, COMPILE, "compilation error", id="insert-without-source"),
     bad("INSERT INTO tgt (a)", S, COMPILE, "compilation error", id="insert-columns-without-source"),
-    bad("MERGE INTO t USING tgt ON t.a = tgt.a WHEN NOT MATCHED THEN INSERT", S, COMPILE, "compilation error", id="merge-insert-without-values", marks=NO_SOURCE),
+    bad("MERGE INTO t USING tgt ON t.a = tgt.a WHEN NOT MATCHED THEN INSERT", S, COMPILE, "compilation error", id="merge-insert-without-values"),
     bad("UPDATE t SET {", S, COMPILE, "compilation error", id="update-set-brace"),
     bad("UPDATE t SET a = 1, ?", S, COMPILE, "compilation error", id="update-set-question-mark"),
     bad("MERGE INTO t USING tgt ON t.a = tgt.a WHEN MATCHED THEN UPDATE SET {", S, COMPILE, "compilation error", id="merge-update-set-brace"),
@@ -394,10 +371,7 @@ def test_bad_statement_is_refused_and_changes_nothing(shared, text, error, code,
 ISOLATED = [
     bad("CREATE STREAM st ON TABLE tgt", S, "OBJECT_ALREADY_EXISTS", "already exists", "OR REPLACE", id="duplicate-stream-on-untracked-table"),
     bad("UPDATE t SET", S, COMPILE, "compilation error", id="update-without-assignments"),
-    bad("CREATE TABLE u (a INT, a INT)", S, EXEC, "declared twice", id="duplicate-column", marks=bug(
-        "ddl._table_schema collects the definitions in a dict keyed by the raw name, so a "
-        "repeated unquoted name silently keeps only the last definition; the table is "
-        "created with one column")),
+    bad("CREATE TABLE u (a INT, a INT)", S, COMPILE, "declared twice", id="duplicate-column"),
     bad(f"CREATE TABLE {LONG} (a INT)", S, EXEC, "300 characters long", "limit is 255", id="table-300-chars"),
     bad('CREATE TABLE "a\x00b" (a INT)', S, EXEC, "control or invisible characters", id="table-nul"),
     bad('CREATE TABLE "\u202e" (a INT)', S, EXEC, "control or invisible characters", id="table-bidi"),
@@ -436,12 +410,9 @@ def test_at_version_reads_that_version(shared):
     assert rows(shared.sql("SELECT * FROM t AT(VERSION => 1)")) == [(1, "x"), (2, "y")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the TABLE_EXISTS message comes from flush.create_catalog_table, written for the "
-    "HTTP API: it says 'use if_not_exists=true', not the SQL fix (IF NOT EXISTS / OR "
-    "REPLACE)"))  # fmt: skip
 def test_create_existing_table_names_the_sql_fix(shared):
-    refused(shared, "CREATE TABLE t (a INT)", S, "TABLE_EXISTS", "already exists", "IF NOT EXISTS")
+    refused(shared, "CREATE TABLE t (a INT)", S, "TABLE_EXISTS", "already exists", "IF NOT EXISTS",
+            "OR REPLACE")  # fmt: skip
 
 
 def test_stale_stream_is_refused_and_its_target_stays_empty(world):
@@ -492,12 +463,33 @@ def test_delete_from_a_table_with_a_not_null_column(world):
     assert rows(world.sql("SELECT * FROM t")) == [(2, "y"), (3, "z")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a query's Spark runtime error surfaces when the returned DataFrame is collected, "
-    "outside Session.sql, as a raw pyspark exception (ArithmeticException)"))  # fmt: skip
-def test_query_runtime_error_is_a_sql_error(shared):
-    with pytest.raises(SqlError):
-        shared.sql("SELECT 1/0").collect()
+def test_query_runtime_error_surfaces_where_the_query_runs(shared, capsys):
+    """A query's DataFrame is lazy (Session.sql returns it unevaluated): a runtime error
+    (division by zero under ANSI SQL) is Spark's own exception at the action. The
+    faces that evaluate the query for the user answer it as a SqlError instead: the
+    CLI prints the code and exits 1; the worker behind POST /v1/sql answers the code."""
+    from pyspark.errors import PySparkException
+
+    from pipelines.__main__ import run_one
+    from pipelines.worker import SessionPool, answer_statement
+
+    frame = shared.sql("SELECT 1/0 AS x")
+    with pytest.raises(PySparkException):
+        frame.collect()
+    with pytest.raises(SqlError) as caught, evaluation_errors():
+        frame.collect()
+    assert caught.value.code == "SQL_EXECUTION_ERROR"
+    assert "divide" in str(caught.value).lower()
+
+    assert run_one(shared, "SELECT 1/0 AS x", argparse.Namespace(format="table", max_rows=10)) == 1
+    assert "SQL_EXECUTION_ERROR" in capsys.readouterr().err
+
+    pool = SessionPool(shared.warehouse, shared.spark, shared.catalog)
+    try:
+        answer = answer_statement(pool, {"statement": "SELECT 1/0 AS x"})
+    finally:
+        pool.close()
+    assert answer["error"]["code"] == "SQL_EXECUTION_ERROR", answer
 
 
 # Names: hostile ones are refused above; odd but printable ones work as names.
@@ -663,36 +655,6 @@ VALID = [
 ALPHABET = "abstSTxyz0129 ,;()'\"`=<>*./-_$\n\x00\u202e"
 
 
-def known_leak(text: str) -> bool:
-    """Whether the text hits one of the leaks pinned by the xfail cases above
-    (NEEDS_CLOSING, NO_SOURCE, PLACEHOLDER_SET, and the Spark runtime errors of the
-    divide-by-zero cases); the property tests leave those inputs to them, so that they
-    keep guarding against any other leak. Drop a clause here when its bug is fixed."""
-    quiet = logging.getLogger("sqlglot")
-    level = quiet.level
-    quiet.setLevel(logging.CRITICAL)  # sqlglot warns about what it parses as a Command
-    try:
-        trees = sqlglot.parse(text, read="spark")
-    except TokenError:
-        return True
-    except Exception:
-        return False
-    finally:
-        quiet.setLevel(level)
-    for tree in trees:
-        if tree is None:
-            continue
-        for insert in tree.find_all(exp.Insert):
-            if not isinstance(insert.expression, exp.Expression):
-                return True
-        if tree.find(exp.Div) is not None:
-            return True
-        for update in tree.find_all(exp.Update):
-            if any(not isinstance(e, exp.EQ) for e in update.expressions):
-                return True
-    return False
-
-
 @st.composite
 def mutated(draw):
     text = draw(st.sampled_from(VALID))
@@ -743,12 +705,10 @@ FUZZ = settings(
 @FUZZ
 @given(prefix=st.sampled_from(PREFIXES), text=st.text())
 def test_random_text_raises_only_sql_errors(fuzzed, prefix, text):
-    assume(not known_leak(prefix + text))
     only_sql_errors(fuzzed, prefix + text)
 
 
 @FUZZ
 @given(text=mutated())
 def test_mutated_statements_raise_only_sql_errors(fuzzed, text):
-    assume(not known_leak(text))
     only_sql_errors(fuzzed, text)
