@@ -37,7 +37,8 @@ _STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
                  "TRUE": ChangeMode.APPEND_ONLY, "FINAL": ChangeMode.APPEND_ONLY_FINAL}  # fmt: skip
 
 
-def _status(session: Session, message: str) -> DataFrame:
+def status_frame(session: Session, message: str) -> DataFrame:
+    """The one-row answer of a statement that returns no rows (Snowflake's `status`)."""
     return session.spark.createDataFrame([(message,)], "status STRING")
 
 
@@ -116,8 +117,8 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
             "TABLE_EXISTS",
         ) from None
     if not created:
-        return _status(session, f"{info.name} already exists, statement succeeded.")
-    return _status(session, f"Table {info.name} successfully created.")
+        return status_frame(session, f"{info.name} already exists, statement succeeded.")
+    return status_frame(session, f"Table {info.name} successfully created.")
 
 
 def _drop(session: Session, info: TableInfo) -> None:
@@ -130,10 +131,12 @@ def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
     info = session.find_table(database, schema_name, name)
     if info is None:
         if statement.parts["if_exists"]:
-            return _status(session, "Drop statement executed successfully (table did not exist).")
+            return status_frame(
+                session, "Drop statement executed successfully (table did not exist)."
+            )
         raise ObjectNotFoundError(f"table {database}.{schema_name}.{name} does not exist")
     _drop(session, info)
-    return _status(session, f"{info.name} successfully dropped.")
+    return status_frame(session, f"{info.name} successfully dropped.")
 
 
 def rename_table(session: Session, statement: Statement) -> DataFrame:
@@ -147,7 +150,7 @@ def rename_table(session: Session, statement: Statement) -> DataFrame:
             "OBJECT_ALREADY_EXISTS",
         )
     session.catalog.rename_table(info.id, database, schema_name, name)
-    return _status(session, "Statement executed successfully.")
+    return status_frame(session, "Statement executed successfully.")
 
 
 def alter_table_set(session: Session, statement: Statement) -> DataFrame:
@@ -171,7 +174,7 @@ def alter_table_set(session: Session, statement: Statement) -> DataFrame:
                                f"{bounds[1]}, got {value}", "SQL_COMPILATION_ERROR")  # fmt: skip
             properties[field] = int(value)
     session.catalog.set_table_properties(info.id, properties)
-    return _status(session, "Statement executed successfully.")
+    return status_frame(session, "Statement executed successfully.")
 
 
 def show_tables(session: Session, statement: Statement) -> DataFrame:
@@ -219,7 +222,7 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
         )
     existing = session.catalog.get_stream(database, schema_name, name)
     if existing is not None and parts["if_not_exists"]:
-        return _status(session, f"{name} already exists, statement succeeded.")
+        return status_frame(session, f"{name} already exists, statement succeeded.")
     mode = _STREAM_MODES[(parts["append_only"] or "").upper() or None]
     offset = DeltaTable(info.uri).version()
     if parts["at_kind"]:
@@ -234,7 +237,7 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
     if not info.properties["change_tracking"]:
         session.catalog.set_table_properties(info.id, {"change_tracking": True})
-    return _status(session, f"Stream {name} successfully created.")
+    return status_frame(session, f"Stream {name} successfully created.")
 
 
 def drop_stream(session: Session, statement: Statement) -> DataFrame:
@@ -242,10 +245,12 @@ def drop_stream(session: Session, statement: Statement) -> DataFrame:
     stream = session.catalog.get_stream(database, schema_name, name)
     if stream is None:
         if statement.parts["if_exists"]:
-            return _status(session, "Drop statement executed successfully (stream did not exist).")
+            return status_frame(
+                session, "Drop statement executed successfully (stream did not exist)."
+            )
         raise ObjectNotFoundError(f"stream {database}.{schema_name}.{name} does not exist")
     session.catalog.drop_stream(stream.id)
-    return _status(session, f"{name} successfully dropped.")
+    return status_frame(session, f"{name} successfully dropped.")
 
 
 _STREAM_SCHEMA = (
@@ -288,7 +293,7 @@ def use(session: Session, statement: Statement) -> DataFrame:
     else:
         raise SqlError(f"USE {what} takes {'one' if what == 'DATABASE' else 'one or two'} "
                        "name part(s)", "SQL_COMPILATION_ERROR")  # fmt: skip
-    return _status(session, "Statement executed successfully.")
+    return status_frame(session, "Statement executed successfully.")
 
 
 HANDLERS = {

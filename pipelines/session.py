@@ -189,18 +189,16 @@ class Session:
         return self.run_spark(binder.bind(tree).sql("spark"))
 
     def _transaction_control(self, statement: Statement) -> DataFrame:
-        from pipelines.ddl import _status
-
         if statement.kind == "begin":
             if self._transaction is not None:
                 raise SqlError("a transaction is already open; COMMIT or ROLLBACK it first",
                                "TRANSACTION_ALREADY_OPEN")  # fmt: skip
             self._transaction = Transaction(self.catalog, self.spark)
-            return _status(self, "Statement executed successfully.")
+            return ddl.status_frame(self, "Statement executed successfully.")
         txn, self._transaction = self._transaction, None
         if statement.kind == "commit" and txn is not None:
             txn.commit("COMMIT")
-        return _status(self, "Statement executed successfully.")
+        return ddl.status_frame(self, "Statement executed successfully.")
 
     def run_spark(self, text: str) -> DataFrame:
         """Run a query in Spark; its errors become :class:`SqlError` with Spark's message."""

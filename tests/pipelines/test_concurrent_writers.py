@@ -5,7 +5,7 @@ session runs INSERT/UPDATE/DELETE on the same table, a child process runs anothe
 session, and the compaction worker rewrites the files under them. Row ids come from
 one sequence in the catalog: nothing may be lost, doubled, or given a row id twice.
 
-Three bugs showed up under this load, now fixed; each has a deterministic test below:
+Three bugs showed up under this load, all fixed; each has a deterministic test below:
 
 - A: a merge (UPDATE/DELETE) conflicts with every flush that commits while it runs
   ("a concurrent transactions added new data"); ``commit_staged`` gives up after 10
@@ -21,9 +21,9 @@ Three bugs showed up under this load, now fixed; each has a deterministic test b
   uint64)") when the last file of a bin (the oldest live one) was written by a delta-rs
   merge, i.e. after an UPDATE/DELETE of a table's oldest rows, and keeps failing.
 
-The load tests count a statement that failed with one of those two signatures as "may
-or may not have happened" (COMMIT_PENDING says it will be completed later), so they
-check everything else: no loss, no doubles, unique row ids, updates, the stream.
+The load tests allow a statement one outcome besides success: a conflict that says it
+changed nothing (``TransactionConflictError``). Any other error fails them; then they
+check no loss, no doubles, unique row ids, the updates and the stream.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake.exceptions import CommitFailedError
 
 from channel_server import CompactionTrigger
 from flush import ROW_ID_COLUMN, read_table
@@ -52,7 +51,6 @@ TABLE = "DB.PUBLIC.T"
 COLUMNS = {"ID": "NUMBER(38,0)", "V": "VARCHAR(20)"}
 
 COMPACTION_FAILURES = {
-    "no kernel matching input types (string_view": "bug C",
     "a concurrent transaction deleted data this operation read": "commit refused (race)",
 }
 
@@ -83,16 +81,6 @@ def check_unique_row_ids(table: pa.Table) -> None:
 def check_no_doubled_ids(counts: Counter[int]) -> None:
     doubled = sorted(n for n, c in counts.items() if c > 1)
     assert not doubled, f"{len(doubled)} ids present more than once: {doubled[:20]}"
-
-
-def known_bug(exc: BaseException) -> str | None:
-    """Which of bugs A and B (see the module docstring) an error is the signature of."""
-    text = f"{type(exc).__name__}: {exc}"
-    if "concurrent transactions added new data" in text:
-        return "A"
-    if "the commit landed but is not in the log" in text:
-        return "B"
-    return None
 
 
 def warm_up(session: Any) -> None:
@@ -165,8 +153,6 @@ class SqlLog:
 
     inserted: set[int] = field(default_factory=set)
     deleted: set[int] = field(default_factory=set)
-    #: Ids of statements that failed with a known bug's signature: they may have landed.
-    uncertain: set[int] = field(default_factory=set)
     done: Counter[str] = field(default_factory=Counter)
     done_while_ingesting: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
@@ -184,13 +170,6 @@ class SqlLog:
         except TransactionConflictError:  # changed nothing, says so
             self.failed[f"{kind} conflict"] += 1
             return False
-        except (SqlError, CommitFailedError, AssertionError) as exc:
-            bug = known_bug(exc)
-            if bug is None:
-                raise
-            self.failed[f"{kind} bug {bug}"] += 1
-            self.uncertain |= set(ids)
-            return False
         finally:
             self.seconds[kind] += time.monotonic() - began
         self.done[kind] += 1
@@ -206,12 +185,12 @@ class SqlLog:
                 f"failed {dict(self.failed)}, seconds {dict(self.seconds)}")  # fmt: skip
 
 
-def check_ids(counts: Counter[int], expected: set[int], uncertain: set[int]) -> None:
-    """Every expected id once, nothing else; an uncertain id once or not at all."""
+def check_ids(counts: Counter[int], expected: set[int]) -> None:
+    """Every expected id once, nothing else."""
     check_no_doubled_ids(counts)
     present = set(counts)
-    extra = sorted(present - expected - uncertain)
-    lost = sorted(expected - present - uncertain)
+    extra = sorted(present - expected)
+    lost = sorted(expected - present)
     assert not extra, f"{len(extra)} rows that should not be there: {extra[:20]}"
     assert not lost, f"{len(lost)} rows lost: {lost[:20]}"
 
@@ -251,8 +230,7 @@ def test_dml_while_channels_insert(server_factory, client_factory, session_facto
     log = SqlLog()
     started = time.monotonic()
     round_ = 0
-    # Until ingestion ends; then on until each kind ran a few times (bug A may starve
-    # merges while flushes land), for at most a minute.
+    # Until ingestion ends; then on until each kind ran a few times, for at most a minute.
     while time.monotonic() - started < 60:
         ingesting = any(p.running for p in producers)
         if not ingesting and log.done["update"] >= 2 and log.done["delete"] >= 2:
@@ -279,7 +257,7 @@ def test_dml_while_channels_insert(server_factory, client_factory, session_facto
     table = snapshot(info["location"])
     check_unique_row_ids(table)
     ingested = set(range(channels * per_channel))
-    check_ids(ids_of(table), ingested | (log.inserted - log.deleted), log.uncertain)
+    check_ids(ids_of(table), ingested | (log.inserted - log.deleted))
     check_updates(values_of(table), log, producers)
 
     # The stream shows the net change since it was created (on an empty table): every
@@ -323,12 +301,7 @@ def main():
         for number in range(statements):
             start = first + number * rows
             values = ", ".join(f"({n}, 'child')" for n in range(start, start + rows))
-            try:
-                session.sql(f"INSERT INTO T VALUES {values}")
-            except Exception as exc:  # bug B: the commit landed, the statement failed
-                if "the commit landed but is not in the log" not in str(exc):
-                    raise
-                print(f"uncertain {start}", flush=True)
+            session.sql(f"INSERT INTO T VALUES {values}")
         print("done", flush=True)
     spark.stop()
 
@@ -353,7 +326,6 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
         )  # fmt: skip
     assert child.stdout is not None
     producers: list[Producer] = []
-    uncertain: set[int] = set()
     try:
         info = client.create_table(TABLE, COLUMNS)
         ready, _, _ = select.select([child.stdout], [], [], 240)
@@ -366,12 +338,7 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
             for i in range(3)
         ]  # fmt: skip
         assert child.wait(timeout=240) == 0, child_log.read_text()[-3000:]
-        for line in child.stdout.read().decode().splitlines():
-            if line.startswith("uncertain "):
-                start = int(line.split()[1])
-                uncertain |= set(range(start, start + rows))
-            else:
-                assert line == "done", line
+        assert child.stdout.read().decode().splitlines() == ["done"]
     finally:
         if child.poll() is None:
             child.kill()
@@ -379,12 +346,11 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
         child.stdout.close()
     for producer in producers:
         producer.finish()
-    print(f"child statements that hit bug B: {len(uncertain) // rows}")
 
     table = snapshot(info["location"])
     check_unique_row_ids(table)
     from_sql = set(range(first, first + statements * rows))
-    check_ids(ids_of(table), set(range(3 * per_channel)) | (from_sql - uncertain), uncertain)
+    check_ids(ids_of(table), set(range(3 * per_channel)) | from_sql)
     # Both writers really took ids from the sequence at the same time.
     ids, rids = table.column("ID").to_pylist(), table.column(ROW_ID_COLUMN).to_pylist()
     child_rids = sorted(r for i, r in zip(ids, rids, strict=True) if int(i) >= first)
@@ -414,10 +380,9 @@ def test_compaction_races_updates(server_factory, client_factory, session_factor
     # Flushes go on during the whole race, so compaction always has files to take.
     producer = Producer(client, "p0", range(0, 12_000), duration=30.0).start()
     log = SqlLog()
-    #: Per row: the value of the last UPDATE that succeeded on it, and values of UPDATEs
-    #: that failed with a known bug (those may have landed).
+    #: Per row: the value of the last UPDATE that succeeded on it (a failed one, a
+    #: conflict, changed nothing).
     updated: dict[int, str] = {}
-    maybe: dict[int, set[str]] = {}
     started = time.monotonic()
     round_ = 0
     while time.monotonic() - started < 90:
@@ -440,9 +405,6 @@ def test_compaction_races_updates(server_factory, client_factory, session_factor
         matched = [n for n in window if n % 7 == 0 and n not in log.deleted]
         if log.run(session, "update", text, ingesting=producer.running):
             updated.update(dict.fromkeys(matched, value))
-        else:
-            for n in matched:
-                maybe.setdefault(n, set()).add(value)
         triggered += client.compact(TABLE)
         gone = {n for n in range(low + 1, low + 4) if n % 7 != 0}
         text = f"DELETE FROM T WHERE ID IN ({', '.join(map(str, sorted(gone)))})"
@@ -472,14 +434,10 @@ def test_compaction_races_updates(server_factory, client_factory, session_factor
 
     table = snapshot(info["location"])
     check_unique_row_ids(table)
-    check_ids(ids_of(table), set(range(12_000)) - log.deleted, log.uncertain)
+    check_ids(ids_of(table), set(range(12_000)) - log.deleted)
     values = values_of(table)
-    wrong = {}
-    for n, v in values.items():
-        allowed = {updated.get(n, "ingested")}
-        allowed |= {m for m in maybe.get(n, ()) if m > updated.get(n, "")}
-        if v not in allowed:
-            wrong[n] = (v, sorted(allowed))
+    wrong = {n: (v, updated.get(n, "ingested")) for n, v in values.items()
+             if v != updated.get(n, "ingested")}  # fmt: skip
     assert not wrong, f"{len(wrong)} rows with the wrong value: {list(wrong.items())[:10]}"
 
 
