@@ -21,7 +21,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from catalog.records import ChannelProgress, CommitRecord
 from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
-from flush.tables import ROW_ID_COLUMN, delta_schema
+from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
 from ingest_sdk import TableSchema
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
 
@@ -74,13 +74,11 @@ def _record(version: int, text: str) -> CommitRecord:
 
 def commits_after(table_uri: str, version: int) -> list[CommitRecord]:
     """Flush commits newer than ``version``, oldest first (for recovery)."""
-    table = DeltaTable(table_uri)
-    if table.version() <= version:
-        return []
+    _, entries = commit_history(table_uri, since=version)
     records = [
         _record(entry["version"], entry[COMMIT_METADATA_KEY])
-        for entry in table.history(limit=table.version() - version)
-        if entry.get("version", -1) > version and COMMIT_METADATA_KEY in entry
+        for entry in entries
+        if COMMIT_METADATA_KEY in entry
     ]
     return sorted(records, key=lambda record: record.version)
 

@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 
 from catalog import Catalog, TableInfo
 from flush.commit import COMMIT_METADATA_KEY
-from flush.tables import INGEST_DIR, live_files
+from flush.tables import INGEST_DIR, commit_history, live_files
 
 __all__ = [
     "DEFAULT_RETENTION_HOURS",
@@ -69,9 +69,9 @@ def vacuum_data_folders(
         )
     root = Path(table_uri)
     cutoff = time.time() - retention_hours * 3600
-    table = DeltaTable(table_uri)
+    table, entries = commit_history(table_uri)
     keep = {f["path"] for f in live_files(table)} | set(keep)
-    for entry in table.history():
+    for entry in entries:
         version = entry.get("version", 0)
         recent = entry.get("timestamp", 0) / 1000 >= cutoff
         if recent and version > 0 and COMMIT_METADATA_KEY not in entry:

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 from deltalake import DeltaTable
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random
 
 from ingest_sdk import SchemaError, TableSchema
 
@@ -24,6 +25,7 @@ __all__ = [
     "INGEST_DIR",
     "ROW_ID_COLUMN",
     "arrow_filesystem",
+    "commit_history",
     "create_table",
     "delta_schema",
     "drop_table",
@@ -77,6 +79,37 @@ def read_table(table: DeltaTable | str, **kwargs: Any) -> pa.Table:
     """A table version's rows as Arrow, read with :func:`arrow_filesystem` (safe at exit)."""
     table = table if isinstance(table, DeltaTable) else DeltaTable(table)
     return table.to_pyarrow_table(filesystem=arrow_filesystem(table), **kwargs)
+
+
+def commit_history(table_uri: str, since: int = -1) -> tuple[DeltaTable, list[dict[str, Any]]]:
+    """The table, and its commits after version ``since`` (newest first) with the right
+    versions: each entry as ``DeltaTable.history()`` gives it (``version``,
+    ``timestamp`` in ms, the commit's metadata keys).
+
+    delta-rs 1.6 lists every commit in the log but labels them counting down from the
+    version the handle loaded, so a commit landing in between shifts every label (the
+    newest commit is reported as the loaded version). The listing is kept only when no
+    commit landed between the load and a reload after the listing.
+    """
+
+    def attempt() -> tuple[DeltaTable, list[dict[str, Any]]] | None:
+        table = DeltaTable(table_uri)
+        loaded = table.version()
+        entries = table.history(limit=loaded - since) if loaded > since else []
+        table.update_incremental()
+        if table.version() != loaded:
+            return None
+        return table, [e for e in entries if int(e.get("version", -1)) > since]
+
+    found = Retrying(
+        retry=retry_if_result(lambda result: result is None),
+        stop=stop_after_attempt(50),
+        wait=wait_random(0, 0.05),
+        retry_error_callback=lambda state: None,
+    )(attempt)
+    if found is None:
+        raise RuntimeError(f"commits kept landing in {table_uri} while its history was read")
+    return found
 
 
 def live_files(table: DeltaTable) -> list[dict[str, Any]]:

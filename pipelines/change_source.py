@@ -46,7 +46,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from catalog import TableInfo
-from flush.tables import ROW_ID_COLUMN
+from flush.tables import ROW_ID_COLUMN, commit_history
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
 from pipelines.source_options import SourceOptions
 
@@ -82,9 +82,9 @@ def change_schema(info: TableInfo) -> pa.Schema:
 def version_at(table_uri: str, moment: datetime) -> int:
     """The first version committed at or after ``moment`` (Delta's rule for a starting
     timestamp); one past the newest version if none is."""
-    table = DeltaTable(table_uri)
+    table, entries = commit_history(table_uri)
     millis = moment.timestamp() * 1000
-    later = [int(e["version"]) for e in table.history() if e.get("timestamp", 0) >= millis]
+    later = [int(e["version"]) for e in entries if e.get("timestamp", 0) >= millis]
     return min(later) if later else table.version() + 1
 
 
@@ -127,9 +127,9 @@ def _plan(info: TableInfo, start: int, end: int, snapshot: bool) -> list[InputPa
     if start == _START:
         if not snapshot or end <= 0:
             return []
-        table = DeltaTable(info.uri, version=end - 1)
-        millis = int(table.history(1)[0].get("timestamp", 0))
-        files = table.file_uris()
+        _, entries = commit_history(info.uri, since=end - 2)
+        millis = int(next(e for e in entries if e["version"] == end - 1).get("timestamp", 0))
+        files = DeltaTable(info.uri, version=end - 1).file_uris()
         per = FILES_PER_SNAPSHOT_PARTITION
         return [_Snapshot(tuple(files[i : i + per]), end - 1, millis)
                 for i in range(0, len(files), per)]  # fmt: skip

@@ -19,6 +19,7 @@ from sqlglot import exp
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from catalog import Catalog, SqliteCatalog, StreamRecord, TableInfo
+from flush.tables import commit_history
 from ingest_sdk.errors import IngestError
 from pipelines import ddl, dml
 from pipelines.binding import Binder, parse
@@ -300,7 +301,7 @@ class Session:
             moment = moment.replace(tzinfo=UTC)
         millis = moment.timestamp() * 1000
         found = None
-        for entry in DeltaTable(info.uri).history():
+        for entry in commit_history(info.uri)[1]:
             stamp = entry.get("timestamp", 0)
             if stamp < millis or (stamp == millis and not strictly_before):
                 found = max(found or 0, int(entry["version"]))
