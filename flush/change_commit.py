@@ -71,12 +71,6 @@ class ChangeSet:
         """Only inserts: an append that no concurrent writer can conflict with."""
         return len(self.deleted) == 0 and len(self.new_ids) == self.rows.num_rows
 
-    def touched_ids(self) -> pa.Array:
-        """Ids of existing rows this change set updates or deletes."""
-        updated = self.rows.column(ROW_ID_COLUMN).combine_chunks()
-        existing = updated.filter(pc.invert(pc.is_in(updated, value_set=self.new_ids)))
-        return pa.concat_arrays([existing.cast(pa.int64()), self.deleted.cast(pa.int64())])
-
 
 def commit_app_id(commit_id: int) -> str:
     """The app transaction that marks pipeline commit ``commit_id`` in a table's log.
@@ -133,7 +127,8 @@ class StagedChange:
     """A change set written to disk before its commit, so recovery can roll it forward.
 
     ``kind`` is ``append`` (``path`` is the data file the commit adds) or ``merge``
-    (``path`` holds the rows with an operation column: U upsert, D delete).
+    (``path`` holds the rows with an operation column: I insert, U update, D delete;
+    the ids of U and D rows are the rows a concurrent writer must not have changed).
     """
 
     kind: str
@@ -141,14 +136,13 @@ class StagedChange:
     size: int
     rows: int
     stats: str
-    touched: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
 
     @classmethod
     def from_dict(cls, value: dict[str, object]) -> StagedChange:
-        return cls(**{**value, "touched": tuple(value.get("touched", ()))})  # type: ignore[arg-type]
+        return cls(**{k: v for k, v in value.items() if k in cls.__slots__})  # type: ignore[attr-defined, arg-type]
 
 
 def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
@@ -171,12 +165,16 @@ def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
         },
         schema=arrow_schema,
     )
+    is_new = pc.is_in(change.rows.column(ROW_ID_COLUMN), value_set=change.new_ids)
+    operations = pa.concat_arrays([
+        pc.if_else(is_new, "I", "U").combine_chunks().cast(pa.string()),
+        pa.array(["D"] * deletes.num_rows, pa.string()),
+    ])  # fmt: skip
     source = pa.concat_tables([change.rows.cast(arrow_schema), deletes]).append_column(
-        _OP, pa.array(["U"] * change.rows.num_rows + ["D"] * deletes.num_rows)
+        _OP, operations
     )
     written = write_parquet_file(table_uri, source, use_dictionary=True)
-    touched = tuple(change.touched_ids().to_pylist())
-    return StagedChange("merge", written.path, written.size, written.rows, "", touched)
+    return StagedChange("merge", written.path, written.size, written.rows, "")
 
 
 def _merge(table: DeltaTable, source: pa.Table, properties: CommitProperties) -> None:
@@ -192,8 +190,8 @@ def _merge(table: DeltaTable, source: pa.Table, properties: CommitProperties) ->
             commit_properties=properties,
         )
         .when_matched_delete(predicate=f"s.{_OP} = 'D'")
-        .when_matched_update(updates=values, predicate=f"s.{_OP} = 'U'")
-        .when_not_matched_insert(updates=values, predicate=f"s.{_OP} = 'U'")
+        .when_matched_update(updates=values, predicate=f"s.{_OP} <> 'D'")
+        .when_not_matched_insert(updates=values, predicate=f"s.{_OP} <> 'D'")
         .execute()
     )
 
@@ -251,15 +249,15 @@ def commit_staged(
                     actions, "append", table.schema(), commit_properties=properties
                 )
             else:
-                if table.version() > base_version and staged.touched:
+                source = pq.read_table(f"{table_uri}/{staged.path}")
+                if table.version() > base_version:
+                    touched = source.filter(pc.is_in(source.column(_OP), pa.array(["U", "D"])))
                     changed = changed_row_ids(table_uri, base_version, table.version())
-                    touched = pa.array(staged.touched, pa.int64())
-                    if pc.any(pc.is_in(changed, value_set=touched)).as_py():
+                    if pc.any(pc.is_in(changed, value_set=touched.column(ROW_ID_COLUMN))).as_py():
                         raise ConcurrentChangeError(
                             "rows this statement changes were changed by another writer after "
                             f"version {base_version}; run the statement again"
                         )
-                source = pq.read_table(f"{table_uri}/{staged.path}")
                 _merge(table, source, properties)
     version = landed_version(DeltaTable(table_uri), commit_id, base_version)
     assert version is not None, "the commit landed but is not in the log"
