@@ -29,9 +29,8 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from flush.change_commit import commit_conflict_retries
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, fsync_dir, write_parquet_file
 from flush.tables import INGEST_DIR
@@ -98,12 +97,7 @@ def commit_batch(
         app_transactions=[Transaction(app_id, batch_id)] if app_id is not None else None,
     )
     # Appends conflict only with metadata changes; retry those races like the flusher.
-    for attempt in Retrying(
-        retry=retry_if_exception_type(CommitFailedError),
-        stop=stop_after_delay(60.0),
-        wait=wait_random_exponential(multiplier=0.02, max=0.5),
-        reraise=True,
-    ):
+    for attempt in commit_conflict_retries():
         with attempt:
             table = DeltaTable(table_uri)
             if app_id is not None and (table.transaction_version(app_id) or -1) >= batch_id:

@@ -33,6 +33,7 @@ __all__ = [
     "StagedChange",
     "TxnVersionError",
     "changed_row_ids",
+    "commit_conflict_retries",
     "commit_staged",
     "landed_version",
     "stage_change_set",
@@ -70,6 +71,17 @@ class ChangeSet:
     def is_append(self) -> bool:
         """Only inserts: an append that no concurrent writer can conflict with."""
         return len(self.deleted) == 0 and len(self.new_ids) == self.rows.num_rows
+
+
+def commit_conflict_retries() -> Retrying:
+    """Retries of a Delta commit that delta-rs refused for a concurrent commit
+    (``CommitFailedError``): for :data:`MERGE_RETRY_SECONDS`, with jittered backoff."""
+    return Retrying(
+        retry=retry_if_exception_type(CommitFailedError),
+        stop=stop_after_delay(MERGE_RETRY_SECONDS),
+        wait=wait_random_exponential(multiplier=0.02, max=0.5),
+        reraise=True,
+    )
 
 
 def commit_app_id(commit_id: int) -> str:
@@ -227,12 +239,7 @@ def commit_staged(
     )
     # A merge conflicts with every append that lands while it runs (delta-rs checks
     # blind appends too), so under steady ingestion it retries for a while, not a count.
-    for attempt in Retrying(
-        retry=retry_if_exception_type(CommitFailedError),
-        stop=stop_after_delay(MERGE_RETRY_SECONDS),
-        wait=wait_random_exponential(multiplier=0.02, max=0.5),
-        reraise=True,
-    ):
+    for attempt in commit_conflict_retries():
         with attempt:
             table = DeltaTable(table_uri)
             if (landed := landed_version(table, commit_id, base_version)) is not None:
