@@ -70,8 +70,8 @@ def change_events(table_uri: str, schema: TableSchema, after: int, to: int) -> p
     except Exception as exc:  # delta-rs reports missing log entries and files variously
         raise StreamStaleError(
             f"the changes after version {after} are no longer retained (log cleanup or "
-            f"vacuum removed them: {str(exc)[:200]}); recreate the stream with CREATE OR "
-            "REPLACE STREAM"
+            f"vacuum removed them: {str(exc)[:200]}); a stream reading them is stale: "
+            "recreate it with CREATE OR REPLACE STREAM"
         ) from exc
     return events.select([f.name for f in fields]).cast(pa.schema(fields))
 
