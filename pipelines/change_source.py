@@ -155,7 +155,8 @@ def _read(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBat
                 pa.array([partition.millis * 1000] * count, pa.int64()),
             )  # fmt: skip
         return
-    assert isinstance(partition, _Changes)
+    if not isinstance(partition, _Changes):  # Spark reads one empty partition for none
+        return
     try:
         events = pa.table(
             DeltaTable(partition.uri).load_cdf(
@@ -257,6 +258,8 @@ class ChangesBatchReader(DataSourceReader):
                 f"{NAME}: a batch read needs startingVersion (0 reads every change) or "
                 "startingTimestamp"
             )
+        if source.options.get("endingVersion") and source.options.get("endingTimestamp"):
+            raise InvalidOptionError(f"{NAME}: set endingVersion or endingTimestamp, not both")
         end = source.options.whole_number("endingVersion")
         moment = source.options.timestamp("endingTimestamp")
         if moment is not None:

@@ -8,7 +8,9 @@ source never creates a catalog), and the table must exist.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sqlite3
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +23,22 @@ from pipelines.statements import NAME, split_name
 __all__ = ["SourceOptions"]
 
 CATALOG_FILE = "catalog.sqlite"
+
+
+def _is_catalog(path: Path) -> bool:
+    """Whether ``path`` is a SQLite file holding a catalog's tables (opened read-only)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    try:
+        with contextlib.closing(
+            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
+        ) as db:
+            found = db.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tables'"
+            ).fetchone()[0]
+    except sqlite3.Error:
+        return False
+    return bool(found == 1)
 
 
 class SourceOptions:
@@ -59,7 +77,7 @@ class SourceOptions:
         if value is None:
             return None
         text = value.strip()
-        if not text.isdigit() or int(text) < minimum or len(text) > 18:
+        if re.fullmatch(r"[0-9]{1,18}", text) is None or int(text) < minimum:
             raise InvalidOptionError(
                 f"{self.source}: the option {name} must be a whole number of at least "
                 f"{minimum}, got {value[:40]!r}"
@@ -81,12 +99,18 @@ class SourceOptions:
         return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
     def warehouse(self) -> Path:
-        """The warehouse folder; it must hold the service's catalog."""
+        """The warehouse folder; it must hold the service's catalog (checked read-only:
+        opening a catalog creates its tables, which a source must never do)."""
         folder = Path(self.require("warehouse", "the service's warehouse folder"))
-        if not (folder / CATALOG_FILE).is_file():
+        if not _is_catalog(folder / CATALOG_FILE):
+            why = (
+                f"its {CATALOG_FILE} is not a catalog database"
+                if (folder / CATALOG_FILE).exists()
+                else f"no {CATALOG_FILE}"
+            )
             raise InvalidOptionError(
-                f"{self.source}: {str(folder)[:200]} is not a warehouse (no {CATALOG_FILE}); "
-                "set the option warehouse to the folder the service (make run) or a Session uses"
+                f"{self.source}: {str(folder)[:200]} is not a warehouse ({why}); set the "
+                "option warehouse to the folder the service (make run) or a Session uses"
             )
         return folder
 

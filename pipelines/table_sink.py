@@ -9,18 +9,21 @@ Rows are checked by the ingest conversion rules (columns matched by name as
 identifiers, missing nullable columns NULL) and get row ids from the table's
 sequence, as ingested rows do. A streaming query commits each micro-batch exactly
 once (:mod:`flush.batch_commit`): the batch id is the version of the app transaction
-``txnAppId``, by default derived from the checkpoint location, so a batch replayed
-after a crash leaves neither a duplicate row nor an orphan file. The sink only
+``txnAppId``, by default the query's Spark id (from its checkpoint), so a batch
+replayed after a crash leaves neither a duplicate row nor an orphan file. The sink only
 appends: overwrite and complete output modes are refused.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import orjson
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -58,22 +61,31 @@ class StagedFiles(WriterCommitMessage):
 
 @dataclass(frozen=True)
 class _Target:
-    """Everything a task needs (pickled to it): the table and the writer's app id."""
+    """Everything a task needs (pickled to it): the table and the writer.
+
+    ``writer_id`` names the writer's folder and, for a stream (``once``), its app
+    transaction; a batch write gets a random one.
+    """
 
     warehouse: str
     info: TableInfo
-    app_id: str | None
+    writer_id: str
+    once: bool
 
     def stage(self, batches: Iterator[pa.RecordBatch]) -> StagedFiles:
         staged = StagedFiles()
         pending: list[pa.RecordBatch] = []
-        for batch in batches:
-            pending.append(batch)
-            if sum(b.num_rows for b in pending) >= ROWS_PER_FILE:
+        try:
+            for batch in batches:
+                pending.append(batch)
+                if sum(b.num_rows for b in pending) >= ROWS_PER_FILE:
+                    staged.files.append(self._stage(pending))
+                    pending = []
+            if any(b.num_rows for b in pending):
                 staged.files.append(self._stage(pending))
-                pending = []
-        if any(b.num_rows for b in pending):
-            staged.files.append(self._stage(pending))
+        except BaseException:  # a bad row: this task's files must not stay behind
+            discard_staged(self.info.uri, self.writer_id, staged.files)
+            raise
         return staged
 
     def _stage(self, batches: list[pa.RecordBatch]) -> WrittenFile:
@@ -86,15 +98,15 @@ class _Target:
         target = delta_schema(self.info.schema)
         ids = pa.array(range(first, first + checked.num_rows), pa.int64())
         rows = checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
-        return stage_batch_file(self.info.uri, self.app_id, rows)
+        return stage_batch_file(self.info.uri, self.writer_id, rows)
 
     def commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         files = [f for m in messages if isinstance(m, StagedFiles) for f in m.files]
-        commit_batch(self.info.uri, self.app_id, batch_id, files)
+        commit_batch(self.info.uri, self.writer_id, batch_id, files, once=self.once)
 
-    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        discard_staged(self.info.uri, [f for m in messages if isinstance(m, StagedFiles)
-                                       for f in m.files])  # fmt: skip
+    def abort(self) -> None:
+        """Every staged file of the writer goes, reported or not (one batch at a time)."""
+        discard_staged(self.info.uri, self.writer_id)
 
 
 class TableStreamWriter(DataSourceStreamArrowWriter):
@@ -110,7 +122,7 @@ class TableStreamWriter(DataSourceStreamArrowWriter):
         self.target.commit(messages, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self.target.abort(messages)
+        self.target.abort()
 
 
 class TableBatchWriter(DataSourceArrowWriter):
@@ -126,7 +138,7 @@ class TableBatchWriter(DataSourceArrowWriter):
         self.target.commit(messages, 0)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self.target.abort(messages)
+        self.target.abort()
 
 
 def _check_columns(info: TableInfo, schema: StructType) -> None:
@@ -146,6 +158,27 @@ def _check_columns(info: TableInfo, schema: StructType) -> None:
             f"{NAME}: the NOT NULL column(s) {', '.join(missing)} of {info.full_name} are "
             "missing from the rows; select them"
         )
+
+
+def _query_id(options: SourceOptions) -> str:
+    """The app transaction id of a streaming query: its Spark query id, which the
+    checkpoint's ``metadata`` file holds (as Delta's sink does). A new query, even on a
+    path an old checkpoint used, has a new id, so none of its batches is skipped."""
+    checkpoint = options.get("checkpointLocation")
+    if not checkpoint:
+        raise InvalidOptionError(
+            f"{NAME}: a streaming write needs the option checkpointLocation (or txnAppId, "
+            "one per query) so each micro-batch is committed once"
+        )
+    path = Path(checkpoint.removeprefix("file:"))
+    try:
+        query_id = orjson.loads((path / "metadata").read_bytes())["id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise InvalidOptionError(
+            f"{NAME}: cannot read the query id from {str(path)[:200]}/metadata (a checkpoint "
+            "on another file system?); set the option txnAppId, one per query"
+        ) from None
+    return f"query:{str(query_id)[:64]}"
 
 
 class TableSinkDataSource(DataSource):
@@ -169,20 +202,12 @@ class TableSinkDataSource(DataSource):
         finally:
             catalog.close()
         _check_columns(info, schema)
-        app_id = None
-        if streaming:
-            given = options.get("txnAppId")
-            checkpoint = options.get("checkpointLocation")
-            if given is not None and given.strip():
-                app_id = given.strip()[:200]
-            elif checkpoint:
-                app_id = "checkpoint:" + os.path.abspath(checkpoint)
-            else:
-                raise InvalidOptionError(
-                    f"{NAME}: a streaming write needs the option checkpointLocation (or "
-                    "txnAppId, one per query) so each micro-batch is committed once"
-                )
-        return _Target(str(warehouse), info, app_id)
+        if not streaming:
+            return _Target(str(warehouse), info, f"write:{uuid.uuid4()}", once=False)
+        given = options.get("txnAppId")
+        if given is not None and given.strip():
+            return _Target(str(warehouse), info, given.strip()[:200], once=True)
+        return _Target(str(warehouse), info, _query_id(options), once=True)
 
     def writer(self, schema: StructType, overwrite: bool) -> TableBatchWriter:
         return TableBatchWriter(self._target(schema, overwrite, streaming=False))

@@ -16,6 +16,7 @@ every data file under DST's folder is referenced by its log.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -90,10 +91,10 @@ def test_sink_replays_batches_killed_around_the_commit(session, tmp_path):
     _insert(session, 6, 5)
     warehouse, checkpoint = session.warehouse, tmp_path / "checkpoint"
     dst = session.catalog.get_table("DB", "PUBLIC", "DST")
-    app_id = "checkpoint:" + os.path.abspath(checkpoint)
 
     first = _run(warehouse, checkpoint, None)
     assert first.returncode == 0, first.stderr[-3000:]
+    app_id = "query:" + json.loads((checkpoint / "metadata").read_text())["id"]
     assert DeltaTable(dst.uri).transaction_version(app_id) == 1  # batches 0 and 1
 
     _insert(session, 11, 5)  # batch 2
