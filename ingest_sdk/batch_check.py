@@ -55,9 +55,25 @@ _EPOCH_KINDS = frozenset(
 )
 
 
+def _time_pattern(column: Column) -> str:
+    """The stored layout of a TIME(p) value: HH:MM:SS and exactly p fraction digits."""
+    precision = column.type.precision or 0
+    fraction = rf"\.\d{{{precision}}}" if precision else ""
+    return rf"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d{fraction}$"
+
+
+def _canonical_time(column: Column, array: pa.Array) -> bool:
+    """Whether every TIME text is already in the stored layout (else the row rules
+    normalise it value by value: '20:57' is 20:57:00 as it is for dict rows)."""
+    matches = pc.match_substring_regex(array, _time_pattern(column))
+    return bool(pc.all(pc.or_(matches, pc.is_null(array))).as_py() is not False)
+
+
 def _cast_column(column: Column, array: pa.Array, options: ConversionOptions) -> pa.Array:
     target = column.type.arrow_type
-    if array.type == target:
+    if array.type == target and (
+        column.type.kind is not TypeKind.TIME or _canonical_time(column, array)
+    ):
         return array
     converter = converter_for(column.type, options.default_timezone)
     if pa.types.is_timestamp(array.type) and pa.types.is_timestamp(target):
@@ -146,10 +162,8 @@ def _check_constraints(column: Column, array: pa.Array) -> None:
             check(pc.greater_equal(pc.abs(unscaled), bound), reason)
     elif kind is TypeKind.TIME:
         assert column_type.precision is not None
-        fraction = rf"\.\d{{{column_type.precision}}}" if column_type.precision else ""
-        pattern = rf"^([01]\d|2[0-3]):[0-5]\d:[0-5]\d{fraction}$"
         check(
-            pc.invert(pc.match_substring_regex(array, pattern)),
+            pc.invert(pc.match_substring_regex(array, _time_pattern(column))),
             f"the text is not a {column_type.declared} value HH:MM:SS"
             + (f".{'f' * column_type.precision}" if column_type.precision else ""),
         )

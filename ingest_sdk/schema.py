@@ -49,9 +49,7 @@ def normalize_identifier(name: str) -> str:
     return name.strip().upper()
 
 
-def check_object_name(
-    name: str, what: str = "a name", max_length: int = MAX_NAME_LENGTH
-) -> str:
+def check_object_name(name: str, what: str = "a name", max_length: int = MAX_NAME_LENGTH) -> str:
     """Refuse what cannot name a database, schema, table or channel; return it unchanged.
 
     Any printable character is allowed (spaces, ``/``, quotes, emoji...): names never
