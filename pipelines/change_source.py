@@ -229,12 +229,15 @@ class _Source:
         return info
 
     def starting_version(self, latest: int, allow_latest: bool) -> int | None:
-        """The first version to read, from startingVersion/startingTimestamp (None: not set)."""
+        """The first version to read, from startingVersion/startingTimestamp. None: not
+        set, or ``latest`` (a stream then starts at the marker offset and its first batch,
+        whose end Spark logs before running it, is empty: a restart before that batch
+        commits does not move the start past commits that landed in between)."""
         given = self.options.get("startingVersion")
         if given is not None and self.options.get("startingTimestamp") is not None:
             raise InvalidOptionError(f"{NAME}: set startingVersion or startingTimestamp, not both")
         if allow_latest and given is not None and given.strip().lower() == "latest":
-            return latest + 1
+            return None
         version = self.options.whole_number("startingVersion")
         moment = self.options.timestamp("startingTimestamp")
         if moment is not None:
