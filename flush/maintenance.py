@@ -6,7 +6,9 @@ Delta's own vacuum (delta-rs's included) skips folders whose names start with
 deleted only when it is older than the retention period *and* no version a
 reader may still be on references it. The versions kept are the latest one and,
 for every commit inside the retention window that may have removed files (any
-commit that is not a flush; flushes only add), the version just before it.
+commit that is not a flush or a streaming micro-batch; those only add), the version
+just before it. The live files are read again after the listing, so a commit landing
+meanwhile keeps its files.
 Files of a flush or compaction still writing are newer than the retention, so
 they are never touched.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from catalog import Catalog, TableInfo
+from flush.batch_commit import BATCH_METADATA_KEY
 from flush.commit import COMMIT_METADATA_KEY
 from flush.tables import INGEST_DIR, commit_history, live_files
 
@@ -74,16 +77,26 @@ def vacuum_data_folders(
     for entry in entries:
         version = entry.get("version", 0)
         recent = entry.get("timestamp", 0) / 1000 >= cutoff
-        if recent and version > 0 and COMMIT_METADATA_KEY not in entry:
+        adds_only = COMMIT_METADATA_KEY in entry or BATCH_METADATA_KEY in entry
+        if recent and version > 0 and not adds_only:
             keep |= {f["path"] for f in live_files(DeltaTable(table_uri, version=version - 1))}
+    candidates = [
+        path
+        for folder in DATA_FOLDERS
+        for path in sorted((root / folder).rglob("*"))
+        if path.is_file()
+        and str(path.relative_to(root)) not in keep
+        and path.stat().st_mtime < cutoff
+    ]
+    # A commit that landed since the keep set was read may reference a candidate.
+    keep |= {f["path"] for f in live_files(DeltaTable(table_uri))} if candidates else set()
     deleted = []
-    for folder in DATA_FOLDERS:
-        for path in sorted((root / folder).rglob("*")):
-            relative = str(path.relative_to(root))
-            if path.is_file() and relative not in keep and path.stat().st_mtime < cutoff:
-                deleted.append(relative)
-                if not dry_run:
-                    path.unlink()
+    for path in candidates:
+        relative = str(path.relative_to(root))
+        if relative not in keep:
+            deleted.append(relative)
+            if not dry_run:
+                path.unlink()
     if not dry_run:
         for folder in DATA_FOLDERS:  # drop emptied run folders of compaction
             for directory in sorted((root / folder).glob("*/"), reverse=True):

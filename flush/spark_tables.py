@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from flush.tables import live_files
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
@@ -59,7 +61,8 @@ def spark_session(
 def read_delta(spark: SparkSession, table_uri: str, version: int | None = None) -> DataFrame:
     """A DataFrame over one version of a Delta table (the newest by default)."""
     table = DeltaTable(table_uri, version=version)
-    files = table.file_uris()
+    # Plain paths: file_uris() escapes them (a space becomes %20), which Spark reads as is.
+    files = [os.path.join(table_uri, f["path"]) for f in live_files(table)]
     if not files:
         from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -22,6 +22,7 @@ its checkpoint before running it, and the snapshot is read at that end.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +47,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from catalog import TableInfo
-from flush.tables import ROW_ID_COLUMN, commit_history
+from flush.tables import ROW_ID_COLUMN, commit_history, live_files
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
 from pipelines.source_options import SourceOptions
 
@@ -79,12 +80,17 @@ def change_schema(info: TableInfo) -> pa.Schema:
     )  # fmt: skip
 
 
-def version_at(table_uri: str, moment: datetime) -> int:
+def version_at(table_uri: str, moment: datetime, after: bool = False) -> int:
     """The first version committed at or after ``moment`` (Delta's rule for a starting
-    timestamp); one past the newest version if none is."""
+    timestamp), or strictly after it with ``after`` (one past an ending timestamp);
+    one past the newest version if none is."""
     table, entries = commit_history(table_uri)
     millis = moment.timestamp() * 1000
-    later = [int(e["version"]) for e in entries if e.get("timestamp", 0) >= millis]
+    later = [
+        int(e["version"])
+        for e in entries
+        if e.get("timestamp", 0) > millis or (not after and e.get("timestamp", 0) == millis)
+    ]
     return min(later) if later else table.version() + 1
 
 
@@ -127,9 +133,17 @@ def _plan(info: TableInfo, start: int, end: int, snapshot: bool) -> list[InputPa
     if start == _START:
         if not snapshot or end <= 0:
             return []
-        _, entries = commit_history(info.uri, since=end - 2)
-        millis = int(next(e for e in entries if e["version"] == end - 1).get("timestamp", 0))
-        files = DeltaTable(info.uri, version=end - 1).file_uris()
+        try:  # the version the first batch ended at when Spark logged it
+            _, entries = commit_history(info.uri, since=end - 2)
+            millis = int(next(e for e in entries if e["version"] == end - 1)["timestamp"])
+            snapshot_table = DeltaTable(info.uri, version=end - 1)
+        except Exception as exc:  # log cleanup removed that version
+            raise StreamStaleError(
+                f"{NAME}: version {end - 1} of {info.full_name}, where this query's first "
+                f"batch reads the table, is no longer retained ({str(exc)[:200]}); start a "
+                "new query (a new checkpoint location)"
+            ) from exc
+        files = [os.path.join(info.uri, f["path"]) for f in live_files(snapshot_table)]
         per = FILES_PER_SNAPSHOT_PARTITION
         return [_Snapshot(tuple(files[i : i + per]), end - 1, millis)
                 for i in range(0, len(files), per)]  # fmt: skip
@@ -147,7 +161,13 @@ def _read(partition: InputPartition, schema: pa.Schema) -> Iterator[pa.RecordBat
     user = [name for name in schema.names if name not in (ROW_ID, CHANGE_TYPE, VERSION, TIMESTAMP)]
     if isinstance(partition, _Snapshot):
         for path in partition.files:
-            rows = pq.read_table(path, columns=[*user, ROW_ID_COLUMN])
+            try:
+                rows = pq.read_table(path, columns=[*user, ROW_ID_COLUMN])
+            except FileNotFoundError as exc:
+                raise StreamStaleError(
+                    f"{NAME}: a file of version {partition.version} is gone (vacuum); start "
+                    "a new query (a new checkpoint location)"
+                ) from exc
             count = rows.num_rows
             yield from _typed(
                 rows, schema, pa.array(["insert"] * count),
@@ -209,6 +229,17 @@ class _Source:
             self.info = self.options.table(catalog)
         finally:
             catalog.close()
+        taken = [
+            c.name
+            for c in self.info.schema.columns
+            if c.name.lower() in (ROW_ID, CHANGE_TYPE, VERSION, TIMESTAMP)
+        ]
+        if taken:
+            raise InvalidOptionError(
+                f"{NAME}: {self.info.full_name} has the column(s) {', '.join(taken)}, which "
+                "change rows use for themselves; columns cannot be renamed yet: copy the table "
+                "under other column names to read its changes here, or use a stream in SQL"
+            )
         self.arrow_schema = change_schema(self.info)
 
     def current(self, table_id: int) -> TableInfo:
@@ -266,7 +297,7 @@ class ChangesBatchReader(DataSourceReader):
         end = source.options.whole_number("endingVersion")
         moment = source.options.timestamp("endingTimestamp")
         if moment is not None:
-            end = version_at(source.info.uri, moment) - 1  # the last version before it
+            end = version_at(source.info.uri, moment, after=True) - 1  # the last at or before
         end = latest if end is None else end
         if end > latest:
             raise InvalidOptionError(

@@ -37,6 +37,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from flush import read_table
 from pipelines import Session, SqlError
 from pipelines.change_source import ChangesDataSource
 from pipelines.table_sink import ROWS_PER_FILE
@@ -65,7 +66,7 @@ def files(root: Path) -> dict[str, int | None]:
 
 def table_rows(uri: str) -> list[tuple]:
     """The rows of a Delta table's newest version (hidden row id included), sorted."""
-    table = DeltaTable(uri).to_pyarrow_table()
+    table = read_table(DeltaTable(uri))
     return sorted(tuple(row.values()) for row in table.to_pylist())
 
 
@@ -197,11 +198,9 @@ class History:
         self.sink = session.catalog.get_table("DB", "PUBLIC", "SINK")
         self.uri = self.info.uri
         self.millis = commit_millis(self.uri)
-        first = DeltaTable(self.uri, version=1).to_pyarrow_table().to_pylist()
+        first = read_table(DeltaTable(self.uri, version=1)).to_pylist()
         ids = {row["ID"]: row[ROW_ID] for row in first}
-        ids.update(
-            {row["ID"]: row[ROW_ID] for row in DeltaTable(self.uri).to_pyarrow_table().to_pylist()}
-        )
+        ids.update({row["ID"]: row[ROW_ID] for row in read_table(DeltaTable(self.uri)).to_pylist()})
         self.row_id = ids
         r = ids
         self.by_version = {
@@ -297,9 +296,11 @@ def test_batch_read_from_timestamp_starts_at_first_version_at_or_after_it(spark,
     later = (exact + timedelta(milliseconds=1)).isoformat()
     got = change_rows(changes(spark, history.warehouse, startingTimestamp=later).collect())
     assert got == history.expected(4, 4)
-    # endingTimestamp: the last version before it.
+    # endingTimestamp: the last version committed at or before it (inclusive, as Delta).
     got = changes(spark, history.warehouse, startingVersion=0, endingTimestamp=moment.isoformat())
     assert change_rows(got.collect()) == history.expected(0, 1)
+    got = changes(spark, history.warehouse, startingVersion=0, endingTimestamp=exact.isoformat())
+    assert change_rows(got.collect()) == history.expected(0, 3)
 
 
 @pytest.mark.parametrize("case", ["timestamp after the newest commit", "ending before starting"])
@@ -374,7 +375,7 @@ def test_stream_starts_with_table_as_it_is_then_only_new_changes(spark, session,
     session.sql("INSERT INTO S VALUES (1, 'a'), (2, 'b')")
     session.sql("UPDATE S SET NAME = 'x' WHERE ID = 1")
     uri = session.catalog.get_table("DB", "PUBLIC", "S").uri
-    ids = {row["ID"]: row[ROW_ID] for row in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    ids = {row["ID"]: row[ROW_ID] for row in read_table(DeltaTable(uri)).to_pylist()}
     into, checkpoint = Collect(), tmp_path / "ck"
     latest, latest_checkpoint = Collect(), tmp_path / "ck-latest"
 
@@ -393,7 +394,7 @@ def test_stream_starts_with_table_as_it_is_then_only_new_changes(spark, session,
 
     session.sql("INSERT INTO S VALUES (3, 'c')")
     session.sql("DELETE FROM S WHERE ID = 2")
-    ids.update({row["ID"]: row[ROW_ID] for row in DeltaTable(uri).to_pyarrow_table().to_pylist()})
+    ids.update({row["ID"]: row[ROW_ID] for row in read_table(DeltaTable(uri)).to_pylist()})
     seen = len(into.rows())
     run_both()
     later = [(3, "c", "insert", 3, ids[3]), (2, "b", "delete", 4, ids[2])]
@@ -425,7 +426,7 @@ def test_max_versions_per_trigger_splits_batches_by_version(spark, history, tmp_
 # The sink
 def ingest_rows(uri: str) -> list[tuple]:
     """``(ID, NAME)`` of a sink target's rows, sorted, and its row ids checked unique."""
-    rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    rows = read_table(DeltaTable(uri)).to_pylist()
     ids = [row[ROW_ID] for row in rows]
     assert len(set(ids)) == len(ids), f"duplicate row ids: {sorted(ids)}"
     return sorted((row["ID"], row["NAME"]) for row in rows)
@@ -532,7 +533,7 @@ def test_batch_write_appends_with_fresh_row_ids(spark, session):
     session.sql("CREATE TABLE W (ID NUMBER(10,0) NOT NULL, NAME VARCHAR, AMT NUMBER(12,2))")
     session.sql("INSERT INTO W VALUES (1, 'a', 1.50), (2, 'b', NULL)")
     uri = session.catalog.get_table("DB", "PUBLIC", "W").uri
-    before = {row["ID"]: row[ROW_ID] for row in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    before = {row["ID"]: row[ROW_ID] for row in read_table(DeltaTable(uri)).to_pylist()}
     version = DeltaTable(uri).version()
 
     def write(frame):
@@ -547,7 +548,7 @@ def test_batch_write_appends_with_fresh_row_ids(spark, session):
     write(spark.createDataFrame([(13,), (14,)], "ID int"))  # missing nullable columns: NULL
     assert DeltaTable(uri).version() == version + 2  # one commit per write
     session.sql("INSERT INTO W VALUES (15, 'z', 9)")  # the sequence is shared with SQL
-    rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    rows = read_table(DeltaTable(uri)).to_pylist()
     assert sorted((r["ID"], r["NAME"], r["AMT"]) for r in rows) == [
         (1, "a", Decimal("1.50")), (2, "b", None), (10, "x", Decimal("3.25")), (11, None, None),
         (12, "y", Decimal("-0.01")), (13, None, None), (14, None, None), (15, "z", Decimal("9.00")),
@@ -876,3 +877,49 @@ def test_fuzzed_table_names_through_spark(spark, history, name):
     else:
         assert {r["ID"] for r in got} <= {1, 2, 3, 4, 100}
     assert history.state() == before
+
+
+# Found by review: paths with spaces, change-column names, the first batch gone stale
+def test_stream_first_batch_reads_a_warehouse_whose_path_has_a_space(
+    spark, session_factory, tmp_path
+):
+    session = session_factory(tmp_path / "with space" / "warehouse")
+    session.sql("CREATE TABLE S (ID NUMBER(10,0) NOT NULL)")
+    session.sql("INSERT INTO S VALUES (1), (2)")
+    into = Collect()
+    collect_stream(changes_stream(spark, session.warehouse, "S"), tmp_path / "ck", into)
+    assert sorted((r["ID"], r["_change_type"]) for r in into.rows()) == [
+        (1, "insert"),
+        (2, "insert"),
+    ]
+    assert rows_of(session.sql("SELECT ID FROM S")) == [(1,), (2,)]  # the table reads too
+
+
+def test_a_table_with_a_change_column_name_is_refused(spark, session):
+    session.sql('CREATE TABLE C ("_change_type" VARCHAR, ID NUMBER(10,0))')
+    text = fails(lambda: changes(spark, session.warehouse, "C", startingVersion=0).collect())
+    assert "change rows use for themselves" in text and "_change_type" in text
+
+
+def test_first_batch_after_log_cleanup_is_stale(session):
+    """Spark logged the first batch's end (the table as of version N-1) and the query
+    died; log cleanup then removed version N-1: the replay says stale, no raw error."""
+    from pipelines.change_source import _plan
+    from pipelines.errors import StreamStaleError
+
+    session.sql("CREATE TABLE L (ID NUMBER(10,0))")
+    for n in range(3):
+        session.sql(f"INSERT INTO L VALUES ({n})")
+    info = session.catalog.get_table("DB", "PUBLIC", "L")
+    assert _plan(info, -1, 3, snapshot=True)  # version 2 is there: partitions
+    log = Path(info.uri) / "_delta_log"
+    old = time.time() - 60 * 86_400
+    for entry in log.glob("*.json"):
+        os.utime(entry, (old, old))
+    session.sql("INSERT INTO L VALUES (9)")
+    table = DeltaTable(info.uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    assert not (log / f"{2:020d}.json").exists()
+    with pytest.raises(StreamStaleError, match="new checkpoint location"):
+        _plan(info, -1, 3, snapshot=True)
