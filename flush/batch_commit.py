@@ -109,10 +109,11 @@ def commit_batch(
     folder = root / _folder(writer_id)
     table = DeltaTable(table_uri)
     if once:
-        if _landed(table, writer_id, batch_id):
+        landed = table.transaction_version(writer_id)
+        if landed is not None and landed >= batch_id:
             discard_staged(table_uri, writer_id)
             return False
-        if batch_id > 0 and table.transaction_version(writer_id) is None:
+        if batch_id > 0 and landed is None:
             raise SinkTargetError(
                 f"batch {batch_id} of the writer {writer_id[:80]} goes to {table_uri}, which "
                 "holds none of its earlier batches: the table was replaced or renamed since "

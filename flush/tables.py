@@ -30,6 +30,7 @@ __all__ = [
     "delta_schema",
     "drop_table",
     "live_files",
+    "logged_versions",
     "new_table_folder",
     "read_table",
     "table_schema_of",
@@ -110,6 +111,13 @@ def commit_history(table_uri: str, since: int = -1) -> tuple[DeltaTable, list[di
     if found is None:
         raise RuntimeError(f"commits kept landing in {table_uri} while its history was read")
     return found
+
+
+def logged_versions(table_uri: str) -> list[int]:
+    """The versions whose commit files are still in the table's log (log cleanup
+    removes the oldest once a checkpoint covers them)."""
+    log = Path(table_uri) / "_delta_log"
+    return [int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name[0].isdigit()]
 
 
 def live_files(table: DeltaTable) -> list[dict[str, Any]]:

@@ -26,7 +26,6 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -47,9 +46,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from catalog import TableInfo
-from flush.tables import ROW_ID_COLUMN, commit_history, live_files
+from flush.tables import ROW_ID_COLUMN, commit_history, live_files, logged_versions
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
-from pipelines.source_options import SourceOptions
+from pipelines.source_options import CATALOG_FILE, SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -112,14 +111,8 @@ class _Snapshot(InputPartition):
     millis: int
 
 
-def _oldest_logged(uri: str) -> int:
-    log = Path(uri) / "_delta_log"
-    versions = [int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name[0].isdigit()]
-    return min(versions, default=0)
-
-
 def _check_retained(info: TableInfo, first: int) -> None:
-    oldest = _oldest_logged(info.uri)
+    oldest = min(logged_versions(info.uri), default=0)
     if first < oldest:
         raise StreamStaleError(
             f"{NAME}: the changes of {info.full_name} from version {first} are no longer "
@@ -246,7 +239,7 @@ class _Source:
         """The table as the catalog knows it now (by id: a rename keeps it)."""
         from catalog import SqliteCatalog
 
-        catalog = SqliteCatalog(self.warehouse / "catalog.sqlite")
+        catalog = SqliteCatalog(self.warehouse / CATALOG_FILE)
         try:
             info = catalog.get_table_by_id(table_id)
         finally:

@@ -74,14 +74,22 @@ class InvalidOptionError(SqlError):
 
 
 @contextlib.contextmanager
-def evaluation_errors() -> Iterator[None]:
-    """Spark's errors while it evaluates a query's DataFrame (a division by zero, a
-    failed cast) as :class:`SqlError` ``SQL_EXECUTION_ERROR``: ``Session.sql`` returns
-    queries unevaluated, so the faces that evaluate them (HTTP, CLI) wrap the action."""
+def spark_errors(code: str) -> Iterator[None]:
+    """Spark's errors (``PySparkException``) inside the block as :class:`SqlError` with
+    ``code`` and the first line of Spark's message."""
     from pyspark.errors import PySparkException
 
     try:
         yield
     except PySparkException as exc:
         message = str(exc).strip().splitlines()[0][:500]
-        raise SqlError(f"SQL execution error: {message}", "SQL_EXECUTION_ERROR") from None
+        if code == "SQL_EXECUTION_ERROR":
+            message = f"SQL execution error: {message}"
+        raise SqlError(message, code) from None  # a compilation error gets its prefix there
+
+
+def evaluation_errors() -> contextlib.AbstractContextManager[None]:
+    """Spark's errors while it evaluates a query's DataFrame (a division by zero, a
+    failed cast) as :class:`SqlError` ``SQL_EXECUTION_ERROR``: ``Session.sql`` returns
+    queries unevaluated, so the faces that evaluate them (HTTP, CLI) wrap the action."""
+    return spark_errors("SQL_EXECUTION_ERROR")

@@ -19,7 +19,7 @@ from sqlglot import exp
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from catalog import Catalog, SqliteCatalog, StreamRecord, TableInfo
-from flush.tables import commit_history
+from flush.tables import commit_history, logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines import ddl, dml
 from pipelines.binding import Binder, parse
@@ -30,6 +30,8 @@ from pipelines.errors import (
     StreamStaleError,
     TransactionConflictError,
     UnsupportedStatementError,
+    evaluation_errors,
+    spark_errors,
 )
 from pipelines.statements import SUPPORTED, Statement, classify, split_name
 from pipelines.transaction import Transaction
@@ -172,13 +174,9 @@ class Session:
             if not isinstance(tree, kind):
                 raise SqlError(f"cannot read this {statement.kind.upper()} statement",
                                "SQL_COMPILATION_ERROR")  # fmt: skip
-            from pyspark.errors import PySparkException
-
             try:
-                return runner(self, txn, tree)
-            except PySparkException as exc:  # raised while Spark computed the change
-                message = str(exc).strip().splitlines()[0][:500]
-                raise SqlError(f"SQL execution error: {message}", "SQL_EXECUTION_ERROR") from None
+                with evaluation_errors():  # raised while Spark computed the change
+                    return runner(self, txn, tree)
             finally:
                 if txn is not self._transaction:  # an explicit transaction may reuse them
                     self.release_views()
@@ -203,15 +201,10 @@ class Session:
 
     def run_spark(self, text: str) -> DataFrame:
         """Run a query in Spark; its errors become :class:`SqlError` with Spark's message."""
-        from pyspark.errors import PySparkException
-
-        try:
+        with spark_errors("SQL_COMPILATION_ERROR"):
             frame = self.spark.sql(text)
             frame.schema  # noqa: B018 - analysis errors surface here, not on first use
             return frame
-        except PySparkException as exc:
-            message = str(exc).strip().splitlines()[0][:500]
-            raise SqlError(f"SQL compilation error: {message}", "SQL_COMPILATION_ERROR") from None
 
     def consumed(self, txn: Transaction, binder: Binder) -> None:
         """A DML statement read these streams: it consumes them when it commits."""
@@ -336,8 +329,7 @@ class Session:
 
 def _history_kept(table: TableInfo, stream: StreamRecord) -> bool:
     """Whether every commit after the stream's offset is still in the table's log."""
-    log_dir = Path(table.uri) / "_delta_log"
-    versions = [int(p.name.split(".")[0]) for p in log_dir.glob("*.json") if p.name[0].isdigit()]
+    versions = logged_versions(table.uri)
     return (
         not versions
         or min(versions) <= stream.offset_version + 1
