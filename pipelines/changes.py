@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from flush.spark_tables import arrow_frame
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk import TableSchema
 from pipelines.errors import StreamStaleError
@@ -48,9 +49,12 @@ class ChangeMode(StrEnum):
     APPEND_ONLY_FINAL = "APPEND_ONLY_FINAL"
 
 
-def change_events(table_uri: str, schema: TableSchema, after: int, to: int) -> pa.Table:
+def change_events(
+    table: str | DeltaTable, schema: TableSchema, after: int, to: int
+) -> pa.Table:
     """The change data feed of versions ``(after, to]`` with the row id, the kind of each
-    event and its version, typed as the table is.
+    event and its version, typed as the table is. ``table``: its URI, or a handle on it
+    at version ``to`` or later (saves loading the log again).
 
     Raises:
         StreamStaleError: part of that history is gone (log cleanup or vacuum).
@@ -64,9 +68,8 @@ def change_events(table_uri: str, schema: TableSchema, after: int, to: int) -> p
     if to <= after:
         return pa.schema(fields).empty_table()
     try:
-        events = pa.table(
-            DeltaTable(table_uri).load_cdf(starting_version=after + 1, ending_version=to)
-        )
+        handle = DeltaTable(table) if isinstance(table, str) else table
+        events = pa.table(handle.load_cdf(starting_version=after + 1, ending_version=to))
     except Exception as exc:  # delta-rs reports missing log entries and files variously
         raise StreamStaleError(
             f"the changes after version {after} are no longer retained (log cleanup or "
@@ -147,18 +150,19 @@ def _labelled(rows: pa.Table, columns: list[str], action: str, is_update: pa.Arr
 
 def read_changes(
     spark: SparkSession,
-    table_uri: str,
+    table: str | DeltaTable,
     schema: TableSchema,
     after: int,
     to: int,
     mode: ChangeMode = ChangeMode.DEFAULT,
 ) -> DataFrame:
     """The changes of versions ``(after, to]`` as a DataFrame: the table's columns, then
-    ``METADATA$ACTION``, ``METADATA$ISUPDATE`` and ``METADATA$ROW_ID``.
+    ``METADATA$ACTION``, ``METADATA$ISUPDATE`` and ``METADATA$ROW_ID``. ``table`` as
+    :func:`change_events` takes it.
 
     The events are netted in Arrow (:func:`net_changes`) where delta-rs left them, on
     the driver: a Spark plan grouping them by row id cost seconds even for a few
     thousand changes (two shuffles and a sort aggregate).
     """
-    events = change_events(table_uri, schema, after, to)
-    return spark.createDataFrame(net_changes(events, schema.names, mode))
+    events = change_events(table, schema, after, to)
+    return arrow_frame(spark, net_changes(events, schema.names, mode))

@@ -53,6 +53,7 @@ class Transaction:
         self.catalog = catalog
         self.spark = spark
         self.versions: dict[int, int] = {}
+        self.handles: dict[int, DeltaTable] = {}  # each table at its pinned version
         self.writes: dict[int, TableWrites] = {}
         self.reads: dict[int, StreamRead] = {}
         self.consumed: set[int] = set()
@@ -61,12 +62,15 @@ class Transaction:
     def version(self, info: TableInfo) -> int:
         """The table's version for this transaction (pinned on first use)."""
         if info.id not in self.versions:
-            self.versions[info.id] = DeltaTable(info.uri).version()
+            handle = DeltaTable(info.uri)
+            self.handles[info.id] = handle
+            self.versions[info.id] = handle.version()
         return self.versions[info.id]
 
     def table_frame(self, info: TableInfo, row_ids: bool = False) -> DataFrame:
         """The table as this transaction sees it: its pinned version plus staged writes."""
-        frame = read_delta(self.spark, info.uri, self.version(info))
+        version = self.version(info)
+        frame = read_delta(self.spark, info.uri, version, loaded=self.handles.get(info.id))
         writes = self.writes.get(info.id)
         if writes is not None:
             change = writes.change
@@ -108,8 +112,9 @@ class Transaction:
 
     def stream_frame(self, stream: StreamRecord, mode: ChangeMode) -> DataFrame:
         read = self.stream_read(stream)
+        handle = self.handles.get(read.table.id)  # at read.to: the version pinned with it
         return read_changes(
-            self.spark, read.table.uri, read.table.schema, read.offset, read.to, mode
+            self.spark, handle or read.table.uri, read.table.schema, read.offset, read.to, mode
         )
 
     # Writing
