@@ -33,7 +33,15 @@ from pipelines.errors import (
     evaluation_errors,
     spark_errors,
 )
-from pipelines.statements import SUPPORTED, Statement, classify, split_name
+from pipelines.statements import (
+    DEFAULT_DATABASE,
+    DEFAULT_SCHEMA,
+    SUPPORTED,
+    Statement,
+    classify,
+    qualified,
+    split_name,
+)  # fmt: skip
 from pipelines.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -66,8 +74,8 @@ class Session:
         self,
         warehouse: str | Path,
         spark: SparkSession | None = None,
-        database: str = "DB",
-        schema: str = "PUBLIC",
+        database: str = DEFAULT_DATABASE,
+        schema: str = DEFAULT_SCHEMA,
         catalog: Catalog | None = None,
     ) -> None:
         self.warehouse = Path(warehouse)
@@ -218,8 +226,7 @@ class Session:
         parts = split_name(name)
         if not parts or len(parts) > 3:
             raise SqlError(f"invalid name {name[:80]!r}", "SQL_COMPILATION_ERROR")
-        full = [self.database, self.schema][: 3 - len(parts)] + parts
-        return full[0], full[1], full[2]
+        return qualified(parts, self.database, self.schema)
 
     def find_table(self, database: str, schema: str, name: str) -> TableInfo | None:
         try:

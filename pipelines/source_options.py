@@ -18,7 +18,7 @@ from pathlib import Path
 from catalog import SqliteCatalog, TableInfo
 from ingest_sdk.errors import IngestError
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError
-from pipelines.statements import NAME, split_name
+from pipelines.statements import NAME, qualified, split_name
 
 __all__ = ["SourceOptions"]
 
@@ -126,8 +126,7 @@ class SourceOptions:
                 f"{self.source}: invalid table name {text[:80]!r}; write NAME, SCHEMA.NAME or "
                 'DB.SCHEMA.NAME (letters, digits, _ and $, or "quoted")'
             )
-        parts = split_name(text)
-        database, schema, name = (["DB", "PUBLIC"][: 3 - len(parts)] + parts)[-3:]
+        database, schema, name = qualified(split_name(text))
         try:
             return catalog.get_table(database, schema, name)
         except IngestError:

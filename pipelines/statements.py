@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 
 from pipelines.errors import SqlError, UnsupportedStatementError
 
-__all__ = ["NAME", "Statement", "classify", "split_name"]
+__all__ = [
+    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "NAME", "Statement", "classify", "qualified",
+    "split_name",
+]  # fmt: skip
 
 _PART = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
 #: One to three dot-separated identifier parts, quoted or not.
@@ -140,3 +143,14 @@ def split_name(name: str) -> list[str]:
     quoted parts exact (``""`` is a quote)."""
     parts = re.findall(_PART, name)
     return [p[1:-1].replace('""', '"') if p.startswith('"') else p.upper() for p in parts]
+
+
+DEFAULT_DATABASE, DEFAULT_SCHEMA = "DB", "PUBLIC"
+
+
+def qualified(
+    parts: list[str], database: str = DEFAULT_DATABASE, schema: str = DEFAULT_SCHEMA
+) -> tuple[str, str, str]:
+    """``DB.SCHEMA.NAME`` of a name's one to three parts, missing ones from the defaults."""
+    full = [database, schema][: 3 - len(parts)] + parts
+    return full[0], full[1], full[2]
