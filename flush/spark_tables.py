@@ -1,7 +1,8 @@
-"""Spark access to Delta tables without Delta jars.
+"""Spark access to Delta tables without Delta jars, and to Arrow tables we hold.
 
 Spark here has no Delta connector, so a table version is read as the Parquet
 files that delta-rs resolves for it (see docs/architecture.md, "Key decisions").
+Rows computed on the driver (netted changes) reach Spark by :func:`arrow_frame`.
 """
 
 from __future__ import annotations
