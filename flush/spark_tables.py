@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["arrow_frame", "byte_size", "read_delta", "spark_session"]
 
-# Spark >= 3.5 turns a small Arrow table into a LocalRelation, whose scan ships the rows
-# inside the tasks as Java-serialized rows; above this size it reads the Arrow batches.
+# Spark (since 3.4) turns a small Arrow table into a LocalRelation, whose scan ships the
+# rows inside the tasks as Java-serialized rows; above this size it reads the Arrow batches.
 _LOCAL_RELATION_THRESHOLD = "spark.sql.execution.arrow.localRelationThreshold"
 _CONF_LOCK = threading.Lock()
 _SIZE = re.compile(r"(-?\d+)\s*([bkmgtp]?)b?")
@@ -74,9 +74,9 @@ def read_delta(
     """A DataFrame over one version of a Delta table (the newest by default).
 
     ``loaded``: a handle on this table the caller already holds; used when it is at
-    ``version``, which saves loading the log again.
+    ``version`` (given), which saves loading the log again.
     """
-    if loaded is not None and (version is None or loaded.version() == version):
+    if loaded is not None and version is not None and loaded.version() == version:
         table = loaded
     else:
         table = DeltaTable(table_uri, version=version)
@@ -97,7 +97,14 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
     107 ms that way against 61 ms over the batches. Over the batches, though, Spark
     knows no size for the frame and would never broadcast it in a join (it broadcast
     the other side, or shuffled both), so a frame small enough for a broadcast join
-    gets the broadcast hint, which is what the LocalRelation's size gave it.
+    gets the broadcast hint, which is what the LocalRelation's size gave it. Where
+    the frame is the side an outer join keeps (MERGE's source), Spark cannot follow
+    the hint and logs a warning (``HintErrorLogger``); the plan is what it was.
+
+    The threshold is a setting of the whole Spark session: while this call runs,
+    another thread's ``createDataFrame`` on the same session takes the batch path
+    too (speed only), and a change another thread makes to that one setting in
+    that moment is undone.
     """
     conf = spark.conf
     with _CONF_LOCK:  # our own calls never interleave their save and restore
