@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from flush.tables import live_files
+from flush.tables import live_paths
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -80,8 +80,7 @@ def read_delta(
         table = loaded
     else:
         table = DeltaTable(table_uri, version=version)
-    # Plain paths: file_uris() escapes them (a space becomes %20), which Spark reads as is.
-    files = [os.path.join(table_uri, f["path"]) for f in live_files(table)]
+    files = live_paths(table_uri, table)
     if not files:
         from pyspark.sql.pandas.types import from_arrow_schema
 

@@ -8,6 +8,7 @@ its field metadata and left out of the user-facing :class:`TableSchema`.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import uuid
@@ -30,6 +31,7 @@ __all__ = [
     "delta_schema",
     "drop_table",
     "live_files",
+    "live_paths",
     "logged_versions",
     "new_table_folder",
     "read_table",
@@ -125,6 +127,12 @@ def live_files(table: DeltaTable) -> list[dict[str, Any]]:
     the table, as the log holds it), ``size_bytes``, ``num_records`` and flattened stats."""
     rows: list[dict[str, Any]] = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     return rows
+
+
+def live_paths(table_uri: str, table: DeltaTable) -> list[str]:
+    """The data files of a table version as plain paths under ``table_uri``, for Spark
+    and pyarrow: ``file_uris()`` escapes them (a space becomes %20), which they read as is."""
+    return [os.path.join(table_uri, f["path"]) for f in live_files(table)]
 
 
 def _folder_name(part: str) -> str:

@@ -22,7 +22,6 @@ its checkpoint before running it, and the snapshot is read at that end.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,7 +45,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from catalog import TableInfo
-from flush.tables import ROW_ID_COLUMN, commit_history, live_files, logged_versions
+from flush.tables import ROW_ID_COLUMN, commit_history, live_paths, logged_versions
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
 from pipelines.source_options import CATALOG_FILE, SourceOptions
 
@@ -136,7 +135,7 @@ def _plan(info: TableInfo, start: int, end: int, snapshot: bool) -> list[InputPa
                 f"batch reads the table, is no longer retained ({str(exc)[:200]}); start a "
                 "new query (a new checkpoint location)"
             ) from exc
-        files = [os.path.join(info.uri, f["path"]) for f in live_files(snapshot_table)]
+        files = live_paths(info.uri, snapshot_table)
         per = FILES_PER_SNAPSHOT_PARTITION
         return [_Snapshot(tuple(files[i : i + per]), end - 1, millis)
                 for i in range(0, len(files), per)]  # fmt: skip
