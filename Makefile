@@ -25,7 +25,7 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check ingest_sdk catalog flush pipelines channel_server tests bench
+	$(VENV)/bin/ruff check ingest_sdk catalog flush pipelines channel_server tests bench tools
 	$(VENV)/bin/mypy
 
 clean:

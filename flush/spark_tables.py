@@ -61,6 +61,12 @@ def spark_session(
         # Write timestamps as Delta expects them (INT64 micros), never legacy INT96.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
+        # Spark's own walls under the SQL boundary (pipelines.plan_guard is the first):
+        # no files read by path in SQL, no reflection or script transforms, no SQL scripts.
+        .config("spark.sql.runSQLOnFiles", "false")
+        .config("spark.sql.restrictedMode.enabled", "true")  # Spark >= 4.3; ignored before
+        .config("spark.sql.reflect.allowList", "$^")  # matches no method
+        .config("spark.sql.scripting.enabled", "false")
     )
     for key, value in config.items():
         builder = builder.config(key, value)

@@ -6,6 +6,7 @@ is rewritten to read those views. Spark then evaluates the query as written.
 from __future__ import annotations
 
 import itertools
+import re
 from typing import TYPE_CHECKING
 
 import sqlglot
@@ -17,7 +18,7 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.statements import quote_metadata_columns
+from pipelines.statements import spark_sql_text
 from pipelines.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -35,9 +36,12 @@ def parse(text: str) -> exp.Expression:
         SqlError: a syntax error, with sqlglot's description of where.
     """
     try:
-        trees = sqlglot.parse(quote_metadata_columns(text), read="spark")
+        trees = sqlglot.parse(spark_sql_text(text), read="spark")
     except SqlglotError as exc:
-        raise SqlError(f"SQL compilation error: {exc}", "SQL_COMPILATION_ERROR") from None
+        raise SqlError(syntax_error(exc), "SQL_COMPILATION_ERROR") from None
+    except RecursionError:
+        raise SqlError("the statement is too complex to read; split it or flatten it",
+                       "STATEMENT_TOO_COMPLEX") from None  # fmt: skip
     found = [t for t in trees if t is not None]
     if len(found) != 1:
         raise SqlError(
@@ -45,6 +49,24 @@ def parse(text: str) -> exp.Expression:
             "SQL_COMPILATION_ERROR",
         )
     return found[0]
+
+
+def syntax_error(exc: Exception) -> str:
+    """A parser's error in plain words: what was expected, where, and the text there (no
+    parser class names, no terminal escape codes)."""
+    errors = getattr(exc, "errors", None) or []
+    if not errors:
+        return "syntax error: the statement cannot be read; check it against the SQL reference"
+    first = errors[0]
+    near = _PRINTABLE.sub("", f"{first.get('start_context') or ''}{first.get('highlight') or ''}")
+    description = _PRINTABLE.sub("", str(first.get("description") or "unexpected text"))
+    return (
+        f"syntax error at line {first.get('line')}, column {first.get('col')}: "
+        f"{description[:200]} (near {near[-60:]!r})"
+    )
+
+
+_PRINTABLE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _part(identifier: exp.Identifier | None) -> str | None:

@@ -31,8 +31,8 @@ from pipelines.errors import (
     TransactionConflictError,
     UnsupportedStatementError,
     evaluation_errors,
-    spark_errors,
 )
+from pipelines.plan_guard import guarded_frame
 from pipelines.statements import (
     DEFAULT_DATABASE,
     DEFAULT_SCHEMA,
@@ -208,11 +208,10 @@ class Session:
         return ddl.status_frame(self, "Statement executed successfully.")
 
     def run_spark(self, text: str) -> DataFrame:
-        """Run a query in Spark; its errors become :class:`SqlError` with Spark's message."""
-        with spark_errors("SQL_COMPILATION_ERROR"):
-            frame = self.spark.sql(text)
-            frame.schema  # noqa: B018 - analysis errors surface here, not on first use
-            return frame
+        """A query's DataFrame, once :mod:`pipelines.plan_guard` has checked that it reads
+        only the views this session's binder made and calls only allowed functions; Spark's
+        errors become :class:`SqlError` with Spark's message."""
+        return guarded_frame(self.spark, text, self.views)
 
     def consumed(self, txn: Transaction, binder: Binder) -> None:
         """A DML statement read these streams: it consumes them when it commits."""

@@ -15,14 +15,19 @@ from dataclasses import dataclass, field
 from pipelines.errors import SqlError, UnsupportedStatementError
 
 __all__ = [
-    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "NAME", "Statement", "classify", "qualified",
-    "split_name",
+    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "MAX_NESTING", "NAME", "Statement", "check_nesting",
+    "classify", "qualified", "spark_sql_text", "split_name",
 ]  # fmt: skip
 
 _PART = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
 #: One to three dot-separated identifier parts, quoted or not.
 NAME = rf"{_PART}(?:\s*\.\s*{_PART}){{0,2}}"
 _TRUE_FALSE = r"(?:TRUE|FALSE|FINAL)"
+# A setting's key and value hold no "=", "," or space, and settings are separated by a comma
+# or spaces: every character has one place to go, so a pathological header cannot make the
+# pattern backtrack (``SET A=A=,A=,...`` took seconds when a value could swallow "=").
+_SETTING = r"[^=,\s]+\s*=\s*[^=,\s]+"
+_SEPARATOR = r"(?:\s*,\s*|\s+)"
 _POINT = (
     r"(?P<at_kind>AT|BEFORE)\s*\(\s*(?P<point_kind>VERSION|TIMESTAMP|STREAM|OFFSET)\s*=>\s*"
     r"(?P<point>'(?:[^']|'')*'|[^)]+?)\s*\)"
@@ -57,8 +62,7 @@ _HEADERS: list[tuple[str, str]] = [
     ("rename_table", rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+RENAME\s+TO\s+(?P<new>{NAME})"),
     (
         "alter_table_set",
-        rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+SET\s+(?P<settings>[A-Z_]+\s*=\s*\S+"
-        r"(?:\s*,?\s*[A-Z_]+\s*=\s*\S+)*)",
+        rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+SET\s+(?P<settings>{_SETTING}(?:{_SEPARATOR}{_SETTING})*)",
     ),
 ]
 _COMPILED = [(kind, re.compile(rf"\s*{p}\s*;?\s*", re.I | re.S)) for kind, p in _HEADERS]
@@ -81,7 +85,16 @@ SUPPORTED = (
     "DATABASE|SCHEMA, BEGIN, COMMIT, ROLLBACK"
 )
 _METADATA = re.compile(r"(?<![\w$`])(METADATA\$(?:ACTION|ISUPDATE|ROW_ID))(?![\w$])", re.I)
-_LITERALS = re.compile(r"'(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"]|\"\")*\"|--[^\n]*|/\*.*?\*/", re.S)
+#: String literals, quoted names and comments. An unterminated one runs to the end of the text,
+#: so no start is scanned twice (``/*/*/*...`` would otherwise cost quadratic time).
+_LITERALS = re.compile(
+    r"'(?:[^'\\]|\\.|'')*(?:'|\Z)|`[^`]*(?:`|\Z)|\"(?:[^\"]|\"\")*(?:\"|\Z)|--[^\n]*|/\*.*?(?:\*/|\Z)",
+    re.S,
+)
+#: Parentheses, brackets and CASE may nest this deep: deeper statements are refused before
+#: any parser sees them (each parser recurses once per level).
+MAX_NESTING = 100
+_BRACKETS = re.compile(r"[()\[\]{}]|\b(?:CASE|END)\b", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +106,16 @@ class Statement:
     parts: dict[str, str | None] = field(default_factory=dict)
 
 
-def quote_metadata_columns(text: str) -> str:
-    """Spark SQL text from a statement written for the reference system: unquoted
-    ``METADATA$...`` names backquoted, and ``"quoted"`` identifiers (``""`` inside is a
-    quote) backquoted, since Spark would read double quotes as a string."""
+def spark_sql_text(text: str) -> str:
+    """Spark SQL text of a statement written for the reference system.
+
+    - Unquoted ``METADATA$...`` names are backquoted (Spark does not accept ``$`` there).
+    - ``"quoted"`` identifiers (``""`` inside is a quote) are backquoted: Spark would read
+      double quotes as a string.
+    - ``''`` inside a string literal is one quote, as in Snowflake, PostgreSQL and standard
+      SQL: Spark would read ``'O''Brien'`` as the two literals ``'O'`` and ``'Brien'`` and
+      concatenate them (``OBrien``), silently changing the data. It becomes ``\\'``.
+    """
     out: list[str] = []
     position = 0
 
@@ -106,24 +125,60 @@ def quote_metadata_columns(text: str) -> str:
     for literal in _LITERALS.finditer(text):
         out.append(_METADATA.sub(quoted, text[position : literal.start()]))
         token = literal.group(0)
-        if token.startswith('"'):
+        closed = len(token) > 1 and token[-1] == token[0]
+        if token.startswith('"') and closed:
             token = "`" + token[1:-1].replace('""', '"').replace("`", "``") + "`"
+        elif token.startswith("'") and closed:
+            token = "'" + _DOUBLED_QUOTE.sub(_one_quote, token[1:-1]) + "'"
         out.append(token)
         position = literal.end()
     out.append(_METADATA.sub(quoted, text[position:]))
     return "".join(out)
 
 
+#: Inside a literal: a backslash escape (kept as it is) or a doubled quote (made ``\\'``).
+_DOUBLED_QUOTE = re.compile(r"\\.|''", re.S)
+
+
+def _one_quote(match: re.Match[str]) -> str:
+    return "\\'" if match.group(0) == "''" else match.group(0)
+
+
+def check_nesting(text: str) -> None:
+    """Refuse a statement nested deeper than :data:`MAX_NESTING` (parentheses, brackets,
+    CASE ... END), in one pass over the text outside literals and comments.
+
+    Raises:
+        SqlError: too deep, with the limit.
+    """
+    depth = deepest = 0
+    position = 0
+    for literal in [*_LITERALS.finditer(text), None]:
+        stop = literal.start() if literal is not None else len(text)
+        for bracket in _BRACKETS.finditer(text, position, stop):
+            depth += 1 if bracket.group(0).upper() in ("(", "[", "{", "CASE") else -1
+            deepest = max(deepest, depth)
+        if literal is not None:
+            position = literal.end()
+    if deepest > MAX_NESTING:
+        raise SqlError(
+            f"the statement nests parentheses, brackets or CASE {deepest} levels deep; at most "
+            f"{MAX_NESTING} are allowed: flatten it (a WITH clause names a subquery once)",
+            "STATEMENT_TOO_COMPLEX",
+        )
+
+
 def classify(text: str) -> Statement:
     """The kind of one statement.
 
     Raises:
-        SqlError: not a single statement of text.
+        SqlError: not a single statement of text, or nested too deep.
         UnsupportedStatementError: a statement this system does not run (the message
             lists the ones it does).
     """
     if not isinstance(text, str) or not text.strip():
         raise SqlError("the statement is empty; send one SQL statement", "SQL_COMPILATION_ERROR")
+    check_nesting(text)
     for kind, pattern in _COMPILED:
         match = pattern.fullmatch(text)
         if match is not None:
