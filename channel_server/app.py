@@ -29,13 +29,17 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     log.info("start-up recovery replayed %d commit(s) into the catalog", replayed,
              extra={"replayed_commits": replayed})  # fmt: skip
     app[SERVICE] = service
-    retention = asyncio.create_task(_retention_loop(service), name="channel retention")
+    loops = [
+        asyncio.create_task(_retention_loop(service), name="channel retention"),
+        asyncio.create_task(_sql_session_loop(service), name="SQL session expiry"),
+    ]
     try:
         yield
     finally:
-        retention.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await retention
+        for loop in loops:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
         await service.stop()
         catalog.close()
 
@@ -50,6 +54,19 @@ async def _retention_loop(service: IngestService) -> None:
         except Exception:
             log.exception("channel retention sweep failed")
         await asyncio.sleep(service.config.retention_check_seconds)
+
+
+async def _sql_session_loop(service: IngestService) -> None:
+    """End SQL sessions idle past their limit (their transactions rolled back)."""
+    every = min(60.0, max(0.05, service.config.sql.idle_seconds / 4))
+    while True:
+        await asyncio.sleep(every)
+        try:
+            ended = await service.sql.expire_idle()
+            if ended:
+                log.info("ended %d SQL session(s) idle past the limit", ended)
+        except Exception:
+            log.exception("SQL session expiry failed")
 
 
 def create_app(config: ServerConfig | None = None) -> web.Application:

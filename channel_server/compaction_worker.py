@@ -1,6 +1,8 @@
 """The service's Spark worker: one long-lived ``python -m pipelines.worker --serve``.
 
-It compacts tables and runs SQL statements (``POST /v1/sql``) in one warm Spark.
+It compacts tables and runs SQL statements (``POST /v1/sql``) in one warm Spark. Each
+request is one JSON line; each answer one frame (a JSON header line with the payload's
+length in ``bytes``, then the payload), read in full before the next request is sent.
 
 Compaction runs in a separate process so ingestion latency does not suffer, and
 in one *long-lived* process so its Spark session (JVM, JIT-compiled code, Python
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,8 @@ import orjson
 __all__ = ["CompactionWorker", "CompactionWorkerDied"]
 
 log = logging.getLogger(__name__)
+#: The longest answer header line read from the worker (the rows follow it as raw bytes).
+HEADER_LIMIT = 1 << 20
 
 
 class CompactionWorkerDied(RuntimeError):
@@ -36,10 +41,18 @@ class CompactionWorker:
         command: the worker's command line (``python -m flush.compact --serve ...``).
         log_path: the worker's stderr (progress, Spark's log) is appended here.
         idle_seconds: the worker is stopped after this long without a request.
+        on_death: called each time the worker died or was killed (not stopped when idle).
     """
 
-    def __init__(self, command: list[str], log_path: Path, idle_seconds: float) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        log_path: Path,
+        idle_seconds: float,
+        on_death: Callable[[], None] | None = None,
+    ) -> None:
         self.command = command
+        self.on_death = on_death
         self.log_path = log_path
         self.idle_seconds = idle_seconds
         self.starts = 0
@@ -62,41 +75,88 @@ class CompactionWorker:
         return await self.request({"table": table_name})
 
     async def request(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Send one request (a compaction or a SQL statement) and return the answer.
+        """Send one request and return the answer's header (see :meth:`exchange`)."""
+        header, _ = await self.exchange(payload)
+        return header
+
+    async def exchange(
+        self, payload: dict[str, Any], answer_within: float | None = None
+    ) -> tuple[dict[str, Any], bytes]:
+        """Send one request; its answer frame: the header, and the payload bytes.
+
+        A caller cancelled while the request waits its turn withdraws it. Once sent, the
+        exchange goes on to its end even if the caller is cancelled: a client that hangs up
+        must not leave the next request reading this one's answer.
+
+        Args:
+            payload: the request.
+            answer_within: seconds the worker has to answer once the request is sent; past
+                them it is killed (the request fails), and started afresh next time.
 
         Raises:
-            CompactionWorkerDied: the worker exited before answering.
+            CompactionWorkerDied: the worker exited (or was killed) before answering in full,
+                or answered out of step (it is stopped, and started afresh next time).
         """
+        sent = asyncio.Event()
+        task = asyncio.ensure_future(self._exchange(payload, answer_within, sent))
+        task.add_done_callback(_retrieve)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not sent.is_set():
+                task.cancel()
+            raise
+
+    async def _exchange(
+        self, payload: dict[str, Any], answer_within: float | None, sent: asyncio.Event
+    ) -> tuple[dict[str, Any], bytes]:
         async with self._turn:
             self._cancel_idle_stop()
             process = await self._running_process()
             assert process.stdin is not None and process.stdout is not None
+            sent.set()
             try:
                 process.stdin.write(orjson.dumps(payload) + b"\n")
                 await process.stdin.drain()
-                line = await process.stdout.readline()
-            except asyncio.CancelledError:
-                # A run cannot be abandoned half way from outside: stop the worker (the
-                # compaction's own rules make a killed run harmless).
-                await self._kill()
-                raise
+                line = await asyncio.wait_for(process.stdout.readline(), answer_within)
             except (BrokenPipeError, ConnectionResetError):
                 line = b""
+            except TimeoutError:
+                await self.kill()
+                raise CompactionWorkerDied(
+                    f"the worker did not answer within {answer_within:g} s and was stopped"
+                ) from None
+            except ValueError:  # a header line over the limit: out of step
+                await self.kill()
+                raise CompactionWorkerDied(
+                    "the worker answered a header over the size limit"
+                ) from None
             if not line:
-                await self._kill()
+                await self.kill()
                 raise CompactionWorkerDied(
                     f"the compaction worker exited without answering (log {self.log_path}): "
                     f"{self._log_tail()}"
                 )
             try:
                 answer: dict[str, Any] = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                await self._kill()  # out of step with us: start afresh next time
+                size = int(answer.get("bytes", 0))
+                if size < 0:
+                    raise ValueError(size)
+            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                await self.kill()  # out of step with us: start afresh next time
                 raise CompactionWorkerDied(
                     f"the compaction worker answered {line[:200]!r} (log {self.log_path})"
                 ) from None
+            try:
+                body = await process.stdout.readexactly(size) if size else b""
+            except asyncio.IncompleteReadError:
+                await self.kill()
+                raise CompactionWorkerDied(
+                    f"the worker exited in the middle of an answer (log {self.log_path}): "
+                    f"{self._log_tail()}"
+                ) from None
             self._idle_stop = asyncio.create_task(self._stop_when_idle())
-            return answer
+            return answer, body
 
     async def stop(self) -> None:
         """Stop the worker: close its input and let it finish, or kill it."""
@@ -122,6 +182,7 @@ class CompactionWorker:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,
+                limit=HEADER_LIMIT,
             )
         self.starts += 1
         log.info("compaction worker started (pid %d)", self._process.pid)
@@ -134,10 +195,14 @@ class CompactionWorker:
             self._idle_stop = None  # stop() must not cancel this very task
             await self.stop()
 
-    async def _kill(self) -> None:
+    async def kill(self) -> None:
+        """Kill the worker now (a request it is answering fails with
+        :class:`CompactionWorkerDied`); the next request starts a new one."""
         process, self._process = self._process, None
         if process is not None:
             await _kill(process)
+            if self.on_death is not None:
+                self.on_death()
 
     def _cancel_idle_stop(self) -> None:
         if self._idle_stop is not None:
@@ -149,6 +214,12 @@ class CompactionWorker:
             return self.log_path.read_bytes()[-2000:].decode(errors="replace")
         except OSError:
             return "(no log)"
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark an exchange's failure as seen when its caller stopped waiting for it."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _kill(process: asyncio.subprocess.Process) -> None:

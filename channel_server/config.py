@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from channel_server.sql_sessions import SqlLimits
 from ingest_sdk.errors import ConfigurationError
 
-__all__ = ["CompactionTrigger", "FlushPolicy", "Limits", "ServerConfig"]
+__all__ = ["CompactionTrigger", "FlushPolicy", "Limits", "ServerConfig", "SqlLimits"]
 
 MiB = 1024 * 1024
 
@@ -65,12 +66,17 @@ class ServerConfig:
     flush: FlushPolicy = field(default_factory=FlushPolicy)
     limits: Limits = field(default_factory=Limits)
     compaction: CompactionTrigger = field(default_factory=CompactionTrigger)
+    sql: SqlLimits = field(default_factory=SqlLimits)
 
     def __post_init__(self) -> None:
         if self.limits.max_buffer_bytes <= 0:
             raise ConfigurationError("max_buffer_bytes must be positive")
         if self.channel_retention_seconds <= 0:
             raise ConfigurationError("channel retention must be positive")
+        if min(self.sql.max_sessions, self.sql.max_transactions) < 1 or self.sql.idle_seconds <= 0:
+            raise ConfigurationError(
+                "SQL limits must be positive: sessions, transactions and the idle time"
+            )
 
     @property
     def catalog_file(self) -> Path:

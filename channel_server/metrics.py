@@ -19,6 +19,7 @@ __all__ = ["CONTENT_TYPE", "Metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: Seconds: a flush is milliseconds to seconds; insert-to-commit follows max_client_lag.
+_SQL_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 _FLUSH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0)
 
@@ -81,6 +82,24 @@ class Metrics:
             "ingest_rejected_requests",
             "Requests answered with an error, by error code (429 backpressure included).",
             ["code"],
+            registry=r,
+        )
+        self.sql_statements = Counter(
+            "ingest_sql_statements",
+            "SQL statements answered, by outcome (OK, or the statement's error code).",
+            ["outcome"],
+            registry=r,
+        )
+        self.sql_duration = Histogram(
+            "ingest_sql_statement_seconds",
+            "From a SQL statement's arrival to its answer (its turn in the worker included).",
+            buckets=_SQL_BUCKETS,
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "ingest_spark_worker_restarts",
+            "Times the Spark worker (compaction and SQL) died or was killed and had to start "
+            "again (stops after an idle spell are not counted).",
             registry=r,
         )
         self._table_metrics = (

@@ -23,6 +23,7 @@ from channel_server.compaction_worker import CompactionWorker, CompactionWorkerD
 from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
+from channel_server.sql_service import SqlService
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from flush import commits_after, create_catalog_table, drop_table
 from flush.tables import INGEST_DIR, live_files
@@ -33,8 +34,6 @@ from ingest_sdk.errors import (
     ChannelNotFoundError,
     InvalidRequestError,
     SchemaError,
-    ServerError,
-    SqlStatementError,
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
@@ -100,7 +99,10 @@ class IngestService:
             self._compaction_command(),
             Path(config.warehouse) / "_logs" / "compaction-worker.log",
             config.compaction.worker_idle_seconds,
+            on_death=self.metrics.worker_restarts.inc,
         )
+        #: ``POST /v1/sql``: sessions, and statements run in the same worker.
+        self.sql = SqlService(self.compaction_worker, config.sql, self.metrics)
         self.started_at = time.time()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -149,37 +151,6 @@ class IngestService:
             *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
             *trigger.extra_args,
         ]  # fmt: skip
-
-    async def run_sql(
-        self, statement: str, session: str, max_rows: int, timeout: float
-    ) -> dict[str, Any]:
-        """Run one SQL statement in the Spark worker (statements take turns with
-        compaction runs); the answer holds Arrow IPC rows (base64) or an error.
-
-        A statement that runs past ``timeout`` seconds is cancelled by stopping the
-        worker: its transaction is rolled back, or rolled forward if it had decided
-        to commit (the consumer commit protocol), when the worker next starts.
-
-        Raises:
-            SqlStatementError: the statement failed, or timed out.
-        """
-        request = {"statement": statement, "session": session, "max_rows": max_rows}
-        try:
-            answer = await asyncio.wait_for(self.compaction_worker.request(request), timeout)
-        except TimeoutError:
-            raise SqlStatementError(
-                f"the statement ran longer than {timeout:g} s and was cancelled; raise the "
-                "timeout (the request's timeout field) or make the statement cheaper",
-                sql_code="STATEMENT_TIMEOUT",
-            ) from None
-        except CompactionWorkerDied as exc:
-            raise ServerError(f"the Spark worker failed: {exc}") from None
-        error = answer.get("error")
-        if error is not None:
-            if not isinstance(error, dict):  # a request the worker could not read
-                raise ServerError(f"the Spark worker could not run the statement: {error}")
-            raise SqlStatementError(str(error.get("message")), sql_code=error.get("code"))
-        return answer
 
     async def _run_compaction(self, table: TableState) -> None:
         name = table.info.full_name

@@ -2,15 +2,18 @@
 
 Body: ``{"statement": "...", "session": "name", "max_rows": 10000, "timeout": 300}``
 (only ``statement`` is required). A session keeps its ``USE`` defaults and an open
-transaction between requests; requests without one share the session ``default``.
-The answer is an Arrow IPC stream when the request accepts
-``application/vnd.apache.arrow.stream``, else JSON ``{"columns": [...], "rows":
-[[...]], "truncated": false}`` (decimals as strings, so no digit is lost).
+transaction between requests and belongs to the token that named it; a request without
+one runs alone in auto-commit (see :mod:`channel_server.sql_sessions`).
+``DELETE /v1/sql/sessions/{name}`` ends a session. The answer is an Arrow IPC stream
+when the request accepts ``application/vnd.apache.arrow.stream``, else JSON
+``{"columns": [...], "rows": [[...]], "truncated": false}`` (decimals as strings, so no
+digit is lost), streamed to the client batch by batch.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
+import hashlib
 import math
 import re
 from decimal import Decimal
@@ -20,7 +23,7 @@ import orjson
 import pyarrow as pa
 from aiohttp import web
 
-from channel_server.handlers import SERVICE, routes
+from channel_server.handlers import AUTH_TOKENS, SERVICE, routes
 from channel_server.requests import field, json_body
 from ingest_sdk.errors import InvalidRequestError
 
@@ -33,6 +36,8 @@ DEFAULT_ROWS = 10_000
 MAX_TIMEOUT = 3_600.0
 DEFAULT_TIMEOUT = 300.0
 _SESSION = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: The answer goes to the client in pieces of this size (it is never built twice).
+CHUNK_BYTES = 1 << 20
 
 
 def _decimal_as_text(value: Any) -> Any:
@@ -43,7 +48,7 @@ def _decimal_as_text(value: Any) -> Any:
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def _request(body: dict[str, Any]) -> tuple[str, str, int, float]:
+def _request(body: dict[str, Any]) -> tuple[str, str | None, int, float]:
     statement = field(body, "statement", str)
     if not statement.strip() or len(statement) > MAX_STATEMENT_CHARS:
         raise InvalidRequestError(
@@ -53,8 +58,7 @@ def _request(body: dict[str, Any]) -> tuple[str, str, int, float]:
     if "\x00" in statement:
         raise InvalidRequestError('"statement" must not contain NUL characters')
     session = field(body, "session", str, required=False)
-    session = "default" if session is None else session
-    if not _SESSION.fullmatch(session):
+    if session is not None and not _SESSION.fullmatch(session):
         raise InvalidRequestError(
             f'"session" must be 1 to 128 letters, digits, "_", "." or "-", got {session[:140]!r}'
         )
@@ -69,19 +73,62 @@ def _request(body: dict[str, Any]) -> tuple[str, str, int, float]:
     return statement, session, max_rows, float(timeout)
 
 
+def owner_of(request: web.Request) -> str:
+    """Who a session belongs to: a digest of the bearer token (sessions are scoped to the
+    token that named them), or ``anonymous`` when the service runs without tokens."""
+    if not request.app[AUTH_TOKENS]:
+        return "anonymous"
+    token = request.headers.get("Authorization", "")[len("Bearer ") :]
+    return hashlib.sha256(token.encode()).hexdigest()[:24]
+
+
 @routes.post("/v1/sql")
-async def sql(request: web.Request) -> web.Response:
-    """Run one statement; its rows (Arrow or JSON), or a 400 with the statement's code."""
+async def sql(request: web.Request) -> web.StreamResponse:
+    """Run one statement; its rows (Arrow or JSON, streamed), or an error with its code."""
     statement, session, max_rows, timeout = _request(await json_body(request))
-    answer = await request.app[SERVICE].run_sql(statement, session, max_rows, timeout)
-    data = base64.b64decode(answer["arrow"])
+    service = request.app[SERVICE]
+    answer = await service.sql.run(owner_of(request), session, statement, max_rows, timeout)
+    headers = {"X-Rows": str(answer.rows), "X-Truncated": str(answer.truncated).lower()}
+    response = web.StreamResponse(headers=headers)
     if ARROW_STREAM in request.headers.get("Accept", ""):
-        return web.Response(body=data, content_type=ARROW_STREAM)
-    table = pa.ipc.open_stream(data).read_all()
-    payload = {
-        "columns": [{"name": f.name, "type": str(f.type)} for f in table.schema],
-        "rows": [list(row.values()) for row in table.to_pylist()],
-        "truncated": answer.get("truncated", False),
-    }
-    body = orjson.dumps(payload, default=_decimal_as_text, option=orjson.OPT_NON_STR_KEYS)
-    return web.Response(body=body, content_type="application/json")
+        response.content_type = ARROW_STREAM
+        await response.prepare(request)
+        view = memoryview(answer.arrow)
+        for start in range(0, len(view), CHUNK_BYTES):
+            await response.write(view[start : start + CHUNK_BYTES])
+        await response.write_eof()
+        return response
+    response.content_type = "application/json"
+    await response.prepare(request)
+    reader = pa.ipc.open_stream(answer.arrow)
+    columns = [{"name": f.name, "type": str(f.type)} for f in reader.schema]
+    await response.write(b'{"columns":' + orjson.dumps(columns) + b',"rows":[')
+    first = True
+    for batch in reader:
+        rows = await asyncio.to_thread(_json_rows, batch)
+        if rows:
+            await response.write((b"" if first else b",") + rows)
+            first = False
+    truncated = b"true" if answer.truncated else b"false"
+    await response.write(b'],"truncated":' + truncated + b"}")
+    await response.write_eof()
+    return response
+
+
+def _json_rows(batch: pa.RecordBatch) -> bytes:
+    """One batch's rows as JSON arrays, comma-separated (no brackets around them)."""
+    rows = [list(row.values()) for row in batch.to_pylist()]
+    text = orjson.dumps(rows, default=_decimal_as_text, option=orjson.OPT_NON_STR_KEYS)
+    return text[1:-1]
+
+
+@routes.delete("/v1/sql/sessions/{name}")
+async def close_session(request: web.Request) -> web.Response:
+    """End a session now (its open transaction, if any, is rolled back)."""
+    name = request.match_info["name"]
+    if not _SESSION.fullmatch(name):
+        raise InvalidRequestError(
+            f'a session name is 1 to 128 letters, digits, "_", "." or "-", got {name[:140]!r}'
+        )
+    closed = await request.app[SERVICE].sql.close_session(owner_of(request), name)
+    return web.json_response({"session": name, "closed": closed})

@@ -21,10 +21,11 @@ from pipelines.errors import (
     UnsupportedStatementError,
     evaluation_errors,
 )
-from pipelines.session import Session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from pipelines.session import Session
 
 __all__ = [
     "ChangeMode",
@@ -37,7 +38,20 @@ __all__ = [
     "UnsupportedStatementError",
     "evaluation_errors",
     "register_data_sources",
+    "source_errors",
 ]
+
+from pipelines.source_options import source_errors  # noqa: E402
+
+
+def __getattr__(name: str) -> object:
+    """``Session`` is imported on first use: the CLI's ``--url`` mode and the service's
+    HTTP side import this package without needing the session (and its imports)."""
+    if name == "Session":
+        from pipelines.session import Session
+
+        return Session
+    raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 
 def register_data_sources(spark: SparkSession) -> None:

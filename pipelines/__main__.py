@@ -1,62 +1,144 @@
 """The command line: ``python -m pipelines sql "statement"``, or a prompt without one.
 
 Rows are printed as a table (``--format table``, the default), JSON lines or CSV. A SQL
-mistake prints its code and message and exits 1 (the prompt carries on); the session
-opens the same warehouse as the service (``--warehouse``, default ``$INGEST_WAREHOUSE``
-or ``./warehouse``).
+mistake prints its code and message and exits 1 (the prompt carries on). Statements run
+in a session on the warehouse (``--warehouse``, default ``$INGEST_WAREHOUSE`` or
+``./warehouse``), which must already hold one (``--create`` makes one); or, with
+``--url``, in the running service (``POST /v1/sql``), which answers without starting
+Spark here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
+import secrets
 import sys
-from typing import TYPE_CHECKING, TextIO
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
 
 from ingest_sdk.process_exit import run_entry_point
 from pipelines.errors import SqlError, evaluation_errors
+from pipelines.source_options import CATALOG_FILE, is_warehouse
+from pipelines.statements import classify
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
     from pipelines.session import Session
 
 PROMPT = "sql> "
 MAX_ROWS = 10_000
+DEFAULT_DATABASE, DEFAULT_SCHEMA = "DB", "PUBLIC"
+#: Rows the service answers at most (``max_rows`` of ``POST /v1/sql``).
+SERVICE_MAX_ROWS = 1_000_000
+#: Seconds to wait for the service's answer: its own statement timeout (300 s) and some.
+SERVICE_WAIT = 330.0
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+_QUIT = ("quit", "exit", r"\q")
+
+Rows = tuple[list[str], list[tuple[Any, ...]]]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__)
-    parser.add_argument(
+class UsageError(Exception):
+    """The command line cannot run as given (exit status 2, as argparse's own errors)."""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _options(defaults: bool) -> argparse.ArgumentParser:
+    """The options, for the main parser and again for ``sql`` (so they may follow it).
+
+    The ``sql`` copy has no defaults (``SUPPRESS``): argparse copies a sub-parser's
+    values over the main parser's, so a default there would undo an option given before
+    the sub-command.
+    """
+
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
         "--warehouse",
-        default=os.environ.get("INGEST_WAREHOUSE", "warehouse"),
-        help="the warehouse folder (default $INGEST_WAREHOUSE or ./warehouse)",
+        default=default(None),
+        help="the warehouse folder (default $INGEST_WAREHOUSE or ./warehouse); it must hold "
+        f"a warehouse ({CATALOG_FILE}) unless --create is given",
     )
-    parser.add_argument("--database", default="DB", help="default database (default DB)")
-    parser.add_argument("--schema", default="PUBLIC", help="default schema (default PUBLIC)")
-    parser.add_argument(
-        "--format", choices=("table", "json", "csv"), default="table", help="how rows print"
+    options.add_argument(
+        "--create",
+        action="store_true",
+        default=default(False),
+        help="create the warehouse if the folder holds none",
     )
-    parser.add_argument(
-        "--max-rows", type=int, default=MAX_ROWS, help=f"rows printed at most (default {MAX_ROWS})"
+    options.add_argument(
+        "--database", default=default(DEFAULT_DATABASE), help="default database (default DB)"
+    )
+    options.add_argument(
+        "--schema", default=default(DEFAULT_SCHEMA), help="default schema (default PUBLIC)"
+    )
+    options.add_argument(
+        "--format",
+        choices=("table", "json", "csv"),
+        default=default("table"),
+        help="how rows print",
+    )
+    options.add_argument(
+        "--max-rows",
+        type=_positive,
+        default=default(MAX_ROWS),
+        help=f"rows printed at most (default {MAX_ROWS})",
+    )
+    options.add_argument(
+        "--url",
+        default=default(None),
+        help="a running service (http://host:port): statements go to its POST /v1/sql "
+        "instead of a Spark session here",
+    )
+    options.add_argument(
+        "--token",
+        default=default(None),
+        help="with --url: the service's bearer token (default $INGEST_TOKEN)",
+    )
+    return options
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines", description=__doc__, parents=[_options(defaults=True)]
     )
     commands = parser.add_subparsers(dest="command")
-    run = commands.add_parser("sql", help="run one statement and exit")
+    run = commands.add_parser(
+        "sql", help="run one statement and exit", parents=[_options(defaults=False)]
+    )
     run.add_argument("statement", help="one SQL statement")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.url is not None and (args.warehouse is not None or args.create):
+        parser.error("--url runs statements in the service's own warehouse: leave out "
+                     "--warehouse and --create")  # fmt: skip
+    if args.url is not None and not args.url.startswith(("http://", "https://")):
+        parser.error(f"--url must be http://host:port or https://host:port, got {args.url!r}")
+    return args
 
 
 def _value(value: object) -> str:
     return "NULL" if value is None else str(value)
 
 
-def print_frame(frame: DataFrame, form: str, limit: int, out: TextIO) -> None:
-    """Print a result's rows (at most ``limit``; a line says when more were left out)."""
-    names = frame.columns
-    fetched = [tuple(row) for row in frame.limit(limit + 1).collect()]
+def print_rows(names: list[str], fetched: list[tuple[Any, ...]], form: str, limit: int,
+               out: TextIO) -> None:  # fmt: skip
+    """Print a result's rows (at most ``limit`` of ``fetched``; a line says when more were
+    left out, which the caller shows by fetching ``limit + 1``)."""
     shown = fetched[:limit]
     if form == "json":
         for row in shown:
@@ -78,42 +160,213 @@ def print_frame(frame: DataFrame, form: str, limit: int, out: TextIO) -> None:
         out.write(f"... more rows left out (--max-rows {limit})\n")
 
 
-def run_one(session: Session, statement: str, args: argparse.Namespace) -> int:
-    try:
+class Runner(Protocol):
+    """Where statements run: a local Spark session, or the service."""
+
+    #: Named in "does not exist" errors: which warehouse the statement looked in.
+    where: str
+
+    def rows(self, statement: str, limit: int) -> Rows:
+        """The statement's column names and at most ``limit`` rows (raises SqlError)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalRunner:
+    """A :class:`Session` on the warehouse folder, with Spark in this process."""
+
+    def __init__(self, warehouse: Path, session: Session | None = None) -> None:
+        from pipelines.session import Session
+
+        self.where = f"warehouse {warehouse}"
+        self.session: Session = session or Session(warehouse)
+        self.session.spark.sparkContext.setLogLevel("ERROR")
+
+    def rows(self, statement: str, limit: int) -> Rows:
         with evaluation_errors():
-            print_frame(session.sql(statement), args.format, args.max_rows, sys.stdout)
+            frame = self.session.sql(statement)
+            return frame.columns, [tuple(row) for row in frame.limit(limit).collect()]
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class ServiceRunner:
+    """``POST /v1/sql`` of a running service, in one service session per CLI process
+    (``cli-<random hex>``), so a transaction opened on one prompt line is the one the
+    next lines run in. Answers are Arrow IPC: the same Python values, and so the same
+    printed text, as the local session's rows."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.session = f"cli-{secrets.token_hex(8)}"
+        self.where = f"warehouse of the service at {self.url}"
+        self.in_transaction = False  # a BEGIN went through and no COMMIT/ROLLBACK since
+        # No proxy from the environment, as the SDK (aiohttp) does not use one either.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def rows(self, statement: str, limit: int, wait: float = SERVICE_WAIT) -> Rows:
+        import pyarrow as pa
+
+        body = {"statement": statement, "session": self.session,
+                "max_rows": min(limit, SERVICE_MAX_ROWS)}  # fmt: skip
+        headers = {"Content-Type": "application/json", "Accept": ARROW_STREAM}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(
+            f"{self.url}/v1/sql", data=orjson.dumps(body), headers=headers, method="POST"
+        )
+        try:
+            with self._opener.open(request, timeout=wait) as response:
+                data = response.read()
+        except urllib.error.HTTPError as error:
+            raise _service_error(error.code, error.read()) from None
+        except OSError as error:  # refused, unknown host, timed out (URLError included)
+            reason = getattr(error, "reason", None) or error
+            raise SqlError(f"cannot reach the service at {self.url}: {reason}",
+                           "SERVICE_UNREACHABLE") from None  # fmt: skip
+        self._track(statement)
+        try:
+            table = pa.ipc.open_stream(data).read_all()
+        except pa.ArrowException:
+            raise SqlError(f"{self.url}/v1/sql did not answer with rows: is it the ingest "
+                           "service?", "BAD_ANSWER") from None  # fmt: skip
+        if limit > SERVICE_MAX_ROWS and table.num_rows == SERVICE_MAX_ROWS:
+            print(f"note: the service answers at most {SERVICE_MAX_ROWS} rows; more may "
+                  "have been left out", file=sys.stderr)  # fmt: skip
+        columns = [_as_spark_collects(column.to_pylist()) for column in table.columns]
+        return table.column_names, list(zip(*columns, strict=True))
+
+    def _track(self, statement: str) -> None:
+        """Follow the session's transaction from the statements that succeeded."""
+        with contextlib.suppress(SqlError):  # not a transaction statement
+            kind = classify(statement).kind
+            if kind in ("begin", "commit", "rollback"):
+                self.in_transaction = kind == "begin"
+
+    def close(self) -> None:
+        """Roll back a transaction left open, as closing a local session does (the
+        service would otherwise keep it until it evicts the session)."""
+        if self.in_transaction:
+            with contextlib.suppress(SqlError):
+                self.rows("ROLLBACK", 1, wait=30.0)
+
+
+def _as_spark_collects(values: list[Any]) -> list[Any]:
+    """Time zone aware timestamps as naive local times, as Spark's ``collect()`` gives them
+    to the local runner (Arrow carries them in UTC), so both print the same text."""
+    return [
+        v.astimezone().replace(tzinfo=None)
+        if isinstance(v, datetime) and v.tzinfo is not None
+        else v
+        for v in values
+    ]
+
+
+def _service_error(status: int, body: bytes) -> SqlError:
+    """The service's error answer as a SqlError with the statement's own code."""
+    try:
+        error = orjson.loads(body)["error"]
+        code = str(error.get("sql_code") or error.get("code") or f"HTTP_{status}")
+        return SqlError(str(error.get("message", "")), code)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        text = body.decode("utf-8", "replace").strip()[:300]
+        return SqlError(f"the service answered {status}: {text}", f"HTTP_{status}")
+
+
+def report(runner: Runner, exc: SqlError) -> None:
+    """``error CODE: message`` on stderr; a "does not exist" names the warehouse looked in."""
+    message = str(exc)
+    if exc.code == "OBJECT_NOT_FOUND" or "does not exist" in message:
+        message = f"{message} ({runner.where})"
+    print(f"error {exc.code}: {message}", file=sys.stderr)
+
+
+def run_one(runner: Runner, statement: str, args: argparse.Namespace) -> int:
+    """Run one statement and print its rows (0), or its error (1)."""
+    try:
+        names, fetched = runner.rows(statement, args.max_rows + 1)
     except SqlError as exc:
-        print(f"error {exc.code}: {exc}", file=sys.stderr)
+        report(runner, exc)
         return 1
+    print_rows(names, fetched, args.format, args.max_rows, sys.stdout)
     return 0
 
 
-def prompt(session: Session, args: argparse.Namespace) -> int:
-    """Read statements (ending with ``;`` or a blank line) until EOF or ``quit``."""
+def prompt(runner: Runner, args: argparse.Namespace) -> int:
+    """Read statements (ending with ``;`` or a blank line) until EOF or ``quit``; a last
+    statement without ``;`` runs at EOF. 1 if any statement failed (for scripts piped
+    in), else 0. The prompt is shown only to a terminal."""
+    shown = sys.stdin.isatty()
     lines: list[str] = []
+    failed = False
     while True:
         try:
-            line = input(PROMPT if not lines else "...> ")
+            line = input((PROMPT if not lines else "...> ") if shown else "")
         except EOFError:
-            return 0
-        if not lines and line.strip().lower() in ("quit", "exit", r"\q"):
-            return 0
+            text = "\n".join(lines).strip().rstrip(";").strip()
+            if text:
+                failed = run_one(runner, text, args) != 0 or failed
+            return 1 if failed else 0
+        if not lines and line.strip().lower() in _QUIT:
+            return 1 if failed else 0
         lines.append(line)
         text = "\n".join(lines).strip()
-        if text and (text.endswith(";") or not line.strip()):
-            run_one(session, text.rstrip(";"), args)
+        if not text:
+            lines = []
+        elif text.endswith(";") or not line.strip():
+            failed = run_one(runner, text.rstrip(";").strip(), args) != 0 or failed
             lines = []
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from pipelines.session import Session
+def open_runner(args: argparse.Namespace) -> Runner:
+    """The runner the options ask for. A local warehouse is checked before the Session
+    exists: opening one creates the folder and its catalog, which only ``--create`` may.
 
-    with Session(args.warehouse, database=args.database, schema=args.schema) as session:
-        session.spark.sparkContext.setLogLevel("ERROR")
+    Raises:
+        UsageError: the folder holds no warehouse and ``--create`` was not given.
+    """
+    if args.url is not None:
+        return ServiceRunner(args.url, args.token or os.environ.get("INGEST_TOKEN"))
+    given = args.warehouse or os.environ.get("INGEST_WAREHOUSE") or "warehouse"
+    folder = Path(given).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--warehouse {folder} is a file, not a folder")
+    if not is_warehouse(folder):
+        catalog = folder / CATALOG_FILE
+        if catalog.exists():  # never overwrite a file that is not ours, even with --create
+            raise UsageError(f"{folder} is not a warehouse: its {CATALOG_FILE} is not a catalog "
+                             "database; pass --warehouse the folder the service uses")  # fmt: skip
+        if not args.create:
+            raise UsageError(
+                f"{folder} holds no warehouse (no {CATALOG_FILE}); pass --warehouse the folder "
+                "the service (make run) uses, or add --create to create a warehouse there"
+            )
+    return LocalRunner(folder)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        runner = open_runner(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if (args.database, args.schema) != (DEFAULT_DATABASE, DEFAULT_SCHEMA):
+            # A statement, so both runners read the names alike (unquoted upper-cased).
+            try:
+                runner.rows(f"USE SCHEMA {args.database}.{args.schema}", 1)
+            except SqlError as exc:
+                report(runner, exc)
+                return 2
         if args.command == "sql":
-            return run_one(session, args.statement, args)
-        return prompt(session, args)
+            return run_one(runner, args.statement.strip().rstrip(";").strip(), args)
+        return prompt(runner, args)
+    finally:
+        runner.close()
 
 
 if __name__ == "__main__":

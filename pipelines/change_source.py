@@ -18,6 +18,10 @@ batch is the table as it is (every row an ``insert`` of the newest version), as 
 change-feed stream does; ``startingVersion = latest`` makes that batch empty. The
 marker keeps the first batch deterministic: Spark writes the batch's end offset to
 its checkpoint before running it, and the snapshot is read at that end.
+
+Options are checked when Spark creates the source and plans the read, in its Python
+worker; Spark reports a refusal inside its own error, so callers wrap the Spark calls
+in :func:`pipelines.source_options.source_errors` to get ours back.
 """
 
 from __future__ import annotations

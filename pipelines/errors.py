@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 __all__ = [
@@ -77,15 +78,36 @@ class InvalidOptionError(SqlError):
 def spark_errors(code: str) -> Iterator[None]:
     """Spark's errors (``PySparkException``) inside the block as :class:`SqlError` with
     ``code`` and the first line of Spark's message."""
+    from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
     try:
         yield
-    except PySparkException as exc:
-        message = str(exc).strip().splitlines()[0][:500]
+    except (PySparkException, Py4JJavaError) as exc:
+        message = _spark_message(exc)
         if code == "SQL_EXECUTION_ERROR":
             message = f"SQL execution error: {message}"
         raise SqlError(message, code) from None  # a compilation error gets its prefix there
+
+
+def _spark_message(exc: Exception) -> str:
+    """The first line of Spark's message, without Java class names: for a Java error that
+    PySpark did not translate, the message of its innermost cause."""
+    text = str(exc)
+    java = getattr(exc, "java_exception", None)
+    if java is not None and not hasattr(exc, "getErrorClass"):
+        try:
+            cause = java
+            while cause.getCause() is not None:
+                cause = cause.getCause()
+            text = str(cause.getMessage() or "the Spark job failed")
+        except Exception:  # the JVM is gone: its message cannot be asked for
+            text = "the Spark job failed"
+    first = (text.strip().splitlines() or ["the Spark job failed"])[0]
+    return _JAVA_CLASS.sub("", first)[:500]
+
+
+_JAVA_CLASS = re.compile(r"\b(?:org|java|scala|py4j)(?:\.[A-Za-z_$][\w$]*)+(?::\s*)?")
 
 
 def evaluation_errors() -> contextlib.AbstractContextManager[None]:

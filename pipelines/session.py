@@ -126,6 +126,11 @@ class Session:
             raise
         self.sql("COMMIT")
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a transaction is open (BEGIN without COMMIT or ROLLBACK yet)."""
+        return self._transaction is not None
+
     def release_views(self) -> None:
         """Drop the Spark views earlier statements made; DataFrames a query returned
         before this no longer work afterwards (the worker calls it after each answer)."""

@@ -4,6 +4,14 @@ Spark hands a data source its options as text (keys case-insensitive). Every key
 checked against the ones the source knows (a misspelt ``startingVersion`` must not
 silently read from the beginning), the warehouse must be an existing warehouse (a
 source never creates a catalog), and the table must exist.
+
+Spark runs a Python data source's constructor, ``schema()``, ``reader()`` and
+``writer()`` in a Python worker process, not in the driver that called ``load()`` or
+``save()``; what that worker raises reaches the driver as text inside Spark's own
+error (``AnalysisException`` with condition ``PYTHON_DATA_SOURCE_ERROR``, or a
+``StreamingQueryException``), after Spark's prefix and a traceback of the worker.
+No hook of Spark's runs in the driver between the call and that error, so
+:func:`source_errors` turns it back into our error where the driver catches it.
 """
 
 from __future__ import annotations
@@ -11,18 +19,55 @@ from __future__ import annotations
 import contextlib
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 from catalog import SqliteCatalog, TableInfo
 from ingest_sdk.errors import IngestError
-from pipelines.errors import InvalidOptionError, ObjectNotFoundError
+from pipelines import errors
+from pipelines.errors import InvalidOptionError, ObjectNotFoundError, SqlError
 from pipelines.statements import NAME, qualified, split_name
 
-__all__ = ["SourceOptions"]
+__all__ = ["SourceOptions", "is_warehouse", "source_errors"]
 
 CATALOG_FILE = "catalog.sqlite"
+#: The last line of a worker's traceback when one of our errors ended it: Python's own
+#: ``module.Class: message`` (also what Spark shows with its traceback hidden).
+_RAISED = re.compile(r"\bpipelines\.errors\.(?P<kind>[A-Za-z]+Error): (?P<message>[^\n]*)")
+
+
+def _ours(text: str) -> SqlError | None:
+    """Our error that a Spark error's text carries (the first one named), rebuilt."""
+    for found in _RAISED.finditer(text):
+        kind = getattr(errors, found["kind"], None)
+        if isinstance(kind, type) and issubclass(kind, SqlError):
+            message = re.sub(r"\s*SQLSTATE: \w+$", "", found["message"]).rstrip()
+            return kind(message) if message else None
+    return None
+
+
+@contextlib.contextmanager
+def source_errors() -> Iterator[None]:
+    """Spark's errors inside the block that carry one of our data sources' errors
+    (a bad option, a missing table, a stale version) raised as that error, with our
+    message first and no worker traceback; other errors pass unchanged.
+
+        with source_errors():
+            spark.read.format("ingest-changes").options(**options).load()
+
+    Wrap the calls that run the source: ``load()``, ``save()``, ``start()`` and
+    ``awaitTermination()`` (a streaming sink is planned in the query's thread).
+    """
+    from pyspark.errors import PySparkException
+
+    try:
+        yield
+    except PySparkException as exc:
+        ours = _ours(str(exc))
+        if ours is None:
+            raise
+        raise ours from None
 
 
 def _is_catalog(path: Path) -> bool:
@@ -39,6 +84,12 @@ def _is_catalog(path: Path) -> bool:
     except sqlite3.Error:
         return False
     return bool(found == 1)
+
+
+def is_warehouse(folder: Path) -> bool:
+    """Whether ``folder`` holds a warehouse: a catalog database, checked read-only (the
+    faces that must not create one, the sources and the command line, ask first)."""
+    return _is_catalog(folder / CATALOG_FILE)
 
 
 class SourceOptions:
@@ -102,7 +153,7 @@ class SourceOptions:
         """The warehouse folder; it must hold the service's catalog (checked read-only:
         opening a catalog creates its tables, which a source must never do)."""
         folder = Path(self.require("warehouse", "the service's warehouse folder"))
-        if not _is_catalog(folder / CATALOG_FILE):
+        if not is_warehouse(folder):
             why = (
                 f"its {CATALOG_FILE} is not a catalog database"
                 if (folder / CATALOG_FILE).exists()

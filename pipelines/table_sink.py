@@ -11,7 +11,9 @@ sequence, as ingested rows do. A streaming query commits each micro-batch exactl
 once (:mod:`flush.batch_commit`): the batch id is the version of the app transaction
 ``txnAppId``, by default the query's Spark id (from its checkpoint), so a batch
 replayed after a crash leaves neither a duplicate row nor an orphan file. The sink only
-appends: overwrite and complete output modes are refused.
+appends: overwrite and complete output modes are refused, as are options the sink does
+not know, before any task runs (raised in Spark's Python worker, so Spark reports them
+inside its own error: :func:`pipelines.source_options.source_errors` gives ours back).
 """
 
 from __future__ import annotations

@@ -1,100 +1,261 @@
 """The service's Spark worker: one long-lived process, one warm Spark, two kinds of work.
 
-``python -m pipelines.worker --serve --warehouse W`` reads one JSON request per line
-and answers one JSON line each: ``{"table": ...}`` compacts a table (as
-``python -m flush.compact --serve`` does) and ``{"statement": ..., "session": ...}``
-runs a SQL statement in the named session (sessions keep their USE defaults and
-open transactions between requests). A statement's rows come back as an Arrow IPC
-stream (base64), at most ``max_rows`` of them. One JVM on the machine, not two.
+``python -m pipelines.worker --serve --warehouse W`` reads one JSON request per line on
+stdin and writes one **frame** per request on stdout: a JSON header line holding
+``"bytes": N``, then exactly N bytes of payload (an Arrow IPC stream of a statement's
+rows, or nothing). Framed answers have no size limit and can never run into the next
+answer. Requests:
+
+- ``{"table": "DB.S.T"}``: compact a table (as ``python -m flush.compact --serve``).
+- ``{"statement": ..., "session": key, "database": ..., "schema": ..., "transaction":
+  bool, "ephemeral": bool, "max_rows": n, "max_bytes": n, "timeout": s}``: run a
+  statement in the named session. The service owns a session's defaults and knows
+  whether it has an open transaction (``transaction``); a session that should have one
+  but does not (this worker restarted since) answers ``TRANSACTION_ABORTED`` rather than
+  running the statement outside it. An ephemeral session is closed after its statement.
+- ``{"close_session": key}``: roll back and forget a session.
+
+Every answer to a statement carries the session's state (``database``, ``schema``,
+``transaction``). A statement past its timeout has its Spark jobs cancelled (its job
+group), and the worker goes on serving. Nothing a request does ends the worker, except
+losing its JVM; the service starts a new one then.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
+import logging
 import os
 import sys
-from collections import OrderedDict
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 import pyarrow as pa
 
 from flush.compact import answer_compaction, parse_args
-from flush.compact import serve as serve_requests
 from pipelines.errors import SqlError, evaluation_errors
 from pipelines.session import Session
+from pipelines.statements import classify
 
-__all__ = ["SessionPool", "answer_statement", "main"]
+__all__ = ["SessionPool", "StatementClock", "answer_statement", "main", "write_frame"]
 
-#: Sessions kept at most; the least recently used one is closed (its transaction rolled back).
-MAX_SESSIONS = 64
+log = logging.getLogger("pipelines.worker")
+
+#: The message of any failure that is not the statement's own (its details go to the log).
+INTERNAL = (
+    "the statement failed inside the service; nothing was changed by it unless it was a "
+    "COMMIT (check the table); the service log has the details"
+)
 
 
 class SessionPool:
-    """Named sessions on one warehouse and one Spark, least recently used closed first."""
+    """Named sessions on one warehouse and one Spark. Never evicts: the service decides
+    when a session ends and says so (``close``)."""
 
     def __init__(self, warehouse: Path, spark: Any, catalog: Any) -> None:
         self.warehouse, self.spark, self.catalog = warehouse, spark, catalog
-        self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._sessions: dict[str, Session] = {}
 
-    def get(self, name: str) -> Session:
-        session = self._sessions.pop(name, None)
+    def get(self, key: str, database: str, schema: str) -> Session:
+        session = self._sessions.get(key)
         if session is None:
-            session = Session(self.warehouse, spark=self.spark, catalog=self.catalog)
-        self._sessions[name] = session
-        while len(self._sessions) > MAX_SESSIONS:
-            _, oldest = self._sessions.popitem(last=False)
-            oldest.close()
+            session = Session(self.warehouse, spark=self.spark, catalog=self.catalog,
+                              database=database, schema=schema)  # fmt: skip
+            self._sessions[key] = session
+        else:
+            session.database, session.schema = database, schema
         return session
 
-    def close(self) -> None:
-        for session in self._sessions.values():
+    def find(self, key: str) -> Session | None:
+        return self._sessions.get(key)
+
+    def close(self, key: str) -> bool:
+        session = self._sessions.pop(key, None)
+        if session is not None:
             session.close()
-        self._sessions.clear()
+        return session is not None
+
+    def close_all(self) -> None:
+        for key in list(self._sessions):
+            self.close(key)
+
+
+class StatementClock:
+    """Cancels one statement's Spark jobs once its time is up, and keeps cancelling any job
+    it starts after that until the statement ends (a job group holds all its jobs)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        self.timed_out = False
+        self._done = threading.Event()
+        self._group = ""
+
+    @contextmanager
+    def running(self, timeout: float) -> Iterator[StatementClock]:
+        self.timed_out = False
+        self._done.clear()
+        self._group = f"sql-{uuid.uuid4().hex}"
+        context = self.spark.sparkContext
+        context.setJobGroup(self._group, "SQL statement", interruptOnCancel=True)
+        watcher = threading.Thread(target=self._watch, args=(timeout,), daemon=True)
+        watcher.start()
+        try:
+            yield self
+        finally:
+            self.disarm()
+            watcher.join()
+            context.setJobGroup(f"after-{self._group}", "SQL answer", interruptOnCancel=True)
+
+    def disarm(self) -> None:
+        """From here on the statement runs to its end (it has committed)."""
+        self._done.set()
+
+    def _watch(self, timeout: float) -> None:
+        if self._done.wait(timeout):
+            return
+        self.timed_out = True
+        while True:
+            self.spark.sparkContext.cancelJobGroup(self._group)
+            if self._done.wait(0.2):
+                return
+
+
+def _state(session: Session | None) -> dict[str, Any]:
+    if session is None:
+        return {"transaction": False}
+    return {"database": session.database, "schema": session.schema,
+            "transaction": session.in_transaction}  # fmt: skip
+
+
+def _error(code: str, message: str, session: Session | None) -> tuple[dict[str, Any], bytes]:
+    return {"error": {"code": code, "message": message}, "session": _state(session)}, b""
+
+
+def answer_statement(
+    pool: SessionPool, clock: StatementClock, request: dict[str, Any]
+) -> tuple[dict[str, Any], bytes]:
+    """The answer to one SQL request: a header (rows, truncated, session state, or an
+    error with its code) and the rows as an Arrow IPC stream."""
+    text = str(request.get("statement"))
+    key = str(request.get("session"))
+    max_rows = int(request.get("max_rows") or 10_000)
+    max_bytes = int(request.get("max_bytes") or 256 * 2**20)
+    timeout = float(request.get("timeout") or 300)
+    session = pool.get(key, str(request.get("database") or "DB"),
+                       str(request.get("schema") or "PUBLIC"))  # fmt: skip
+    try:
+        try:
+            kind = classify(text).kind
+        except SqlError as exc:
+            return _error(exc.code, str(exc), session)
+        if request.get("transaction") and not session.in_transaction and kind != "rollback":
+            return _error(
+                "TRANSACTION_ABORTED",
+                "the session's transaction was lost when the service's SQL worker restarted; "
+                "none of its statements were committed: ROLLBACK, then run it again",
+                session,
+            )
+        if request.get("ephemeral") and kind == "begin":
+            return _error(
+                "SESSION_REQUIRED",
+                'BEGIN needs a session: send "session" with this and every statement of the '
+                "transaction (without one, each statement runs alone and commits at once)",
+                session,
+            )
+        with clock.running(timeout):
+            try:
+                with evaluation_errors():
+                    frame = session.sql(text)
+                    if kind != "query":  # it has run (and committed): answer in full
+                        clock.disarm()
+                    data = frame.limit(max_rows + 1).toArrow()
+            except SqlError as exc:
+                if clock.timed_out:
+                    return _error(
+                        "STATEMENT_TIMEOUT",
+                        f"the statement ran longer than {timeout:g} s and was cancelled; "
+                        "nothing it would change was changed. Raise the request's timeout "
+                        "or make the statement cheaper",
+                        session,
+                    )
+                return _error(exc.code, str(exc), session)
+    finally:
+        session.release_views()  # the answer is materialised: its views can go
+        if request.get("ephemeral"):
+            pool.close(key)
+    truncated = data.num_rows > max_rows
+    data = data.slice(0, max_rows)
+    if data.nbytes > max_bytes and data.num_rows:
+        data = data.slice(0, max(0, data.num_rows * max_bytes // data.nbytes))
+        truncated = True
+    payload = _arrow_bytes(data)
+    header = {"rows": data.num_rows, "truncated": truncated, "session": _state(session)}
+    return header, payload
 
 
 def _arrow_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
+        writer.write_table(table, max_chunksize=8192)
     return sink.getvalue().to_pybytes()
 
 
-def answer_statement(pool: SessionPool, request: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one SQL request: rows (Arrow, base64) or an error with its code."""
-    statement = request.get("statement")
-    session_name = request.get("session") or "default"
-    max_rows = int(request.get("max_rows") or 10_000)
-    session = pool.get(str(session_name))
-    try:
-        with evaluation_errors():
-            data = session.sql(str(statement)).limit(max_rows + 1).toArrow()
-    except SqlError as exc:
-        return {"error": {"code": exc.code, "message": str(exc)}}
-    finally:
-        session.release_views()  # the answer is materialised: its views can go
-    truncated = data.num_rows > max_rows
-    data = data.slice(0, max_rows)
-    return {"arrow": base64.b64encode(_arrow_bytes(data)).decode(), "rows": data.num_rows,
-            "truncated": truncated}  # fmt: skip
+def write_frame(replies: IO[bytes], header: dict[str, Any], payload: bytes = b"") -> None:
+    """One answer: its header line (with the payload's length), then the payload."""
+    replies.write(orjson.dumps({**header, "bytes": len(payload)}) + b"\n")
+    replies.write(payload)
+    replies.flush()
+
+
+def _jvm_lost(exc: BaseException) -> bool:
+    from py4j.protocol import Py4JNetworkError
+
+    return isinstance(exc, Py4JNetworkError | ConnectionError)
 
 
 def serve(
-    spark: Any, catalog: Any, args: argparse.Namespace, requests: IO[str], replies: IO[str]
+    spark: Any, catalog: Any, args: argparse.Namespace, requests: IO[bytes], replies: IO[bytes]
 ) -> None:
-    """Answer each request line with one JSON line until ``requests`` ends."""
+    """Answer each request line with one frame until ``requests`` ends.
+
+    A request that fails in a way that is not the statement's fault is answered with an
+    ``INTERNAL_ERROR`` (details to the log) and the worker goes on; only a lost JVM ends
+    it, after answering.
+    """
     pool = SessionPool(Path(args.warehouse), spark, catalog)
-
-    def answer(request: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(request, dict) and "statement" in request:
-            return answer_statement(pool, request)
-        return answer_compaction(spark, catalog, args, request)
-
+    clock = StatementClock(spark)
     try:
-        serve_requests(spark, catalog, args, requests, replies, answer)
+        for line in requests:
+            if not line.strip():
+                continue
+            request: Any = None
+            try:
+                request = orjson.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("a request must be a JSON object")
+                if "statement" in request:
+                    header, payload = answer_statement(pool, clock, request)
+                elif "close_session" in request:
+                    header, payload = {"closed": pool.close(str(request["close_session"]))}, b""
+                else:
+                    header, payload = answer_compaction(spark, catalog, args, request), b""
+            except Exception as exc:
+                log.exception("request failed: %s", line[:200])
+                key = request.get("session") if isinstance(request, dict) else None
+                session = pool.find(str(key)) if key is not None else None
+                header, payload = _error("INTERNAL_ERROR", INTERNAL, session)
+                write_frame(replies, header, payload)
+                if _jvm_lost(exc):
+                    return
+                continue
+            write_frame(replies, header, payload)
     finally:
-        pool.close()
+        pool.close_all()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     from catalog import SqliteCatalog
     from flush.spark_tables import spark_session
 
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     # Answers get their own copy of stdout; anything else printed goes to stderr.
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
     config = {}
@@ -112,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     spark = spark_session(args.spark_master, app_name="streaming-ingest-worker", **config)
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        serve(spark, catalog, args, sys.stdin, replies)
+        serve(spark, catalog, args, sys.stdin.buffer, replies)
     finally:
         spark.stop()
         catalog.close()

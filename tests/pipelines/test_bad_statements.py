@@ -470,8 +470,8 @@ def test_query_runtime_error_surfaces_where_the_query_runs(shared, capsys):
     CLI prints the code and exits 1; the worker behind POST /v1/sql answers the code."""
     from pyspark.errors import PySparkException
 
-    from pipelines.__main__ import run_one
-    from pipelines.worker import SessionPool, answer_statement
+    from pipelines.__main__ import LocalRunner, run_one
+    from pipelines.worker import SessionPool, StatementClock, answer_statement
 
     frame = shared.sql("SELECT 1/0 AS x")
     with pytest.raises(PySparkException):
@@ -481,15 +481,19 @@ def test_query_runtime_error_surfaces_where_the_query_runs(shared, capsys):
     assert caught.value.code == "SQL_EXECUTION_ERROR"
     assert "divide" in str(caught.value).lower()
 
-    assert run_one(shared, "SELECT 1/0 AS x", argparse.Namespace(format="table", max_rows=10)) == 1
+    runner = LocalRunner(shared.warehouse, shared)
+    assert run_one(runner, "SELECT 1/0 AS x", argparse.Namespace(format="table", max_rows=10)) == 1
     assert "SQL_EXECUTION_ERROR" in capsys.readouterr().err
 
     pool = SessionPool(shared.warehouse, shared.spark, shared.catalog)
     try:
-        answer = answer_statement(pool, {"statement": "SELECT 1/0 AS x"})
+        answer, payload = answer_statement(
+            pool, StatementClock(shared.spark), {"statement": "SELECT 1/0 AS x", "session": "s"}
+        )
     finally:
-        pool.close()
+        pool.close_all()
     assert answer["error"]["code"] == "SQL_EXECUTION_ERROR", answer
+    assert payload == b"" and answer["session"]["transaction"] is False
 
 
 # Names: hostile ones are refused above; odd but printable ones work as names.

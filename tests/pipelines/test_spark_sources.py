@@ -923,3 +923,85 @@ def test_first_batch_after_log_cleanup_is_stale(session):
     assert not (log / f"{2:020d}.json").exists()
     with pytest.raises(StreamStaleError, match="new checkpoint location"):
         _plan(info, -1, 3, snapshot=True)
+
+
+# Our message first: Spark reports a source's refusal inside its own error
+def _refusals(spark, warehouse: Path, tmp_path: Path) -> list:
+    """``(id, action, our error class, our message's start)``: one refusal per place Spark
+    runs a source's code (instance, read plan, stream reader, batch and stream writers)."""
+    good = spark.createDataFrame([(7, "g")], "ID long, NAME string")
+
+    def sink():  # a new writer each time: a DataFrameWriter's options accumulate
+        return good.write.format(SINK).option("warehouse", str(warehouse)).option("table", "SINK")
+
+    def stream_into_sink(**options):
+        frame = changes_stream(spark, warehouse).select("ID", "NAME")
+        writer = frame.writeStream.format(SINK).option("warehouse", str(warehouse))
+        writer = writer.options(table="SINK", checkpointLocation=str(tmp_path / "ck"), **options)
+        return lambda: run_available_now(writer)
+
+    return [
+        ("misspelt read option", lambda: changes(spark, warehouse, startingVersoin=0).collect(),
+         "InvalidOptionError", "ingest-changes: unknown option(s) startingversoin; the options "
+         "are endingTimestamp, endingVersion, maxVersionsPerTrigger, startingTimestamp, "
+         "startingVersion, table, warehouse"),
+        ("batch read without a start", lambda: changes(spark, warehouse).collect(),
+         "InvalidOptionError", "ingest-changes: a batch read needs startingVersion"),
+        ("missing table", lambda: changes(spark, warehouse, "NOPE", startingVersion=0).collect(),
+         "ObjectNotFoundError", "ingest-changes: table DB.PUBLIC.NOPE does not exist; check the "
+         "option table"),
+        ("stream read with an end",
+         lambda: collect_stream(changes_stream(spark, warehouse, endingVersion=1),
+                                tmp_path / "ck2", Collect()),
+         "InvalidOptionError", "ingest-changes: endingVersion/endingTimestamp are for batch reads"),
+        ("misspelt sink option", lambda: sink().option("txnAppld", "x").mode("append").save(),
+         "InvalidOptionError", "ingest: unknown option(s) txnappld; the options are "
+         "checkpointLocation, table, txnAppId, warehouse"),
+        ("overwrite", lambda: sink().mode("overwrite").save(),
+         "InvalidOptionError", "ingest: the sink only appends rows; use mode('append')"),
+        ("misspelt stream sink option", stream_into_sink(checkpointLocaton="x"),
+         "InvalidOptionError", "ingest: unknown option(s) checkpointlocaton"),
+    ]  # fmt: skip
+
+
+def test_spark_buries_our_message_under_its_error_and_a_traceback(spark, unchanged, tmp_path):
+    """Why ``source_errors`` exists: Spark runs the sources in a Python worker and wraps
+    what it raises; our message comes after Spark's and after the worker's traceback."""
+    for case, action, kind, message in _refusals(spark, unchanged.warehouse, tmp_path):
+        with pytest.raises(PySparkException) as caught:
+            action()
+        text = str(caught.value)
+        assert not text.startswith(message), case
+        assert f"pipelines.errors.{kind}: {message}" in text, (case, text[:2000])
+
+
+def test_source_errors_puts_our_message_first(spark, unchanged, tmp_path):
+    from pipelines.errors import InvalidOptionError, ObjectNotFoundError
+    from pipelines.source_options import source_errors
+
+    kinds = {"InvalidOptionError": InvalidOptionError, "ObjectNotFoundError": ObjectNotFoundError}
+    for case, action, kind, message in _refusals(spark, unchanged.warehouse, tmp_path):
+        with pytest.raises(SqlError) as caught, source_errors():
+            action()
+        error = caught.value
+        assert type(error) is kinds[kind], case
+        assert error.code == kinds[kind].code
+        first = str(error).splitlines()[0]
+        assert first.startswith(message), (case, first)
+        # Nothing of Spark's and no traceback: the message is ours alone.
+        assert str(error) == first, (case, str(error))
+        assert error.__suppress_context__ and error.__cause__ is None
+
+
+def test_source_errors_passes_other_errors_unchanged(spark, unchanged):
+    from pyspark.errors import AnalysisException
+
+    from pipelines.source_options import source_errors
+
+    with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"), source_errors():
+        spark.sql("SELECT * FROM no_such_view_anywhere").collect()
+    with pytest.raises(ZeroDivisionError), source_errors():
+        _ = 1 / 0
+    with source_errors():  # a good read goes through untouched
+        got = changes(spark, unchanged.warehouse, startingVersion=4).collect()
+    assert [(r["ID"], r["_change_type"]) for r in got] == [(4, "insert")]
