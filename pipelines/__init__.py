@@ -41,7 +41,7 @@ __all__ = [
     "source_errors",
 ]
 
-from pipelines.source_options import source_errors  # noqa: E402
+from pipelines.source_options import source_errors
 
 
 def __getattr__(name: str) -> object:
