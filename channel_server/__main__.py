@@ -17,7 +17,7 @@ from typing import NoReturn
 from aiohttp import web
 
 from channel_server.app import create_app
-from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig
+from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig, SqlLimits
 from ingest_sdk.durations import parse_duration
 from ingest_sdk.logs import configure_logging
 from ingest_sdk.process_exit import run_entry_point
@@ -96,6 +96,18 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="stop the compaction worker (and its JVM) after this idle time (default 10 minutes)",
     )
     parser.add_argument(
+        "--sql-max-sessions", type=int, default=256,
+        help="POST /v1/sql sessions held at once; past it a new one gets 429 (default 256)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sql-max-transactions", type=int, default=32,
+        help="SQL transactions open at once; past it BEGIN gets 429 (default 32)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sql-session-idle", default="1 hour",
+        help="a SQL session unused this long ends, its transaction rolled back (default 1 hour)",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("INGEST_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO (default), WARNING or ERROR; logs are JSON lines on stderr",
@@ -126,6 +138,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             max_intermediate_bytes=int(args.compact_after_mb * MiB),
             spark_master=args.spark_master,
             worker_idle_seconds=parse_duration(args.compaction_worker_idle, "worker idle time"),
+        ),
+        sql=SqlLimits(
+            max_sessions=args.sql_max_sessions,
+            max_transactions=args.sql_max_transactions,
+            idle_seconds=parse_duration(args.sql_session_idle, "SQL session idle time"),
         ),
     )
 

@@ -107,9 +107,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except IngestError as exc:
         status, code = error_code_of(exc)
         response = _failure(request, status, code, str(exc), getattr(exc, "details", {}))
-    except Exception as exc:
+    except Exception:
         log.exception("internal error in %s %s", request.method, request.path)
-        message = f"internal server error: {type(exc).__name__}"
+        message = "internal server error; the service log has the details"
         response = _failure(request, 500, "INTERNAL", message, {})
     _log_failure(request, response, time.monotonic() - started)
     if request.content.exception() is not None:

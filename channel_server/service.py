@@ -102,7 +102,8 @@ class IngestService:
             on_death=self.metrics.worker_restarts.inc,
         )
         #: ``POST /v1/sql``: sessions, and statements run in the same worker.
-        self.sql = SqlService(self.compaction_worker, config.sql, self.metrics)
+        journal = Path(config.warehouse) / "_service" / "sql_transactions.json"
+        self.sql = SqlService(self.compaction_worker, config.sql, self.metrics, journal)
         self.started_at = time.time()
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.metrics import Metrics
@@ -62,11 +66,16 @@ def statement_kind(statement: str) -> str:
 class SqlService:
     """The SQL face of one service: its sessions and the worker that runs statements."""
 
-    def __init__(self, worker: CompactionWorker, limits: SqlLimits, metrics: Metrics) -> None:
+    def __init__(
+        self, worker: CompactionWorker, limits: SqlLimits, metrics: Metrics, journal: Path
+    ) -> None:
         self.worker = worker
         self.limits = limits
         self.sessions = SqlSessions(limits)
         self.metrics = metrics
+        self.journal = journal
+        self._journaled: list[str] = []
+        self._restore()
         metrics.watch("ingest_sql_sessions_open", "SQL sessions open now.",
                       lambda: self.sessions.open_sessions)  # fmt: skip
         metrics.watch("ingest_sql_transactions_open", "SQL transactions open now.",
@@ -104,6 +113,8 @@ class SqlService:
             "max_bytes": self.limits.max_answer_bytes,
         }  # fmt: skip
         if name is None:
+            if kind == "commit":
+                raise _no_transaction()
             if kind == "begin":
                 raise SqlSessionError(
                     'BEGIN needs a session: send "session" with it and with every statement '
@@ -115,6 +126,9 @@ class SqlService:
                            database=DEFAULT_DATABASE, schema=DEFAULT_SCHEMA)  # fmt: skip
             return _answer(*await self._exchange(request, timeout))
         session = self.sessions.begin(owner, name, kind)
+        if kind == "commit" and session.state == "none":
+            self.sessions.finish(session, kind, None)
+            raise _no_transaction()
         answered: tuple[dict[str, Any], bytes] | None = None
         try:
             request.update(session=session.key, database=session.database,
@@ -122,6 +136,7 @@ class SqlService:
             answered = await self._exchange(request, timeout)
         finally:
             self.sessions.finish(session, kind, answered[0] if answered else None)
+            self._write_journal()
         return _answer(*answered)
 
     async def _exchange(
@@ -144,6 +159,7 @@ class SqlService:
         session = self.sessions.close(owner, name)
         if session is None:
             return False
+        self._write_journal()
         await self._close_in_worker(session.key)
         return True
 
@@ -154,11 +170,47 @@ class SqlService:
             await self._close_in_worker(session.key)
         return len(ended)
 
+    def _restore(self) -> None:
+        """Sessions that held a transaction when the service last stopped answer
+        TRANSACTION_ABORTED next (their transactions died with the old worker)."""
+        try:
+            keys = orjson.loads(self.journal.read_bytes())
+        except FileNotFoundError:
+            return
+        except (OSError, orjson.JSONDecodeError):
+            log.error("cannot read %s; open SQL transactions of the last run are not known",
+                      self.journal)  # fmt: skip
+            return
+        if isinstance(keys, list):
+            self.sessions.restore([str(k) for k in keys], "the service restarted")
+            self._journaled = sorted(str(k) for k in keys)
+
+    def _write_journal(self) -> None:
+        """Record which sessions hold a transaction, when that changes (BEGIN, COMMIT,
+        ROLLBACK, a loss), before the client hears the answer."""
+        keys = self.sessions.transaction_keys()
+        if keys == self._journaled:
+            return
+        self.journal.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.journal.with_suffix(".tmp")
+        temporary.write_bytes(orjson.dumps(keys))
+        os.replace(temporary, self.journal)
+        self._journaled = keys
+
     async def _close_in_worker(self, key: str) -> None:
         if self.worker.pid is None:
             return  # no worker, no session state to drop
         with contextlib.suppress(CompactionWorkerDied):
             await self.worker.exchange({"close_session": key}, answer_within=60.0)
+
+
+def _no_transaction() -> SqlSessionError:
+    return SqlSessionError(
+        "no transaction is open in this session, so nothing was committed: a transaction "
+        "runs from BEGIN, sent with this session id, to COMMIT or ROLLBACK (without a "
+        "session each statement commits by itself)",
+        sql_code="NO_TRANSACTION",
+    )
 
 
 def _answer(header: dict[str, Any], payload: bytes) -> SqlAnswer:

@@ -198,6 +198,21 @@ class SqlSessions:
         else:
             session.state = "open" if state.get("transaction") else "none"
 
+    def transaction_keys(self) -> list[str]:
+        """The sessions whose transaction is open or lost and not yet ended by the client
+        (what must be told after a service restart)."""
+        held = [s.key for s in self._sessions.values() if s.state in ("open", "aborted")]
+        held += [s.key for s in self._endings.values() if s.state in ("open", "aborted")]
+        return sorted(held)
+
+    def restore(self, keys: list[str], because: str) -> None:
+        """Sessions that held a transaction when the service stopped: their next statement
+        answers ``TRANSACTION_ABORTED`` (``because`` says why)."""
+        for key in keys:
+            owner, _, name = key.partition("/")
+            if owner and name and key not in self._sessions:
+                self._remember(SqlSession(owner, name, state="aborted", ended_because=because))
+
     def close(self, owner: str, name: str) -> SqlSession | None:
         """End a session at its client's request (its transaction is rolled back)."""
         return self._sessions.pop(f"{owner}/{name}", None)

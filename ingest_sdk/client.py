@@ -144,7 +144,8 @@ class AsyncStreamingIngestClient:
         """Run one SQL statement in the service (``POST /v1/sql``); its rows as dicts.
 
         ``session`` names a server-side session (its ``USE`` defaults and open transaction
-        last between calls). Never retried: a statement may change data. Decimals come
+        last between calls; it belongs to this client's token); without one the statement
+        runs alone in auto-commit. Never retried: a statement may change data. Decimals come
         back as strings (no digit lost).
 
         Raises:
@@ -159,6 +160,14 @@ class AsyncStreamingIngestClient:
         )
         names = [column["name"] for column in answer["columns"]]
         return [dict(zip(names, row, strict=True)) for row in answer["rows"]]
+
+    async def close_sql_session(self, session: str) -> bool:
+        """End a SQL session of this client's token now (its open transaction is rolled
+        back); False if there was none. Sessions also end after an idle spell."""
+        answer = await self.transport.request(
+            "DELETE", f"/v1/sql/sessions/{quote(session, safe='')}", retry=False
+        )
+        return bool(answer["closed"])
 
     # -- channels ---------------------------------------------------------------------------
 

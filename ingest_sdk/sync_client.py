@@ -210,6 +210,10 @@ class StreamingIngestClient:
         """Run one SQL statement in the service; its rows as dicts (see the async client)."""
         return self._loop.run(self._client.sql(statement, session, max_rows, timeout))
 
+    def close_sql_session(self, session: str) -> bool:
+        """End a SQL session now, its open transaction rolled back (see the async client)."""
+        return self._loop.run(self._client.close_sql_session(session))
+
     def get_migration_history(self, name: str) -> list[dict[str, Any]]:
         return self._loop.run(self._client.get_migration_history(name))
 
