@@ -150,3 +150,33 @@ def test_a_statement_past_its_timeout_is_cancelled_and_the_next_one_runs(client)
         client.sql("SELECT count(*) FROM range(100000000000)", timeout=0.5)
     assert caught.value.sql_code == "STATEMENT_TIMEOUT"
     assert client.sql("SELECT 1 AS one") == [{"ONE": 1}]
+
+
+def _metric(server, line_start):
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(line_start)]  # fmt: skip
+    return values[0] if values else 0.0
+
+
+def test_metrics_count_statements_sessions_and_transactions(sql_server, client):
+    ok = _metric(sql_server, 'ingest_sql_statements_total{outcome="OK"}')
+    refused = _metric(sql_server, 'ingest_sql_statements_total{outcome="STATEMENT_NOT_ALLOWED"}')
+    timed = _metric(sql_server, "ingest_sql_statement_seconds_count")
+    transactions = _metric(sql_server, "ingest_sql_transactions_open ")
+    client.sql("SELECT 1", session="metrics")
+    with pytest.raises(SqlStatementError):
+        client.sql("SELECT reflect('java.lang.System', 'getenv', 'HOME')")
+    client.sql("BEGIN", session="metrics")
+    assert _metric(sql_server, 'ingest_sql_statements_total{outcome="OK"}') == ok + 2
+    assert _metric(sql_server, 'ingest_sql_statements_total{outcome="STATEMENT_NOT_ALLOWED"}') \
+        == refused + 1
+    assert _metric(sql_server, "ingest_sql_statement_seconds_count") == timed + 3
+    assert _metric(sql_server, "ingest_sql_transactions_open ") == transactions + 1
+    assert _metric(sql_server, "ingest_sql_sessions_open ") >= 1
+    client.sql("ROLLBACK", session="metrics")
+    assert client.close_sql_session("metrics") is True
+    assert client.close_sql_session("metrics") is False
+    assert _metric(sql_server, "ingest_sql_transactions_open ") == transactions
+    assert _metric(sql_server, "ingest_spark_worker_restarts_total") == 0
