@@ -436,7 +436,59 @@ def run_consuming_insert(scale: float | None = None) -> dict[str, Any]:
         bench.close()
 
 
+#: The plan guard may add at most this share of the statement floor (SELECT 1 through a
+#: session, measured in the same run) to every statement.
+GUARD_MAX_SHARE_OF_FLOOR = 0.10
+
+
+def run_plan_guard(scale: float | None = None) -> dict[str, Any]:
+    """What the SQL boundary costs a statement: Spark's parse and analysis of a query over
+    one of the binder's views, through the guard (two plans walked as JSON) and through
+    plain ``spark.sql`` (what statements paid before the guard), interleaved; the
+    difference against the statement floor (``SELECT 1`` through a session)."""
+    from pipelines.plan_guard import guarded_frame
+
+    scale = default_scale() if scale is None else scale
+    bench = _Bench("plan-guard")
+    try:
+        bench.create_table("G")
+        bench.ingest("G", _rows(scale, 100_000, least=1000), commits=10)
+        query = ("SELECT v, count(*) AS n, max(id) AS top FROM G WHERE id > 10 GROUP BY v "
+                 "ORDER BY n DESC LIMIT 5")  # fmt: skip
+        bench.session.sql(query)  # binds G to a view, as every statement does
+        view = bench.session.views[-1]
+        bound = query.replace("FROM G", f"FROM {view} AS G")
+        guarded_runs, plain_runs = [], []
+        for _ in range(40):  # interleaved, so both see the same machine and JIT state
+            guarded_runs.append(_timed(lambda: guarded_frame(bench.spark, bound, [view]).schema)[0])
+            plain_runs.append(_timed(lambda: bench.spark.sql(bound).schema)[0])
+        guarded_runs, plain_runs = guarded_runs[10:], plain_runs[10:]  # warm-up left out
+        guarded_s, plain_s = statistics.median(guarded_runs), statistics.median(plain_runs)
+        floor_s, _, _ = _median(lambda: bench.arrow("SELECT 1 AS one"))
+        overhead_s = guarded_s - plain_s
+        return {
+            "benchmark": "pipelines_plan_guard",
+            "scale": scale,
+            "cpus": os.cpu_count(),
+            "statement": query,
+            "guarded_compile_ms": _ms(guarded_s),
+            "guarded_compile_ms_runs": [_ms(t) for t in guarded_runs],
+            "baseline_spark_sql_compile_ms": _ms(plain_s),
+            "baseline_spark_sql_compile_ms_runs": [_ms(t) for t in plain_runs],
+            "guard_overhead_ms": _ms(overhead_s),
+            "baseline_statement_floor_ms": _ms(floor_s),
+            "overhead_share_of_floor": round(overhead_s / floor_s, 3),
+            "targets": {
+                "max_share_of_floor": GUARD_MAX_SHARE_OF_FLOOR,
+                "met": overhead_s <= GUARD_MAX_SHARE_OF_FLOOR * floor_s,
+            },
+        }
+    finally:
+        bench.close()
+
+
 BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
+    "plan_guard": run_plan_guard,
     "stream_read_vs_scan": run_stream_read,
     "append_only_growth": run_append_only_growth,
     "consuming_insert": run_consuming_insert,
