@@ -1,12 +1,19 @@
 """The catalog: databases, schemas, tables, channels, row-id sequences, streams and
 pending pipeline commits. SQLite by default; nothing here imports a layer above."""
 
-from catalog.base import Catalog, ObjectAlreadyExistsError, StreamClaimConflict
+from catalog.base import (
+    Catalog,
+    ObjectAlreadyExistsError,
+    ObjectNotEmptyError,
+    StreamClaimConflict,
+)
 from catalog.records import (
     ChannelProgress,
     ChannelRecord,
     CommitRecord,
+    DatabaseRecord,
     PendingCommit,
+    SchemaRecord,
     StreamClaim,
     StreamRecord,
     TableInfo,
@@ -19,8 +26,11 @@ __all__ = [
     "ChannelProgress",
     "ChannelRecord",
     "CommitRecord",
+    "DatabaseRecord",
     "ObjectAlreadyExistsError",
+    "ObjectNotEmptyError",
     "PendingCommit",
+    "SchemaRecord",
     "SqliteCatalog",
     "StreamClaim",
     "StreamClaimConflict",

@@ -10,18 +10,37 @@ from typing import Any
 from catalog.records import (
     ChannelRecord,
     CommitRecord,
+    DatabaseRecord,
     PendingCommit,
+    SchemaRecord,
     StreamClaim,
     StreamRecord,
     TableInfo,
 )
 from ingest_sdk import TableSchema
 
-__all__ = ["Catalog", "ObjectAlreadyExistsError", "StreamClaimConflict"]
+__all__ = ["Catalog", "ObjectAlreadyExistsError", "ObjectNotEmptyError", "StreamClaimConflict"]
 
 
 class ObjectAlreadyExistsError(ValueError):
     """A stream (or other pipeline object) of that name already exists."""
+
+
+class ObjectNotEmptyError(ValueError):
+    """A database or schema to drop still holds tables or streams (and CASCADE was not
+    asked for); nothing was dropped.
+
+    Attributes:
+        tables: full names of the tables it holds.
+        streams: full names of the streams it holds.
+    """
+
+    def __init__(self, what: str, tables: list[str], streams: list[str]) -> None:
+        held = [f"table(s) {', '.join(tables)}" if tables else "",
+                f"stream(s) {', '.join(streams)}" if streams else ""]  # fmt: skip
+        super().__init__(f"{what}: it still holds {' and '.join(h for h in held if h)}")
+        self.tables = tables
+        self.streams = streams
 
 
 class StreamClaimConflict(RuntimeError):
@@ -39,9 +58,53 @@ class StreamClaimConflict(RuntimeError):
 class Catalog(ABC):
     """What the service and the pipeline layer need from a catalog; SQLite is the default.
 
-    The catalog is an index of the Delta logs plus what only it holds: table definitions,
-    channel generations, row-id reservations, streams and pending pipeline commits.
+    The catalog is an index of the Delta logs plus what only it holds: databases and
+    schemas, table definitions, channel generations, row-id reservations, streams and
+    pending pipeline commits.
     """
+
+    # Databases and schemas. One exists once created, or while a schema, table or stream
+    # names it (tables could be made in any schema before these were objects, and still
+    # can be: creating a table, stream or schema creates its schema and database).
+    @abstractmethod
+    def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
+        """Create a database; returns it and whether it was created (False: it existed)."""
+
+    @abstractmethod
+    def create_schema(self, database: str, name: str) -> tuple[SchemaRecord, bool]:
+        """Create a schema (and its database); returns it and whether it was created."""
+
+    @abstractmethod
+    def get_database(self, name: str) -> DatabaseRecord | None: ...
+
+    @abstractmethod
+    def get_schema(self, database: str, name: str) -> SchemaRecord | None: ...
+
+    @abstractmethod
+    def list_databases(self) -> list[DatabaseRecord]:
+        """Every database, created or named by a schema, table or stream, by name."""
+
+    @abstractmethod
+    def list_schemas(self, database: str | None = None) -> list[SchemaRecord]:
+        """The schemas of ``database`` (default: of every database), by database and name."""
+
+    @abstractmethod
+    def drop_database(self, name: str, cascade: bool = False) -> list[TableInfo] | None:
+        """Drop a database and its schemas, atomically; with ``cascade`` also the tables
+        and streams in it (a table's channels and compaction history go with it; streams
+        elsewhere on its tables stay, stale). Returns the tables dropped, whose folders
+        the caller deletes; None if no such database exists.
+
+        Raises:
+            ObjectNotEmptyError: it holds tables or streams and ``cascade`` is false;
+                nothing was dropped.
+        """
+
+    @abstractmethod
+    def drop_schema(
+        self, database: str, name: str, cascade: bool = False
+    ) -> list[TableInfo] | None:
+        """Drop a schema as :meth:`drop_database` drops a database (its database stays)."""
 
     # Tables
     @abstractmethod

@@ -12,7 +12,9 @@ __all__ = [
     "ChannelProgress",
     "ChannelRecord",
     "CommitRecord",
+    "DatabaseRecord",
     "PendingCommit",
+    "SchemaRecord",
     "StreamClaim",
     "StreamRecord",
     "TableInfo",
@@ -30,6 +32,30 @@ DEFAULT_PROPERTIES: dict[str, Any] = {
 def full_name(database: str, schema_name: str, name: str) -> str:
     """``DB.SCHEMA.NAME``, parts quoted where needed, so the name reads back as the object."""
     return ".".join(quote_identifier(p) for p in (database, schema_name, name))
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseRecord:
+    """A database. It exists once created, or while anything (a schema, table or stream)
+    names it: tables made before databases were catalog objects keep their database."""
+
+    name: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaRecord:
+    """A schema of a database; it exists like a database does (created, or named by a
+    table or stream)."""
+
+    database: str
+    name: str
+    created_at: float
+
+    @property
+    def full_name(self) -> str:
+        """``DB.SCHEMA``, parts quoted where needed."""
+        return ".".join(quote_identifier(p) for p in (self.database, self.name))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,8 +3,10 @@
 It is an index. The Delta log is the point of truth for what is committed, and
 :meth:`SqliteCatalog.apply_commit` is how flush commits reach the index (after each
 flush, and again at start-up for any commit the index missed). What lives only here
-is made durable before it is acknowledged: table definitions, channel generations
-(bumped on every open), row-id reservations, streams and pending pipeline commits.
+is made durable before it is acknowledged: databases and schemas, table definitions,
+channel generations (bumped on every open), row-id reservations, streams and pending
+pipeline commits. A database or schema also exists while a table or stream names it
+(see :data:`NAMED_SCHEMAS`).
 Several processes (the service, SQL sessions) may share one file: every write is one
 ``BEGIN IMMEDIATE`` transaction.
 """
@@ -20,103 +22,42 @@ from typing import Any
 
 import orjson
 
-from catalog.base import Catalog, ObjectAlreadyExistsError, StreamClaimConflict
+from catalog.base import (
+    Catalog,
+    ObjectAlreadyExistsError,
+    StreamClaimConflict,
+)
 from catalog.records import (
-    DEFAULT_PROPERTIES,
     ChannelRecord,
     CommitRecord,
+    DatabaseRecord,
     PendingCommit,
+    SchemaRecord,
     StreamClaim,
     StreamRecord,
     TableInfo,
 )
+from catalog.sqlite_layout import (
+    ADDED_COLUMNS,
+    CHANNEL_COLUMNS,
+    MIGRATION_COLUMNS,
+    SCHEMA,
+    STREAM_COLUMNS,
+    TABLE_COLUMNS,
+    drop_contents,
+    find_databases,
+    find_schemas,
+    namespace_statements,
+    to_channel,
+    to_pending,
+    to_stream,
+    to_table,
+)
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
+from ingest_sdk.schema import quote_identifier
 
 __all__ = ["SqliteCatalog"]
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS databases (
-    name TEXT PRIMARY KEY, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS schemas (
-    database TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (database, name));
-CREATE TABLE IF NOT EXISTS tables (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
-    uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
-    applied_version INTEGER NOT NULL DEFAULT 0, next_row_id INTEGER NOT NULL DEFAULT 0,
-    clustering TEXT NOT NULL DEFAULT '[]', properties TEXT NOT NULL DEFAULT '{}',
-    UNIQUE (database, schema_name, name));
-CREATE TABLE IF NOT EXISTS migrations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, table_id INTEGER NOT NULL,
-    started_at REAL NOT NULL, ended_at REAL NOT NULL, status TEXT NOT NULL,
-    files_in INTEGER NOT NULL, bytes_in INTEGER NOT NULL, rows_in INTEGER NOT NULL,
-    files_out INTEGER NOT NULL, bytes_out INTEGER NOT NULL, rows_out INTEGER NOT NULL,
-    version INTEGER, error TEXT);
-CREATE TABLE IF NOT EXISTS channels (
-    table_id INTEGER NOT NULL, name TEXT NOT NULL, generation INTEGER NOT NULL,
-    offset_token TEXT, rows_committed INTEGER NOT NULL DEFAULT 0,
-    last_activity REAL NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (table_id, name));
-CREATE TABLE IF NOT EXISTS streams (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
-    table_id INTEGER NOT NULL, mode TEXT NOT NULL, offset_version INTEGER NOT NULL,
-    created_at REAL NOT NULL, offset_moved_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '',
-    claimed_by INTEGER,
-    UNIQUE (database, schema_name, name));
-CREATE TABLE IF NOT EXISTS pending_commits (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
-    claims TEXT NOT NULL, created_at REAL NOT NULL);
-"""
-#: Columns added after the first release, for catalogs made by older versions.
-_ADDED_COLUMNS = {("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'"}
-_TABLE_COLUMNS = (
-    "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
-    " clustering, properties"
-)
-_STREAM_COLUMNS = (
-    "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
-    " offset_moved_at, comment, claimed_by"
-)
-_MIGRATION_COLUMNS = (
-    "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
-    " bytes_out, rows_out, version, error"
-)
-_CHANNEL_COLUMNS = (
-    "table_id, name, generation, offset_token, rows_committed, last_activity, created_at"
-)
-
-
-def _table(row: tuple) -> TableInfo:  # type: ignore[type-arg]
-    return TableInfo(
-        id=row[0],
-        database=row[1],
-        schema_name=row[2],
-        name=row[3],
-        uri=row[4],
-        schema=TableSchema.parse(orjson.loads(row[5])),
-        created_at=row[6],
-        applied_version=row[7],
-        next_row_id=row[8],
-        clustering=tuple(orjson.loads(row[9])),
-        properties={**DEFAULT_PROPERTIES, **orjson.loads(row[10])},
-    )
-
-
-def _channel(row: tuple) -> ChannelRecord:  # type: ignore[type-arg]
-    return ChannelRecord(*row)
-
-
-def _stream(row: tuple) -> StreamRecord:  # type: ignore[type-arg]
-    return StreamRecord(*row)
-
-
-def _pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
-    claims = tuple(StreamClaim(*claim) for claim in orjson.loads(row[3]))
-    return PendingCommit(row[0], row[1], orjson.loads(row[2]), claims, row[4])
 
 
 class SqliteCatalog(Catalog):
@@ -132,8 +73,8 @@ class SqliteCatalog(Catalog):
         )
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
-        self._db.executescript(_SCHEMA)
-        for (table, column), declaration in _ADDED_COLUMNS.items():
+        self._db.executescript(SCHEMA)
+        for (table, column), declaration in ADDED_COLUMNS.items():
             present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in present:
                 try:
@@ -158,6 +99,65 @@ class SqliteCatalog(Catalog):
         """A write transaction for reads and writes that must see no one in between."""
         return _Immediate(self._lock, self._db)
 
+    # Databases and schemas
+    def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
+        now = time.time()
+        with self._immediate() as db:
+            existing = find_databases(db, name)
+            # Recorded even when only implied, so it outlives the tables that implied it.
+            db.execute("INSERT OR IGNORE INTO databases VALUES (?, ?)", (name, now))
+        return (existing[0], False) if existing else (DatabaseRecord(name, now), True)
+
+    def create_schema(self, database: str, name: str) -> tuple[SchemaRecord, bool]:
+        now = time.time()
+        with self._immediate() as db:
+            existing = find_schemas(db, database, name)
+            for sql, args in namespace_statements(database, name, now):
+                db.execute(sql, args)
+        return (existing[0], False) if existing else (SchemaRecord(database, name, now), True)
+
+    def get_database(self, name: str) -> DatabaseRecord | None:
+        with self._lock:
+            found = find_databases(self._db, name)
+        return found[0] if found else None
+
+    def get_schema(self, database: str, name: str) -> SchemaRecord | None:
+        with self._lock:
+            found = find_schemas(self._db, database, name)
+        return found[0] if found else None
+
+    def list_databases(self) -> list[DatabaseRecord]:
+        with self._lock:
+            return find_databases(self._db)
+
+    def list_schemas(self, database: str | None = None) -> list[SchemaRecord]:
+        with self._lock:
+            return find_schemas(self._db, database)
+
+    def drop_database(self, name: str, cascade: bool = False) -> list[TableInfo] | None:
+        with self._immediate() as db:
+            if not find_databases(db, name):
+                return None
+            what = f"database {quote_identifier(name)}"
+            dropped = drop_contents(db, "database=?", (name,), what, cascade)
+            db.execute("DELETE FROM schemas WHERE database=?", (name,))
+            db.execute("DELETE FROM databases WHERE name=?", (name,))
+        return dropped
+
+    def drop_schema(
+        self, database: str, name: str, cascade: bool = False
+    ) -> list[TableInfo] | None:
+        with self._immediate() as db:
+            if not find_schemas(db, database, name):
+                return None
+            what = f"schema {SchemaRecord(database, name, 0.0).full_name}"
+            dropped = drop_contents(
+                db, "database=? AND schema_name=?", (database, name), what, cascade
+            )
+            db.execute("DELETE FROM schemas WHERE database=? AND name=?", (database, name))
+        return dropped
+
+    # Tables
     def create_table(
         self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema
     ) -> TableInfo:
@@ -165,11 +165,7 @@ class SqliteCatalog(Catalog):
         try:
             self._write(
                 [
-                    ("INSERT OR IGNORE INTO databases VALUES (?, ?)", (database, now)),
-                    (
-                        "INSERT OR IGNORE INTO schemas VALUES (?, ?, ?)",
-                        (database, schema_name, now),
-                    ),
+                    *namespace_statements(database, schema_name, now),
                     (
                         "INSERT INTO tables (database, schema_name, name, uri, columns, created_at)"
                         " VALUES (?, ?, ?, ?, ?, ?)",
@@ -193,7 +189,7 @@ class SqliteCatalog(Catalog):
 
     def get_table(self, database: str, schema_name: str, name: str) -> TableInfo:
         rows = self._read(
-            f"SELECT {_TABLE_COLUMNS} FROM tables WHERE database=? AND schema_name=? AND name=?",
+            f"SELECT {TABLE_COLUMNS} FROM tables WHERE database=? AND schema_name=? AND name=?",
             (database, schema_name, name),
         )
         if not rows:
@@ -201,17 +197,17 @@ class SqliteCatalog(Catalog):
                 f"table {database}.{schema_name}.{name} does not exist; create it with "
                 "create_table first (names are case-insensitive unless quoted)"
             )
-        return _table(rows[0])
+        return to_table(rows[0])
 
     def get_table_by_id(self, table_id: int) -> TableInfo | None:
-        rows = self._read(f"SELECT {_TABLE_COLUMNS} FROM tables WHERE id=?", (table_id,))
-        return _table(rows[0]) if rows else None
+        rows = self._read(f"SELECT {TABLE_COLUMNS} FROM tables WHERE id=?", (table_id,))
+        return to_table(rows[0]) if rows else None
 
     def list_tables(self) -> list[TableInfo]:
         rows = self._read(
-            f"SELECT {_TABLE_COLUMNS} FROM tables ORDER BY database, schema_name, name"
+            f"SELECT {TABLE_COLUMNS} FROM tables ORDER BY database, schema_name, name"
         )
-        return [_table(row) for row in rows]
+        return [to_table(row) for row in rows]
 
     def drop_table(self, table_id: int) -> None:
         # Streams stay: a stream on a dropped table is stale until replaced or dropped.
@@ -242,19 +238,19 @@ class SqliteCatalog(Catalog):
 
     def get_channel(self, table_id: int, name: str) -> ChannelRecord | None:
         rows = self._read(
-            f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE table_id=? AND name=?", (table_id, name)
+            f"SELECT {CHANNEL_COLUMNS} FROM channels WHERE table_id=? AND name=?", (table_id, name)
         )
-        return _channel(rows[0]) if rows else None
+        return to_channel(rows[0]) if rows else None
 
     def list_channels(self, table_id: int | None = None) -> list[ChannelRecord]:
         if table_id is None:
-            rows = self._read(f"SELECT {_CHANNEL_COLUMNS} FROM channels ORDER BY table_id, name")
+            rows = self._read(f"SELECT {CHANNEL_COLUMNS} FROM channels ORDER BY table_id, name")
         else:
             rows = self._read(
-                f"SELECT {_CHANNEL_COLUMNS} FROM channels WHERE table_id=? ORDER BY name",
+                f"SELECT {CHANNEL_COLUMNS} FROM channels WHERE table_id=? ORDER BY name",
                 (table_id,),
             )
-        return [_channel(row) for row in rows]
+        return [to_channel(row) for row in rows]
 
     def drop_channel(self, table_id: int, name: str) -> bool:
         (count,) = self._write(
@@ -283,13 +279,15 @@ class SqliteCatalog(Catalog):
             )
 
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
+        now = time.time()
         try:
-            (count,) = self._write(
+            *_, count = self._write(
                 [
+                    *namespace_statements(database, schema_name, now),
                     (
                         "UPDATE tables SET database=?, schema_name=?, name=? WHERE id=?",
                         (database, schema_name, name, table_id),
-                    )
+                    ),
                 ]
             )
         except sqlite3.IntegrityError as exc:
@@ -336,8 +334,8 @@ class SqliteCatalog(Catalog):
         )
 
     def record_migration(self, table_id: int, run: dict[str, Any]) -> int:
-        """Record one compaction run (keys as :data:`_MIGRATION_COLUMNS`, without ids)."""
-        names = _MIGRATION_COLUMNS.split(", ")[2:]
+        """Record one compaction run (keys as :data:`MIGRATION_COLUMNS`, without ids)."""
+        names = MIGRATION_COLUMNS.split(", ")[2:]
         with self._lock:
             cursor = self._db.execute(
                 f"INSERT INTO migrations (table_id, {', '.join(names)}) VALUES "
@@ -348,9 +346,9 @@ class SqliteCatalog(Catalog):
 
     def list_migrations(self, table_id: int) -> list[dict[str, Any]]:
         rows = self._read(
-            f"SELECT {_MIGRATION_COLUMNS} FROM migrations WHERE table_id=? ORDER BY id", (table_id,)
+            f"SELECT {MIGRATION_COLUMNS} FROM migrations WHERE table_id=? ORDER BY id", (table_id,)
         )
-        names = _MIGRATION_COLUMNS.split(", ")
+        names = MIGRATION_COLUMNS.split(", ")
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int:
@@ -385,6 +383,8 @@ class SqliteCatalog(Catalog):
                     "DELETE FROM streams WHERE database=? AND schema_name=? AND name=?",
                     (database, schema_name, name),
                 )
+            for sql, args in namespace_statements(database, schema_name, now):
+                db.execute(sql, args)
             try:
                 db.execute(
                     "INSERT INTO streams (database, schema_name, name, table_id, mode,"
@@ -404,22 +404,22 @@ class SqliteCatalog(Catalog):
 
     def get_stream(self, database: str, schema_name: str, name: str) -> StreamRecord | None:
         rows = self._read(
-            f"SELECT {_STREAM_COLUMNS} FROM streams WHERE database=? AND schema_name=? AND name=?",
+            f"SELECT {STREAM_COLUMNS} FROM streams WHERE database=? AND schema_name=? AND name=?",
             (database, schema_name, name),
         )
-        return _stream(rows[0]) if rows else None
+        return to_stream(rows[0]) if rows else None
 
     def get_stream_by_id(self, stream_id: int) -> StreamRecord | None:
-        rows = self._read(f"SELECT {_STREAM_COLUMNS} FROM streams WHERE id=?", (stream_id,))
-        return _stream(rows[0]) if rows else None
+        rows = self._read(f"SELECT {STREAM_COLUMNS} FROM streams WHERE id=?", (stream_id,))
+        return to_stream(rows[0]) if rows else None
 
     def list_streams(self, table_id: int | None = None) -> list[StreamRecord]:
         where, args = ("WHERE table_id=?", (table_id,)) if table_id is not None else ("", ())
         rows = self._read(
-            f"SELECT {_STREAM_COLUMNS} FROM streams {where} ORDER BY database, schema_name, name",
+            f"SELECT {STREAM_COLUMNS} FROM streams {where} ORDER BY database, schema_name, name",
             args,
         )
-        return [_stream(row) for row in rows]
+        return [to_stream(row) for row in rows]
 
     def drop_stream(self, stream_id: int) -> bool:
         (count,) = self._write([("DELETE FROM streams WHERE id=?", (stream_id,))])
@@ -479,7 +479,7 @@ class SqliteCatalog(Catalog):
 
     def pending_commits(self) -> list[PendingCommit]:
         rows = self._read("SELECT id, owner, plan, claims, created_at FROM pending_commits")
-        return [_pending(row) for row in rows]
+        return [to_pending(row) for row in rows]
 
 
 class _Immediate:

@@ -1,6 +1,9 @@
 """Binding a query's names to our objects: each table, stream or CHANGES clause a query
 names becomes a Spark temporary view of what the transaction sees, and the query text
 is rewritten to read those views. Spark then evaluates the query as written.
+
+``SYSTEM$STREAM_HAS_DATA('s')`` is answered here, as a literal TRUE or FALSE in place of
+the call, so Spark never sees a function it does not have.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from catalog import TableInfo
+from catalog import TableInfo, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.statements import spark_sql_text
+from pipelines.history import data_changed
+from pipelines.statements import NAME, spark_sql_text, split_name
 from pipelines.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["Binder", "parse"]
 
 _VIEW_NUMBERS = itertools.count(1)
+STREAM_HAS_DATA = "SYSTEM$STREAM_HAS_DATA"
+_STREAM_NAME = re.compile(NAME)
 
 
 def parse(text: str) -> exp.Expression:
@@ -107,7 +113,11 @@ class Binder:
 
     def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
         """Replace every table, stream and CHANGES reference in ``tree`` (in place) but
-        ``skip`` (a DML target) and CTE names; record the streams read."""
+        ``skip`` (a DML target) and CTE names; record the streams read. Calls of
+        SYSTEM$STREAM_HAS_DATA become their answer."""
+        for call in list(tree.find_all(exp.Anonymous)):
+            if call.name.upper() == STREAM_HAS_DATA:
+                call.replace(self._stream_has_data(call))
         # Unquoted names are upper-cased, as on the ingest side, so a result's columns
         # are named as the reference system names them (Spark resolves names either way).
         for identifier in tree.find_all(exp.Identifier):
@@ -121,6 +131,47 @@ class Binder:
                 continue
             table.replace(self._frame_for(table))
         return tree
+
+    def _stream_has_data(self, call: exp.Anonymous) -> exp.Expression:
+        """``SYSTEM$STREAM_HAS_DATA('name')``: TRUE when a commit after the stream's offset,
+        up to the version this transaction reads, added or removed rows (an empty net
+        change may answer TRUE, as in the reference system; see
+        :func:`pipelines.history.data_changed`). Reading it pins the stream in the
+        transaction like a read, but consumes nothing."""
+        arguments = call.expressions
+        if len(arguments) != 1 or not (
+            isinstance(arguments[0], exp.Literal) and arguments[0].is_string
+        ):
+            raise SqlError(
+                f"{STREAM_HAS_DATA} takes one argument, the stream's name as a string: "
+                f"{STREAM_HAS_DATA}('MY_STREAM') or '<db>.<schema>.<stream>'",
+                "SQL_COMPILATION_ERROR",
+            )
+        text = arguments[0].name.strip()
+        if _STREAM_NAME.fullmatch(text) is None:
+            raise SqlError(
+                f"{STREAM_HAS_DATA}: {text[:80]!r} is not a stream name; write NAME, "
+                "SCHEMA.NAME or DB.SCHEMA.NAME (double quotes inside the string keep case: "
+                "'\"My Stream\"')",
+                "SQL_COMPILATION_ERROR",
+            )
+        parts = split_name(text)
+        schema = parts[-2] if len(parts) > 1 else self.session.schema
+        database = parts[-3] if len(parts) > 2 else self.session.database
+        stream = self.session.catalog.get_stream(database, schema, parts[-1])
+        if stream is None:
+            raise ObjectNotFoundError(
+                f"stream {full_name(database, schema, parts[-1])} does not exist ("
+                f"{STREAM_HAS_DATA} names a stream; unquoted names are upper-cased, USE "
+                "DATABASE/SCHEMA sets the defaults)"
+            )
+        self.session.check_stream_fresh(stream)
+        read = self.txn.stream_read(stream)
+        answer = exp.Boolean(this=data_changed(read.table.uri, read.offset, read.to))
+        if isinstance(call.parent, exp.Select):  # a projection: named as the call was written
+            return exp.alias_(answer, call.sql("spark").strip("`").replace("`(", "(", 1),
+                              quoted=True)  # fmt: skip
+        return answer
 
     def _frame_for(self, table: exp.Table) -> exp.Table:
         changes = table.args.get("changes")

@@ -1,24 +1,44 @@
-"""Statements about objects: tables, streams, SHOW, DESCRIBE, USE, ALTER.
+"""Statements about objects: tables, streams, SHOW, DESCRIBE, USE, ALTER; and
+:data:`HANDLERS`, the one table of every statement handler (kind -> function).
 
 Each handler takes the session and the classified statement and returns a DataFrame
-(a status row, or the rows of SHOW/DESCRIBE), as the reference system answers.
+(a status row, or the rows of SHOW/DESCRIBE), as the reference system answers. Handlers
+of databases and schemas live in :mod:`pipelines.ddl_schemas`, of statements that run a
+query or change rows in :mod:`pipelines.ddl_queries`, of a table's log in
+:mod:`pipelines.history`.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
-from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo, full_name
-from flush import create_catalog_table, drop_table
-from ingest_sdk import TableSchema
+from catalog import ObjectAlreadyExistsError, StreamRecord, full_name
+from flush import create_catalog_table
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
 from pipelines.changes import ChangeMode
+from pipelines.ddl_common import (
+    drop_table_info,
+    like,
+    literal,
+    status_frame,
+    table_schema,
+    utc,
+)
+from pipelines.ddl_queries import create_table_as, explain, truncate
+from pipelines.ddl_schemas import (
+    create_database,
+    drop_database,
+    show_columns,
+    show_databases,
+    show_schemas,
+)
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.history import describe_history
 from pipelines.statements import Statement, split_name
 
 if TYPE_CHECKING:
@@ -26,7 +46,7 @@ if TYPE_CHECKING:
 
     from pipelines.session import Session
 
-__all__ = ["HANDLERS"]
+__all__ = ["HANDLERS", "status_frame"]
 
 _SETTINGS = {
     "CHANGE_TRACKING": ("change_tracking", None),
@@ -35,58 +55,6 @@ _SETTINGS = {
 }
 _STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
                  "TRUE": ChangeMode.APPEND_ONLY, "FINAL": ChangeMode.APPEND_ONLY_FINAL}  # fmt: skip
-
-
-def status_frame(session: Session, message: str) -> DataFrame:
-    """The one-row answer of a statement that returns no rows (Snowflake's `status`)."""
-    return session.spark.createDataFrame([(message,)], "status STRING")
-
-
-def _literal(text: str | None) -> str:
-    return "" if text is None else text[1:-1].replace("''", "'")
-
-
-def _split_columns(text: str) -> list[str]:
-    """Column definitions at the top level of ``(...)`` (commas inside parentheses or
-    quotes stay)."""
-    parts: list[str] = []
-    current: list[str] = []
-    depth, quote = 0, ""
-    for char in text:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "\"'":
-            quote = char
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        current.append(char)
-    parts.append("".join(current).strip())
-    return parts
-
-
-def _table_schema(text: str) -> TableSchema:
-    declarations: dict[str, str] = {}
-    seen: set[str] = set()
-    for definition in _split_columns(text):
-        match = re.fullmatch(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s+(.+)', definition, re.S)
-        if match is None:
-            raise SqlError(
-                f"cannot read the column definition {definition[:80]!r}; write NAME TYPE "
-                "[NOT NULL], e.g. ID NUMBER(38,0) NOT NULL",
-                "SQL_COMPILATION_ERROR",
-            )
-        name = split_name(match.group(1))[0]
-        if name in seen:
-            raise SqlError(f"the column {name} is declared twice", "SQL_COMPILATION_ERROR")
-        seen.add(name)
-        declarations[match.group(1)] = match.group(2)
-    return TableSchema.parse(declarations)
 
 
 def create_table(session: Session, statement: Statement) -> DataFrame:
@@ -98,13 +66,13 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
         raise SqlError(
             "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
         )
-    schema = _table_schema(parts["columns"] or "")
+    schema = table_schema(parts["columns"] or "")
     if session.catalog.get_stream(database, schema_name, name) is not None:
         raise SqlError(f"a stream named {database}.{schema_name}.{name} exists; a table needs "
                        "a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
-        _drop(session, existing)
+        drop_table_info(session, existing)
     try:
         info, created = create_catalog_table(
             session.catalog, session.warehouse, database, schema_name, name, schema,
@@ -121,11 +89,6 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, f"Table {info.name} successfully created.")
 
 
-def _drop(session: Session, info: TableInfo) -> None:
-    session.catalog.drop_table(info.id)
-    drop_table(info.uri, session.warehouse)
-
-
 def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
     database, schema_name, name = session.qualify(statement.parts["name"] or "")
     info = session.find_table(database, schema_name, name)
@@ -135,7 +98,7 @@ def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
                 session, "Drop statement executed successfully (table did not exist)."
             )
         raise ObjectNotFoundError(f"table {database}.{schema_name}.{name} does not exist")
-    _drop(session, info)
+    drop_table_info(session, info)
     return status_frame(session, f"{info.name} successfully dropped.")
 
 
@@ -178,9 +141,9 @@ def alter_table_set(session: Session, statement: Statement) -> DataFrame:
 
 
 def show_tables(session: Session, statement: Statement) -> DataFrame:
-    pattern = _like(statement.parts.get("like"))
+    pattern = like(statement.parts.get("like"))
     rows = [
-        (_time(t.created_at), t.name, t.database, t.schema_name, "TABLE",
+        (utc(t.created_at), t.name, t.database, t.schema_name, "TABLE",
          "ON" if t.properties["change_tracking"] else "OFF",
          t.properties["data_retention_time_in_days"])
         for t in session.catalog.list_tables() if pattern(t.name)
@@ -194,18 +157,6 @@ def describe_table(session: Session, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
     return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
-
-
-def _like(pattern: str | None) -> Any:
-    if pattern is None:
-        return lambda name: True
-    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c)
-                    for c in _literal(pattern))  # fmt: skip
-    return lambda name: re.fullmatch(regex, name, re.I | re.S) is not None
-
-
-def _time(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
 
 
 def create_stream(session: Session, statement: Statement) -> DataFrame:
@@ -231,7 +182,7 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
     try:
         session.catalog.create_stream(
             database, schema_name, name, info.id, mode.value, offset,
-            comment=_literal(parts["comment"]), replace=bool(parts["replace"]),
+            comment=literal(parts["comment"]), replace=bool(parts["replace"]),
         )  # fmt: skip
     except ObjectAlreadyExistsError as exc:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
@@ -263,13 +214,13 @@ _STREAM_SCHEMA = (
 def _stream_row(session: Session, stream: StreamRecord) -> tuple[Any, ...]:
     table = session.catalog.get_table_by_id(stream.table_id)
     stale, stale_after = session.staleness(stream, table)
-    return (_time(stream.created_at), stream.name, stream.database, stream.schema_name,
+    return (utc(stream.created_at), stream.name, stream.database, stream.schema_name,
             stream.comment, table.full_name if table else None, "DELTA", stale, stream.mode,
-            _time(stale_after), stream.offset_version)  # fmt: skip
+            utc(stale_after), stream.offset_version)  # fmt: skip
 
 
 def show_streams(session: Session, statement: Statement) -> DataFrame:
-    pattern = _like(statement.parts.get("like"))
+    pattern = like(statement.parts.get("like"))
     rows = [_stream_row(session, s) for s in session.catalog.list_streams() if pattern(s.name)]
     return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
 
@@ -296,7 +247,7 @@ def use(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, "Statement executed successfully.")
 
 
-HANDLERS = {
+HANDLERS: dict[str, Callable[[Session, Statement], DataFrame]] = {
     "create_table": create_table,
     "drop_table": drop_table_statement,
     "rename_table": rename_table,
@@ -308,4 +259,13 @@ HANDLERS = {
     "show_streams": show_streams,
     "describe_stream": describe_stream,
     "use": use,
+    "create_table_as": create_table_as,
+    "truncate": truncate,
+    "explain": explain,
+    "create_database": create_database,
+    "drop_database": drop_database,
+    "show_databases": show_databases,
+    "show_schemas": show_schemas,
+    "show_columns": show_columns,
+    "describe_history": describe_history,
 }

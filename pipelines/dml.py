@@ -20,7 +20,7 @@ from catalog import TableInfo
 from flush.change_commit import ChangeSet
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
-from ingest_sdk.schema import Column
+from ingest_sdk.schema import Column, quote_identifier
 from pipelines.binding import Binder
 from pipelines.errors import SqlError
 
@@ -46,7 +46,7 @@ def _column(info: TableInfo, identifier: exp.Expression) -> Column:
         shown = identifier.sql("spark") if identifier is not None else "nothing"
         raise SqlError(f"expected a column name, got {shown[:80]!r}", "SQL_COMPILATION_ERROR")
     name = node.name if node.quoted else node.name.upper()
-    column = info.schema.find(name) or info.schema.find(node.name)
+    column = info.schema.find(quote_identifier(name))
     if column is None:
         raise SqlError(
             f"invalid identifier {node.name!r}: table {info.full_name} has the columns "
@@ -61,7 +61,10 @@ def _rows(session: Session, info: TableInfo, data: pa.Table, new: bool = False) 
     table's rows, checked by the ingest conversion rules. New rows get ids from the
     table's sequence, reserved in the catalog."""
     names = info.schema.names
-    user = data.select(list(range(len(names)))).rename_columns(names)
+    # The checker reads column names by identifier rules: quoted, a "Doc" stays Doc.
+    user = data.select(list(range(len(names)))).rename_columns(
+        [quote_identifier(name) for name in names]
+    )
     checked = check_arrow_batch(info.schema, user)
     target = delta_schema(info.schema)
     if new:

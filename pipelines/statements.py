@@ -30,18 +30,36 @@ _SETTING = r"[^=,\s]+\s*=\s*[^=,\s]+"
 _SEPARATOR = r"(?:\s*,\s*|\s+)"
 _POINT = (
     r"(?P<at_kind>AT|BEFORE)\s*\(\s*(?P<point_kind>VERSION|TIMESTAMP|STREAM|OFFSET)\s*=>\s*"
-    r"(?P<point>'(?:[^']|'')*'|[^)]+?)\s*\)"
+    # Words separated by spaces: a space run is always followed by a word or the ")",
+    # so no text can be split two ways (``[^)]+?\s*`` was cubic on long runs of spaces).
+    r"(?P<point>'(?:[^']|'')*'|[^)\s]+(?:\s+[^)\s]+)*)\s*\)"
 )
 
+_LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
+#: A column list of CREATE TABLE ... AS: definitions whose parentheses nest one level
+#: (``NUMBER(10,2)``), unrolled so that every character has one place to go.
+_COLUMN_LIST = r"\((?P<columns>[^()]*(?:\([^()]*\)[^()]*)*)\)"
+
 #: Statement kinds by header, first match wins; the pattern must match the whole text.
+#: Each character of a header has one place to go in its pattern (a trailing ``.*`` at most
+#: gives back once, to a closing ``)``), so a hostile header costs time linear in its length
+#: (tests/pipelines/test_day_one_statements.py runs long ones).
 _HEADERS: list[tuple[str, str]] = [
     ("begin", r"(?:BEGIN|START)(?:\s+(?:TRANSACTION|WORK))?(?:\s+NAME\s+\S+)?"),
     ("commit", r"COMMIT(?:\s+WORK)?"),
     ("rollback", r"ROLLBACK(?:\s+WORK)?"),
     ("use", rf"USE\s+(?:(?P<what>DATABASE|SCHEMA)\s+)?(?P<name>{NAME})"),
-    ("show_tables", r"SHOW\s+(?:TERSE\s+)?TABLES(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"),
-    ("show_streams", r"SHOW\s+(?:TERSE\s+)?STREAMS(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"),
+    ("show_tables", rf"SHOW\s+(?:TERSE\s+)?TABLES{_LIKE}"),
+    ("show_streams", rf"SHOW\s+(?:TERSE\s+)?STREAMS{_LIKE}"),
+    ("show_databases", rf"SHOW\s+(?:TERSE\s+)?DATABASES{_LIKE}(?:\s+IN\s+ACCOUNT)?"),
+    (
+        "show_schemas",
+        rf"SHOW\s+(?:TERSE\s+)?SCHEMAS{_LIKE}"
+        rf"(?:\s+IN\s+(?:(?P<account>ACCOUNT)|DATABASE(?:\s+(?P<database>{NAME}))?))?",
+    ),
+    ("show_columns", rf"SHOW\s+COLUMNS{_LIKE}\s+IN\s+(?:TABLE\s+)?(?P<name>{NAME})"),
     ("describe_stream", rf"(?:DESCRIBE|DESC)\s+STREAM\s+(?P<name>{NAME})"),
+    ("describe_history", rf"(?:DESCRIBE|DESC)\s+HISTORY\s+(?P<name>{NAME})"),
     ("describe_table", rf"(?:DESCRIBE|DESC)\s+(?:TABLE\s+)?(?P<name>{NAME})"),
     (
         "create_stream",
@@ -53,17 +71,38 @@ _HEADERS: list[tuple[str, str]] = [
         r"(?:\s+COMMENT\s*=\s*(?P<comment>'(?:[^']|'')*'))?",
     ),
     ("drop_stream", rf"DROP\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
+    # Before create_table: "CREATE TABLE t (a INT) AS SELECT f(a)" also ends in ")".
+    (
+        "create_table_as",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?TABLE\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
+        rf"(?P<name>{NAME})(?:\s*{_COLUMN_LIST}\s*|\s+)AS(?=[\s(])\s*(?P<query>\S.*)",
+    ),
     (
         "create_table",
         rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?TABLE\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
         rf"(?P<name>{NAME})\s*\((?P<columns>.*)\)",
     ),
     ("drop_table", rf"DROP\s+TABLE\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
+    (
+        "truncate",
+        rf"TRUNCATE\s+(?:TABLE\s+)?(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})",
+    ),
     ("rename_table", rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+RENAME\s+TO\s+(?P<new>{NAME})"),
     (
         "alter_table_set",
         rf"ALTER\s+TABLE\s+(?P<name>{NAME})\s+SET\s+(?P<settings>{_SETTING}(?:{_SEPARATOR}{_SETTING})*)",
     ),
+    (
+        "create_database",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?(?P<what>DATABASE|SCHEMA)\s+"
+        rf"(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?(?P<name>{NAME})",
+    ),
+    (
+        "drop_database",
+        rf"DROP\s+(?P<what>DATABASE|SCHEMA)\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"
+        r"(?:\s+(?P<mode>CASCADE|RESTRICT))?",
+    ),
+    ("explain", r"EXPLAIN(?:\s+(?P<mode>EXTENDED|FORMATTED|COST))?\s+(?P<query>\S.*)"),
 ]
 _COMPILED = [(kind, re.compile(rf"\s*{p}\s*;?\s*", re.I | re.S)) for kind, p in _HEADERS]
 #: Statements whose body is a query: parsed by sqlglot, evaluated by Spark.
@@ -78,13 +117,19 @@ _QUERY_KINDS = {
     "MERGE": "merge",
 }
 SUPPORTED = (
-    "SELECT/WITH queries, INSERT, UPDATE, DELETE, MERGE, CREATE [OR REPLACE] TABLE, DROP "
-    "TABLE, ALTER TABLE ... SET CHANGE_TRACKING|DATA_RETENTION_TIME_IN_DAYS|"
-    "MAX_DATA_EXTENSION_TIME_IN_DAYS = ..., ALTER TABLE ... RENAME TO, SHOW TABLES, DESCRIBE "
-    "TABLE, CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, USE "
-    "DATABASE|SCHEMA, BEGIN, COMMIT, ROLLBACK"
+    "SELECT/WITH queries, INSERT, UPDATE, DELETE, MERGE, TRUNCATE TABLE, CREATE [OR "
+    "REPLACE] TABLE, CREATE TABLE ... AS SELECT, DROP TABLE, ALTER TABLE ... SET "
+    "CHANGE_TRACKING|DATA_RETENTION_TIME_IN_DAYS|MAX_DATA_EXTENSION_TIME_IN_DAYS = ..., ALTER "
+    "TABLE ... RENAME TO, SHOW TABLES, SHOW COLUMNS IN, DESCRIBE TABLE, DESCRIBE HISTORY, "
+    "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE|DROP "
+    "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
+    "ROLLBACK"
 )
-_METADATA = re.compile(r"(?<![\w$`])(METADATA\$(?:ACTION|ISUPDATE|ROW_ID))(?![\w$])", re.I)
+#: Snowflake names with ``$`` that Spark SQL (and sqlglot) read only backquoted: the
+#: metadata columns of streams and the function the binder answers before Spark runs.
+_METADATA = re.compile(
+    r"(?<![\w$`])(METADATA\$(?:ACTION|ISUPDATE|ROW_ID)|SYSTEM\$STREAM_HAS_DATA)(?![\w$])", re.I
+)
 #: String literals, quoted names and comments. An unterminated one runs to the end of the text,
 #: so no start is scanned twice (``/*/*/*...`` would otherwise cost quadratic time).
 _LITERALS = re.compile(
@@ -109,7 +154,8 @@ class Statement:
 def spark_sql_text(text: str) -> str:
     """Spark SQL text of a statement written for the reference system.
 
-    - Unquoted ``METADATA$...`` names are backquoted (Spark does not accept ``$`` there).
+    - Unquoted ``METADATA$...`` and ``SYSTEM$STREAM_HAS_DATA`` names are backquoted (Spark
+      does not accept ``$`` there).
     - ``"quoted"`` identifiers (``""`` inside is a quote) are backquoted: Spark would read
       double quotes as a string.
     - ``''`` inside a string literal is one quote, as in Snowflake, PostgreSQL and standard

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from catalog import (
+    DatabaseRecord,
     ObjectAlreadyExistsError,
+    ObjectNotEmptyError,
+    SchemaRecord,
     SqliteCatalog,
     StreamClaim,
     StreamClaimConflict,
@@ -538,6 +541,117 @@ def test_racing_processes_claim_a_stream_once(catalog, tmp_path):
         assert pending[commit_id].plan == {"stream": stream_id, "child": child}
         assert pending[commit_id].claims == (StreamClaim(stream_id, 0, 1),)
         assert catalog.get_stream_by_id(stream_id).claimed_by == commit_id
+
+
+# --- Databases and schemas --------------------------------------------------------------
+
+
+def names(records):
+    return [r.full_name if isinstance(r, SchemaRecord) else r.name for r in records]
+
+
+def test_databases_and_schemas_are_created_once(catalog):
+    assert catalog.list_databases() == [] and catalog.list_schemas() == []
+    database, created = catalog.create_database("D")
+    assert (database.name, created) == ("D", True)
+    again, created = catalog.create_database("D")
+    assert (again, created) == (database, False)  # the first one, unchanged
+    assert catalog.get_database("D") == database
+    assert catalog.get_database("d") is None  # names are stored forms: exact
+
+    schema, created = catalog.create_schema("E", "S")  # creates its database too
+    assert (schema.full_name, created) == ("E.S", True)
+    assert catalog.create_schema("E", "S") == (schema, False)
+    assert catalog.get_schema("E", "S") == schema
+    assert catalog.get_schema("E", "T") is None
+    assert names(catalog.list_databases()) == ["D", "E"]
+    assert all(isinstance(d, DatabaseRecord) for d in catalog.list_databases())
+    assert names(catalog.list_schemas()) == ["E.S"]
+    assert catalog.list_schemas("D") == []
+    quoted, _ = catalog.create_schema("E", "with space")
+    assert quoted.full_name == 'E."with space"'
+
+
+def test_tables_and_streams_imply_their_schema_and_database(catalog):
+    """A table or stream names its schema and database, which exist while it does (and,
+    once a table or stream was created there, after it too)."""
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    assert names(catalog.list_databases()) == ["DB"]
+    assert names(catalog.list_schemas("DB")) == ["DB.S"]
+    catalog.create_stream("SDB", "SS", "ST", table.id, "default", 0)
+    catalog.rename_table(table.id, "RDB", "RS", "T")
+    assert names(catalog.list_databases()) == ["DB", "RDB", "SDB"]
+    assert names(catalog.list_schemas()) == ["DB.S", "RDB.RS", "SDB.SS"]
+    assert catalog.get_schema("RDB", "RS").created_at >= table.created_at
+    # CREATE of an existing one: there already, nothing new.
+    assert catalog.create_schema("SDB", "SS")[1] is False
+    assert catalog.create_database("RDB")[1] is False
+
+
+def test_a_warehouse_older_than_databases_keeps_its_databases(catalog):
+    """Catalogs made before databases and schemas were objects have tables but no rows
+    for their schemas: those schemas exist, and can be dropped once empty."""
+    if not isinstance(catalog, SqliteCatalog):
+        pytest.skip("writes the SQLite file's rows directly")
+    table = catalog.create_table("OLD", "S", "T", "/w", SCHEMA)
+    catalog._db.execute("DELETE FROM schemas")
+    catalog._db.execute("DELETE FROM databases")
+    assert catalog.list_databases() == [DatabaseRecord("OLD", table.created_at)]
+    assert catalog.list_schemas() == [SchemaRecord("OLD", "S", table.created_at)]
+    with pytest.raises(ObjectNotEmptyError):
+        catalog.drop_schema("OLD", "S")
+    catalog.drop_table(table.id)
+    assert catalog.list_databases() == []  # it held nothing and was never created
+    assert catalog.drop_schema("OLD", "S") is None
+
+
+def test_drop_refuses_a_schema_or_database_that_holds_objects(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    catalog.create_stream("DB", "S", "ST", table.id, "default", 0)
+    catalog.create_schema("DB", "EMPTY")
+    before = (catalog.list_databases(), catalog.list_schemas(), catalog.list_tables(),
+              catalog.list_streams())  # fmt: skip
+    for drop in (lambda: catalog.drop_schema("DB", "S"), lambda: catalog.drop_database("DB")):
+        with pytest.raises(ObjectNotEmptyError) as caught:
+            drop()
+        assert caught.value.tables == ["DB.S.T"] and caught.value.streams == ["DB.S.ST"]
+        assert "DB.S.T" in str(caught.value) and "DB.S.ST" in str(caught.value)
+        assert (catalog.list_databases(), catalog.list_schemas(), catalog.list_tables(),
+                catalog.list_streams()) == before  # fmt: skip
+    # An empty schema goes; a missing one is None.
+    assert catalog.drop_schema("DB", "EMPTY") == []
+    assert catalog.get_schema("DB", "EMPTY") is None
+    assert catalog.drop_schema("DB", "EMPTY") is None
+    assert catalog.drop_database("NOPE") is None
+
+
+def test_drop_cascade_drops_what_is_inside_and_nothing_else(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w/t", SCHEMA)
+    kept = catalog.create_table("DB", "KEEP", "U", "/w/u", SCHEMA)
+    catalog.open_channel(table.id, "c")
+    catalog.record_migration(table.id, {"started_at": 1, "ended_at": 2, "status": "SUCCEEDED",
+                                        "files_in": 1, "bytes_in": 1, "rows_in": 1,
+                                        "files_out": 1, "bytes_out": 1, "rows_out": 1})  # fmt: skip
+    inside = catalog.create_stream("DB", "S", "IN_S", kept.id, "default", 0)
+    outside = catalog.create_stream("DB", "KEEP", "ON_T", table.id, "default", 0)
+
+    dropped = catalog.drop_schema("DB", "S", cascade=True)
+    assert [t.id for t in dropped] == [table.id] and dropped[0].uri == "/w/t"
+    assert catalog.get_table_by_id(table.id) is None
+    assert catalog.list_channels(table.id) == [] and catalog.list_migrations(table.id) == []
+    assert catalog.get_stream_by_id(inside.id) is None
+    assert catalog.get_stream_by_id(outside.id) == outside  # elsewhere: stays, stale
+    assert names(catalog.list_schemas("DB")) == ["DB.KEEP"]
+    assert catalog.get_table_by_id(kept.id) == kept
+
+    other = catalog.create_table("OTHER", "S", "V", "/w/v", SCHEMA)
+    dropped = catalog.drop_database("DB", cascade=True)
+    assert [t.id for t in dropped] == [kept.id]
+    assert catalog.get_database("DB") is None and catalog.list_schemas("DB") == []
+    assert catalog.list_streams() == []
+    assert catalog.list_tables() == [other]
+    recreated = catalog.create_table("DB", "S", "T", "/w/t2", SCHEMA)
+    assert recreated.id not in (table.id, kept.id)  # ids are never reused
 
 
 # --- Catalog files made by older versions ----------------------------------------------

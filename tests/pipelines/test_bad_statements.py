@@ -192,11 +192,8 @@ CASES = [
     # Statements this system does not run
     bad("GRANT SELECT ON TABLE t TO ROLE analyst", U, UNSUP, *UNSUPPORTED, id="grant"),
     bad("CREATE VIEW v AS SELECT * FROM t", U, UNSUP, *UNSUPPORTED, id="create-view"),
-    bad("TRUNCATE t", U, UNSUP, *UNSUPPORTED, id="truncate"),
-    bad("TRUNCATE TABLE t", U, UNSUP, *UNSUPPORTED, id="truncate-table"),
     bad("COPY INTO t FROM @stage", U, UNSUP, *UNSUPPORTED, id="copy-into"),
     bad("ALTER STREAM st SET COMMENT = 'x'", U, UNSUP, *UNSUPPORTED, id="alter-stream"),
-    bad("CREATE TABLE u AS SELECT 1 AS a", U, UNSUP, *UNSUPPORTED, id="ctas"),
     bad("CREATE TABLE u LIKE t", U, UNSUP, *UNSUPPORTED, id="create-like"),
     bad("UNDROP TABLE t", U, UNSUP, *UNSUPPORTED, id="undrop"),
     bad("SELEC 1", U, UNSUP, *UNSUPPORTED, id="misspelt-select"),

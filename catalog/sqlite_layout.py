@@ -1,0 +1,188 @@
+"""The SQLite catalog's layout: its tables, their columns, and rows as records.
+
+Kept apart from :mod:`catalog.sqlite` (the operations) so each stays readable; nothing
+here opens a connection of its own.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import orjson
+
+from catalog.base import ObjectNotEmptyError
+from catalog.records import (
+    DEFAULT_PROPERTIES,
+    ChannelRecord,
+    DatabaseRecord,
+    PendingCommit,
+    SchemaRecord,
+    StreamClaim,
+    StreamRecord,
+    TableInfo,
+    full_name,
+)
+from ingest_sdk import TableSchema
+
+__all__ = [
+    "ADDED_COLUMNS", "CHANNEL_COLUMNS", "MIGRATION_COLUMNS", "NAMED_DATABASES", "NAMED_SCHEMAS",
+    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "drop_contents", "find_databases", "find_schemas",
+    "namespace_statements", "to_channel", "to_pending", "to_stream", "to_table",
+]  # fmt: skip
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS databases (
+    name TEXT PRIMARY KEY, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS schemas (
+    database TEXT NOT NULL, name TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (database, name));
+CREATE TABLE IF NOT EXISTS tables (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
+    applied_version INTEGER NOT NULL DEFAULT 0, next_row_id INTEGER NOT NULL DEFAULT 0,
+    clustering TEXT NOT NULL DEFAULT '[]', properties TEXT NOT NULL DEFAULT '{}',
+    UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS migrations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, table_id INTEGER NOT NULL,
+    started_at REAL NOT NULL, ended_at REAL NOT NULL, status TEXT NOT NULL,
+    files_in INTEGER NOT NULL, bytes_in INTEGER NOT NULL, rows_in INTEGER NOT NULL,
+    files_out INTEGER NOT NULL, bytes_out INTEGER NOT NULL, rows_out INTEGER NOT NULL,
+    version INTEGER, error TEXT);
+CREATE TABLE IF NOT EXISTS channels (
+    table_id INTEGER NOT NULL, name TEXT NOT NULL, generation INTEGER NOT NULL,
+    offset_token TEXT, rows_committed INTEGER NOT NULL DEFAULT 0,
+    last_activity REAL NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (table_id, name));
+CREATE TABLE IF NOT EXISTS streams (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    table_id INTEGER NOT NULL, mode TEXT NOT NULL, offset_version INTEGER NOT NULL,
+    created_at REAL NOT NULL, offset_moved_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '',
+    claimed_by INTEGER,
+    UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS pending_commits (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
+    claims TEXT NOT NULL, created_at REAL NOT NULL);
+"""
+#: Columns added after the first release, for catalogs made by older versions.
+ADDED_COLUMNS = {("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'"}
+TABLE_COLUMNS = (
+    "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
+    " clustering, properties"
+)
+STREAM_COLUMNS = (
+    "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
+    " offset_moved_at, comment, claimed_by"
+)
+MIGRATION_COLUMNS = (
+    "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
+    " bytes_out, rows_out, version, error"
+)
+CHANNEL_COLUMNS = (
+    "table_id, name, generation, offset_token, rows_committed, last_activity, created_at"
+)
+#: Every (database, schema) something names: created schemas, and those of tables and
+#: streams (a table made before schemas were objects, or renamed into one, implies it).
+NAMED_SCHEMAS = (
+    "SELECT database, name, created_at FROM schemas"
+    " UNION ALL SELECT database, schema_name, created_at FROM tables"
+    " UNION ALL SELECT database, schema_name, created_at FROM streams"
+)
+NAMED_DATABASES = (
+    f"SELECT name AS database, created_at FROM databases UNION ALL"
+    f" SELECT database, created_at FROM ({NAMED_SCHEMAS})"
+)
+
+
+def to_table(row: tuple) -> TableInfo:  # type: ignore[type-arg]
+    return TableInfo(
+        id=row[0],
+        database=row[1],
+        schema_name=row[2],
+        name=row[3],
+        uri=row[4],
+        schema=TableSchema.parse(orjson.loads(row[5])),
+        created_at=row[6],
+        applied_version=row[7],
+        next_row_id=row[8],
+        clustering=tuple(orjson.loads(row[9])),
+        properties={**DEFAULT_PROPERTIES, **orjson.loads(row[10])},
+    )
+
+
+def to_channel(row: tuple) -> ChannelRecord:  # type: ignore[type-arg]
+    return ChannelRecord(*row)
+
+
+def to_stream(row: tuple) -> StreamRecord:  # type: ignore[type-arg]
+    return StreamRecord(*row)
+
+
+def to_pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
+    claims = tuple(StreamClaim(*claim) for claim in orjson.loads(row[3]))
+    return PendingCommit(row[0], row[1], orjson.loads(row[2]), claims, row[4])
+
+
+def namespace_statements(
+    database: str, schema_name: str, now: float
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """Statements recording that a schema and its database exist (kept if recorded)."""
+    return [
+        ("INSERT OR IGNORE INTO databases VALUES (?, ?)", (database, now)),
+        ("INSERT OR IGNORE INTO schemas VALUES (?, ?, ?)", (database, schema_name, now)),
+    ]
+
+
+def find_databases(db: sqlite3.Connection, name: str | None = None) -> list[DatabaseRecord]:
+    """The databases (one, or all) as :data:`NAMED_DATABASES` finds them."""
+    where, args = ("WHERE database=?", (name,)) if name is not None else ("", ())
+    rows = db.execute(
+        f"SELECT database, MIN(created_at) FROM ({NAMED_DATABASES}) {where}"
+        " GROUP BY database ORDER BY database",
+        args,
+    ).fetchall()
+    return [DatabaseRecord(*row) for row in rows]
+
+
+def find_schemas(
+    db: sqlite3.Connection, database: str | None = None, name: str | None = None
+) -> list[SchemaRecord]:
+    conditions = [(c, v) for c, v in (("database=?", database), ("name=?", name)) if v is not None]
+    where = f"WHERE {' AND '.join(c for c, _ in conditions)}" if conditions else ""
+    rows = db.execute(
+        f"SELECT database, name, MIN(created_at) FROM ({NAMED_SCHEMAS}) {where}"
+        " GROUP BY database, name ORDER BY database, name",
+        tuple(v for _, v in conditions),
+    ).fetchall()
+    return [SchemaRecord(*row) for row in rows]
+
+
+def drop_contents(
+    db: sqlite3.Connection, where: str, args: tuple[str, ...], what: str, cascade: bool
+) -> list[TableInfo]:
+    """Inside a write transaction: delete the tables (with their channels and compaction
+    history) and streams matching ``where``, or refuse if there are any and not
+    ``cascade``. Returns the tables deleted."""
+    tables = [
+        to_table(row)
+        for row in db.execute(
+            f"SELECT {TABLE_COLUMNS} FROM tables WHERE {where} ORDER BY schema_name, name", args
+        )
+    ]
+    streams = [
+        full_name(*row)
+        for row in db.execute(
+            f"SELECT database, schema_name, name FROM streams WHERE {where}"
+            " ORDER BY schema_name, name",
+            args,
+        )
+    ]
+    if (tables or streams) and not cascade:
+        raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams)
+    for table in tables:
+        db.execute("DELETE FROM channels WHERE table_id=?", (table.id,))
+        db.execute("DELETE FROM migrations WHERE table_id=?", (table.id,))
+    db.execute(f"DELETE FROM tables WHERE {where}", args)
+    db.execute(f"DELETE FROM streams WHERE {where}", args)
+    return tables

@@ -1,0 +1,138 @@
+"""Pieces every statement handler shares: the status row, LIKE patterns, string literals,
+times, column definitions and name checks, so each handler module answers alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from catalog import TableInfo
+from flush import drop_table
+from ingest_sdk import TableSchema
+from ingest_sdk.schema import check_object_name
+from pipelines.errors import SqlError
+from pipelines.statements import split_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipelines.session import Session
+
+__all__ = [
+    "check_parts",
+    "drop_table_info",
+    "like",
+    "literal",
+    "split_columns",
+    "status_frame",
+    "table_schema",
+    "utc",
+]
+
+
+def status_frame(session: Session, message: str) -> DataFrame:
+    """The one-row answer of a statement that returns no rows (Snowflake's `status`)."""
+    return session.spark.createDataFrame([(message,)], "status STRING")
+
+
+def drop_table_info(session: Session, info: TableInfo) -> None:
+    """Drop a table: its catalog entry, then its folder (its streams become stale)."""
+    session.catalog.drop_table(info.id)
+    drop_table(info.uri, session.warehouse)
+
+
+def literal(text: str | None) -> str:
+    """The value of a ``'...'`` literal as a header captured it (``''`` is one quote)."""
+    return "" if text is None else text[1:-1].replace("''", "'")
+
+
+def like(pattern: str | None) -> Callable[[str], bool]:
+    """A name filter for ``LIKE '<pattern>'`` (``%`` any run, ``_`` one character, case
+    ignored as the reference system does); everything passes without a pattern."""
+    if pattern is None:
+        return lambda name: True
+    regex = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c)
+                    for c in literal(pattern))  # fmt: skip
+    compiled = re.compile(regex, re.I | re.S)
+    return lambda name: compiled.fullmatch(name) is not None
+
+
+def utc(seconds: float) -> datetime:
+    """A catalog time (seconds since the epoch) as the naive UTC time SHOW answers."""
+    return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+
+
+def check_parts(name: str, whats: tuple[str, ...]) -> list[str]:
+    """The stored parts of a dotted ``name`` for an object named by exactly
+    ``len(whats)`` parts (``("database", "schema")``), each checked by the name rules.
+
+    Raises:
+        SqlError: more parts than the object has, or a part the name rules refuse.
+    """
+    parts = split_name(name)
+    if not parts or len(parts) > len(whats):
+        raise SqlError(
+            f"invalid {whats[-1]} name {name[:80]!r}: write "
+            f"{'.'.join(w.upper() for w in whats)} (at most {len(whats)} "
+            "part(s), quoted parts in double quotes)",
+            "SQL_COMPILATION_ERROR",
+        )
+    for part, what in zip(parts, whats[len(whats) - len(parts) :], strict=True):
+        check_object_name(part, f"the {what} name")
+    return parts
+
+
+def split_columns(text: str) -> list[str]:
+    """Column definitions at the top level of ``(...)`` (commas inside parentheses or
+    quotes stay)."""
+    parts: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "\"'":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current).strip())
+    return parts
+
+
+#: One column definition: a name, then (for CREATE TABLE) its declaration.
+COLUMN_DEFINITION = re.compile(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\s+(.+))?', re.S)
+
+
+def table_schema(text: str) -> TableSchema:
+    """The schema of ``CREATE TABLE t (<text>)``.
+
+    Raises:
+        SqlError: a definition cannot be read or a column is declared twice.
+        SchemaError: a declaration is invalid (the session answers it as a SqlError).
+    """
+    declarations: dict[str, str] = {}
+    seen: set[str] = set()
+    for definition in split_columns(text):
+        match = COLUMN_DEFINITION.fullmatch(definition)
+        if match is None or match.group(2) is None:
+            raise SqlError(
+                f"cannot read the column definition {definition[:80]!r}; write NAME TYPE "
+                "[NOT NULL], e.g. ID NUMBER(38,0) NOT NULL",
+                "SQL_COMPILATION_ERROR",
+            )
+        name = split_name(match.group(1))[0]
+        if name in seen:
+            raise SqlError(f"the column {name} is declared twice", "SQL_COMPILATION_ERROR")
+        seen.add(name)
+        declarations[match.group(1)] = match.group(2)
+    return TableSchema.parse(declarations)
