@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["CompactionWorker", "CompactionWorkerDied"]
+__all__ = ["CompactionWorker", "CompactionWorkerDied", "WorkerBusy"]
 
 log = logging.getLogger(__name__)
 #: The longest answer header line read from the worker (the rows follow it as raw bytes).
@@ -32,6 +32,10 @@ HEADER_LIMIT = 1 << 20
 
 class CompactionWorkerDied(RuntimeError):
     """The worker exited without answering (its log says why)."""
+
+
+class WorkerBusy(RuntimeError):
+    """A request waited its longest for its turn and was withdrawn, never sent."""
 
 
 class CompactionWorker:
@@ -53,6 +57,8 @@ class CompactionWorker:
     ) -> None:
         self.command = command
         self.on_death = on_death
+        #: While this answers True the worker is not stopped for being idle.
+        self.keep_alive: Callable[[], bool] = lambda: False
         self.log_path = log_path
         self.idle_seconds = idle_seconds
         self.starts = 0
@@ -80,7 +86,10 @@ class CompactionWorker:
         return header
 
     async def exchange(
-        self, payload: dict[str, Any], answer_within: float | None = None
+        self,
+        payload: dict[str, Any],
+        answer_within: float | None = None,
+        queue_within: float | None = None,
     ) -> tuple[dict[str, Any], bytes]:
         """Send one request; its answer frame: the header, and the payload bytes.
 
@@ -92,13 +101,16 @@ class CompactionWorker:
             payload: the request.
             answer_within: seconds the worker has to answer once the request is sent; past
                 them it is killed (the request fails), and started afresh next time.
+            queue_within: seconds the request may wait for its turn; past them it is
+                withdrawn, never sent (:class:`WorkerBusy`).
 
         Raises:
             CompactionWorkerDied: the worker exited (or was killed) before answering in full,
                 or answered out of step (it is stopped, and started afresh next time).
+            WorkerBusy: the request waited ``queue_within`` seconds and was not sent.
         """
         sent = asyncio.Event()
-        task = asyncio.ensure_future(self._exchange(payload, answer_within, sent))
+        task = asyncio.ensure_future(self._exchange(payload, answer_within, queue_within, sent))
         task.add_done_callback(_retrieve)
         try:
             return await asyncio.shield(task)
@@ -108,55 +120,95 @@ class CompactionWorker:
             raise
 
     async def _exchange(
+        self,
+        payload: dict[str, Any],
+        answer_within: float | None,
+        queue_within: float | None,
+        sent: asyncio.Event,
+    ) -> tuple[dict[str, Any], bytes]:
+        if not await self._take_turn(queue_within):
+            raise WorkerBusy(f"the worker stayed busy for {queue_within:g} s")
+        try:
+            return await self._send(payload, answer_within, sent)
+        finally:
+            self._turn.release()
+
+    async def _take_turn(self, within: float | None) -> bool:
+        """Acquire the turn within ``within`` seconds (``None``: however long). Never leaves
+        it held when giving up or cancelled (``wait_for`` around ``Lock.acquire`` can)."""
+        acquire = asyncio.ensure_future(self._turn.acquire())
+        try:
+            done, _ = await asyncio.wait({acquire}, timeout=within)
+        except asyncio.CancelledError:
+            self._give_up(acquire)
+            raise
+        if done:
+            return True
+        self._give_up(acquire)
+        return False
+
+    def _give_up(self, acquire: asyncio.Future[Any]) -> None:
+        """Cancel an acquisition, or release the turn it got (now or as it completes)."""
+
+        def release_if_taken(future: asyncio.Future[Any]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self._turn.release()
+
+        if acquire.done():
+            release_if_taken(acquire)
+        else:
+            acquire.add_done_callback(release_if_taken)
+            acquire.cancel()
+
+    async def _send(
         self, payload: dict[str, Any], answer_within: float | None, sent: asyncio.Event
     ) -> tuple[dict[str, Any], bytes]:
-        async with self._turn:
-            self._cancel_idle_stop()
-            process = await self._running_process()
-            assert process.stdin is not None and process.stdout is not None
-            sent.set()
-            try:
-                process.stdin.write(orjson.dumps(payload) + b"\n")
-                await process.stdin.drain()
-                line = await asyncio.wait_for(process.stdout.readline(), answer_within)
-            except (BrokenPipeError, ConnectionResetError):
-                line = b""
-            except TimeoutError:
-                await self.kill()
-                raise CompactionWorkerDied(
-                    f"the worker did not answer within {answer_within:g} s and was stopped"
-                ) from None
-            except ValueError:  # a header line over the limit: out of step
-                await self.kill()
-                raise CompactionWorkerDied(
-                    "the worker answered a header over the size limit"
-                ) from None
-            if not line:
-                await self.kill()
-                raise CompactionWorkerDied(
-                    f"the compaction worker exited without answering (log {self.log_path}): "
-                    f"{self._log_tail()}"
-                )
-            try:
-                answer: dict[str, Any] = orjson.loads(line)
-                size = int(answer.get("bytes", 0))
-                if size < 0:
-                    raise ValueError(size)
-            except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-                await self.kill()  # out of step with us: start afresh next time
-                raise CompactionWorkerDied(
-                    f"the compaction worker answered {line[:200]!r} (log {self.log_path})"
-                ) from None
-            try:
-                body = await process.stdout.readexactly(size) if size else b""
-            except asyncio.IncompleteReadError:
-                await self.kill()
-                raise CompactionWorkerDied(
-                    f"the worker exited in the middle of an answer (log {self.log_path}): "
-                    f"{self._log_tail()}"
-                ) from None
-            self._idle_stop = asyncio.create_task(self._stop_when_idle())
-            return answer, body
+        self._cancel_idle_stop()
+        process = await self._running_process()
+        assert process.stdin is not None and process.stdout is not None
+        sent.set()
+        try:
+            process.stdin.write(orjson.dumps(payload) + b"\n")
+            await process.stdin.drain()
+            line = await asyncio.wait_for(process.stdout.readline(), answer_within)
+        except (BrokenPipeError, ConnectionResetError):
+            line = b""
+        except TimeoutError:
+            await self.kill()
+            raise CompactionWorkerDied(
+                f"the worker did not answer within {answer_within:g} s and was stopped"
+            ) from None
+        except ValueError:  # a header line over the limit: out of step
+            await self.kill()
+            raise CompactionWorkerDied(
+                "the worker answered a header over the size limit"
+            ) from None
+        if not line:
+            await self.kill()
+            raise CompactionWorkerDied(
+                f"the compaction worker exited without answering (log {self.log_path}): "
+                f"{self._log_tail()}"
+            )
+        try:
+            answer: dict[str, Any] = orjson.loads(line)
+            size = int(answer.get("bytes", 0))
+            if size < 0:
+                raise ValueError(size)
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            await self.kill()  # out of step with us: start afresh next time
+            raise CompactionWorkerDied(
+                f"the compaction worker answered {line[:200]!r} (log {self.log_path})"
+            ) from None
+        try:
+            body = await process.stdout.readexactly(size) if size else b""
+        except asyncio.IncompleteReadError:
+            await self.kill()
+            raise CompactionWorkerDied(
+                f"the worker exited in the middle of an answer (log {self.log_path}): "
+                f"{self._log_tail()}"
+            ) from None
+        self._idle_stop = asyncio.create_task(self._stop_when_idle())
+        return answer, body
 
     async def stop(self) -> None:
         """Stop the worker: close its input and let it finish, or kill it."""
@@ -190,6 +242,8 @@ class CompactionWorker:
 
     async def _stop_when_idle(self) -> None:
         await asyncio.sleep(self.idle_seconds)
+        while self.keep_alive():  # e.g. open SQL transactions live in the worker
+            await asyncio.sleep(self.idle_seconds)
         if not self._turn.locked():
             log.info("compaction worker idle for %.0fs: stopping it", self.idle_seconds)
             self._idle_stop = None  # stop() must not cancel this very task

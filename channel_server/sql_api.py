@@ -116,10 +116,23 @@ async def sql(request: web.Request) -> web.StreamResponse:
 
 
 def _json_rows(batch: pa.RecordBatch) -> bytes:
-    """One batch's rows as JSON arrays, comma-separated (no brackets around them)."""
-    rows = [list(row.values()) for row in batch.to_pylist()]
+    """One batch's rows as JSON arrays, comma-separated (no brackets around them). Built
+    column by column, so columns of the same name keep their own values; a float that JSON
+    cannot hold (NaN, Infinity, -Infinity) is written as that text, never as null."""
+    columns = [_json_values(column) for column in batch.columns]
+    rows = [list(row) for row in zip(*columns, strict=True)] if columns else []
     text = orjson.dumps(rows, default=_decimal_as_text, option=orjson.OPT_NON_STR_KEYS)
     return text[1:-1]
+
+
+def _json_values(column: pa.Array) -> list[Any]:
+    values = column.to_pylist()
+    if pa.types.is_floating(column.type):
+        return [_FLOAT_TEXT.get(repr(v), v) if isinstance(v, float) else v for v in values]
+    return values
+
+
+_FLOAT_TEXT = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
 @routes.delete("/v1/sql/sessions/{name}")

@@ -14,6 +14,7 @@ tracebacks or class names.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
+from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied, WorkerBusy
 from channel_server.metrics import Metrics
 from channel_server.sql_sessions import (
     SqlLimits,
@@ -75,7 +76,10 @@ class SqlService:
         self.metrics = metrics
         self.journal = journal
         self._journaled: list[str] = []
+        self._turns: dict[str, asyncio.Lock] = {}
         self._restore()
+        # Open transactions live in the worker: it is not stopped for being idle meanwhile.
+        worker.keep_alive = lambda: self.sessions.open_transactions > 0
         metrics.watch("ingest_sql_sessions_open", "SQL sessions open now.",
                       lambda: self.sessions.open_sessions)  # fmt: skip
         metrics.watch("ingest_sql_transactions_open", "SQL transactions open now.",
@@ -125,6 +129,15 @@ class SqlService:
             request.update(session=f"{owner}/~{uuid.uuid4().hex}", ephemeral=True,
                            database=DEFAULT_DATABASE, schema=DEFAULT_SCHEMA)  # fmt: skip
             return _answer(*await self._exchange(request, timeout))
+        # A session's statements run one after another, in the order they came: a statement
+        # sent before its COMMIT was answered must see the COMMIT's outcome.
+        turn = self._turns.setdefault(f"{owner}/{name}", asyncio.Lock())
+        async with turn:
+            return await self._in_session(owner, name, kind, request, timeout)
+
+    async def _in_session(
+        self, owner: str, name: str, kind: str, request: dict[str, Any], timeout: float
+    ) -> SqlAnswer:
         session = self.sessions.begin(owner, name, kind)
         if kind == "commit" and session.state == "none":
             self.sessions.finish(session, kind, None)
@@ -143,7 +156,17 @@ class SqlService:
         self, request: dict[str, Any], timeout: float
     ) -> tuple[dict[str, Any], bytes]:
         try:
-            return await self.worker.exchange(request, answer_within=timeout + GRACE_SECONDS)
+            return await self.worker.exchange(
+                request, answer_within=timeout + GRACE_SECONDS, queue_within=timeout
+            )
+        except WorkerBusy:
+            raise SqlWorkerError(
+                f"the service's SQL worker was busy with other statements for {timeout:g} s "
+                "(the statement's timeout), so the statement did not run; retry, or raise "
+                "its timeout",
+                sql_code="WORKER_BUSY",
+                retry_after=1.0,
+            ) from None
         except CompactionWorkerDied as exc:
             log.error("the SQL worker failed while running a statement: %s", exc)
             raise SqlWorkerError(
@@ -168,6 +191,9 @@ class SqlService:
         ended = self.sessions.expire()
         for session in ended:
             await self._close_in_worker(session.key)
+        for key, turn in list(self._turns.items()):  # turns of sessions no one is using
+            if not turn.locked() and self.sessions.find(key) is None:
+                del self._turns[key]
         return len(ended)
 
     def _restore(self) -> None:

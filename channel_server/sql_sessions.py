@@ -198,6 +198,10 @@ class SqlSessions:
         else:
             session.state = "open" if state.get("transaction") else "none"
 
+    def find(self, key: str) -> SqlSession | None:
+        """The open session of a worker key (``owner/name``), if any."""
+        return self._sessions.get(key)
+
     def transaction_keys(self) -> list[str]:
         """The sessions whose transaction is open or lost and not yet ended by the client
         (what must be told after a service restart)."""

@@ -22,6 +22,7 @@ from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.history import data_changed
+from pipelines.plan_guard import check_tree
 from pipelines.statements import NAME, spark_sql_text, split_name
 from pipelines.transaction import Transaction
 
@@ -54,7 +55,23 @@ def parse(text: str) -> exp.Expression:
             f"expected one statement, got {len(found)}; send statements one at a time",
             "SQL_COMPILATION_ERROR",
         )
+    check_tree(found[0])  # the first wall of the SQL boundary: refused names
     return found[0]
+
+
+def _names_a_cte(table: exp.Table) -> bool:
+    """Whether a one-part name means a CTE in its scope: one defined by a WITH of a query
+    around it (a CTE in a subquery does not hide a table of the same name outside it)."""
+    name = table.name.upper()
+    node: exp.Expression | None = table.parent
+    while node is not None:
+        with_ = node.args.get("with") or node.args.get("with_")
+        if isinstance(with_, exp.With) and any(
+            cte.alias_or_name.upper() == name for cte in with_.expressions
+        ):
+            return True
+        node = node.parent
+    return False
 
 
 def syntax_error(exc: Exception) -> str:
@@ -66,12 +83,14 @@ def syntax_error(exc: Exception) -> str:
     first = errors[0]
     near = _PRINTABLE.sub("", f"{first.get('start_context') or ''}{first.get('highlight') or ''}")
     description = _PRINTABLE.sub("", str(first.get("description") or "unexpected text"))
+    description = _PARSER_CLASS.sub("this expression", description)
     return (
         f"syntax error at line {first.get('line')}, column {first.get('col')}: "
         f"{description[:200]} (near {near[-60:]!r})"
     )
 
 
+_PARSER_CLASS = re.compile(r"<class '[\w.]+'>")
 _PRINTABLE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
@@ -106,6 +125,8 @@ class Binder:
         view = f"ingest_v{next(_VIEW_NUMBERS)}"
         frame.createOrReplaceTempView(view)  # type: ignore[attr-defined]
         self.session.views.append(view)
+        self.session.view_names[view] = ".".join(self.names(table)) if not table.args.get(
+            "changes") else table.name  # fmt: skip
         alias = table.args.get("alias") or exp.TableAlias(
             this=exp.to_identifier(table.name, quoted=True)
         )
@@ -123,11 +144,10 @@ class Binder:
         for identifier in tree.find_all(exp.Identifier):
             if not identifier.quoted:
                 identifier.set("this", identifier.this.upper())
-        ctes = {cte.alias_or_name.upper() for cte in tree.find_all(exp.CTE)}
         for table in list(tree.find_all(exp.Table)):
             if table is skip or not isinstance(table.this, exp.Identifier):
                 continue
-            if not table.args.get("db") and table.name.upper() in ctes:
+            if not table.args.get("db") and _names_a_cte(table):
                 continue
             table.replace(self._frame_for(table))
         return tree
@@ -180,18 +200,24 @@ class Binder:
         database, schema, name = self.names(table)
         stream = self.session.catalog.get_stream(database, schema, name)
         info = self.session.find_table(database, schema, name)
-        when = table.args.get("when")
-        if when is not None:  # time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...)
+        when, as_of = table.args.get("when"), table.args.get("version")
+        if when is not None or as_of is not None:
+            # Time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...), or Spark's
+            # t VERSION | TIMESTAMP AS OF ..., which means AT.
             if info is None:
                 raise SqlError(
-                    f"AT/BEFORE needs a table; {database}.{schema}.{name} is not one",
+                    f"time travel needs a table; {database}.{schema}.{name} is not one",
                     "SQL_COMPILATION_ERROR",
                 )
-            version = self.session.point(
-                info, when.this.upper(), when.args["kind"].upper(), when.expression
-            )
+            if when is not None:
+                at, kind, value = when.this.upper(), when.args["kind"].upper(), when.expression
+            else:
+                assert as_of is not None
+                at, kind, value = "AT", str(as_of.this).upper(), as_of.expression
+            version = self.session.point(info, at, kind, value)
             frame = read_delta(self.session.spark, info.uri, version).drop(ROW_ID_COLUMN)
             table.set("when", None)
+            table.set("version", None)
             return self.view(frame, table)
         if info is not None:
             return self.view(self.txn.table_frame(info), table)

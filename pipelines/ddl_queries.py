@@ -20,7 +20,6 @@ from urllib.parse import quote
 
 import pyarrow as pa
 from sqlglot import exp
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from catalog import TableInfo, full_name
 from flush import check_column_names, create_catalog_table
@@ -36,13 +35,12 @@ from pipelines.ddl_common import COLUMN_DEFINITION, drop_table_info, split_colum
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
-    TransactionConflictError,
     UnsupportedStatementError,
     evaluation_errors,
     spark_errors,
 )
 from pipelines.statements import Statement, classify, split_name
-from pipelines.transaction import Transaction
+from pipelines.transaction import Transaction, autocommit_attempts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -302,12 +300,7 @@ def truncate(session: Session, statement: Statement) -> DataFrame:
             f"table {full_name(database, schema_name, name)} does not exist; check the name "
             "(unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
         )
-    for attempt in Retrying(
-        retry=retry_if_exception_type(TransactionConflictError),
-        stop=stop_after_attempt(4),
-        wait=wait_random_exponential(multiplier=0.1, max=2),
-        reraise=True,
-    ):
+    for attempt in autocommit_attempts():
         with attempt:
             txn = Transaction(session.catalog, session.spark)
             target = exp.Table(

@@ -107,7 +107,9 @@ def _spark_message(exc: Exception) -> str:
     return _JAVA_CLASS.sub("", first)[:500]
 
 
-_JAVA_CLASS = re.compile(r"\b(?:org|java|scala|py4j)(?:\.[A-Za-z_$][\w$]*)+(?::\s*)?")
+_JAVA_CLASS = re.compile(
+    r"`?\b(?:org|java|javax|scala|py4j|com|io|net)(?:\.[A-Za-z_$][\w$]*)+`?(?::\s*)?"
+)
 
 
 def evaluation_errors() -> contextlib.AbstractContextManager[None]:

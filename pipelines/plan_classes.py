@@ -318,7 +318,6 @@ ALLOWED_CLASSES: frozenset[str] = frozenset(
     "org.apache.spark.sql.catalyst.expressions.SortOrder",
     "org.apache.spark.sql.catalyst.expressions.SoundEx",
     "org.apache.spark.sql.catalyst.expressions.SparkPartitionID",
-    "org.apache.spark.sql.catalyst.expressions.SparkVersion",
     "org.apache.spark.sql.catalyst.expressions.SpecifiedWindowFrame",
     "org.apache.spark.sql.catalyst.expressions.SplitPart",
     "org.apache.spark.sql.catalyst.expressions.Sqrt",

@@ -1,26 +1,28 @@
 """The SQL boundary: a statement reaches the warehouse's own objects and nothing else.
 
 Statements come from anyone holding a token, so every query text our layer hands to
-Spark passes this guard first, and the guard decides on Spark's own plans, never on the
-text:
+Spark passes this guard first:
 
-1. Spark parses the text. The parsed plan is refused before analysis if it names a
-   relation by more than one part (``parquet.`/path```, ``other_catalog.x.y``), builds a
-   name at run time (``IDENTIFIER(...)``), calls a function that is not an allowed
-   built-in (reflection, file-reading and user functions) or is a command (``SET``,
-   ``CACHE``, ``ADD JAR``, ``INSERT OVERWRITE DIRECTORY`` ...). Analysis could touch
-   files for some of these, so they never reach it.
-2. Spark analyses the plan without running any command.
-3. Every node and expression of the analyzed plan must be of a class on the allowlist
-   (:mod:`pipelines.plan_classes`, drawn up from Spark's built-in functions and a corpus
-   of queries, less :data:`DENIED_FUNCTIONS`). Leaf relations are allowed only as the
-   temporary views our binder made for this statement (table snapshots, change sets),
-   whose contents are not walked: they are ours. Anything else, including a class the
-   list does not know, is refused (fail closed).
+1. :func:`check_tree`, on our own parse of the statement (sqlglot), refuses by name what
+   is refused everywhere: ``IDENTIFIER(...)`` (names built at run time), qualified
+   function names, refused functions and script transforms. The text Spark receives is
+   generated from this very tree, so a refused name never reaches Spark's analysis (which
+   reads a file for some functions, e.g. from_protobuf's descriptor). It also gives plain
+   messages; the next wall does not depend on it.
+2. :func:`guarded_frame` lets Spark parse and analyse the text without running any
+   command, then walks the analyzed plan in the JVM: every plan node and expression must
+   be of a class on the allowlist (:mod:`pipelines.plan_classes`, drawn up from Spark's
+   built-in functions and a corpus of queries, less :data:`DENIED_FUNCTIONS`), and the
+   only relations it may read are the temporary views our binder made for this
+   statement (table snapshots, change sets), whose contents are not walked: they are
+   ours. Anything else, including a class the list does not know, is refused (fail
+   closed). The walk visits each node once (Spark's JSON form of a plan repeats a
+   subtree held in an option or a tuple, exponentially for nested CASE).
 
 The service's Spark also runs with Spark's own walls (``spark.sql.runSQLOnFiles=false``,
 ``spark.sql.restrictedMode.enabled``, an empty ``spark.sql.reflect.allowList``; see
-:func:`flush.spark_tables.spark_session`), which stop the same things a second time.
+:func:`flush.spark_tables.spark_session`), which stop the same things a second time, and
+keep analysis from touching files.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
-import orjson
+from sqlglot import exp
 
 from pipelines.errors import SqlError, spark_errors
 from pipelines.plan_classes import ALLOWED_CLASSES
@@ -36,7 +38,10 @@ from pipelines.plan_classes import ALLOWED_CLASSES
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "guarded_frame"]
+__all__ = [
+    "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "check_tree",
+    "guarded_frame", "plan_classes",
+]  # fmt: skip
 
 _REFLECTION = "calls any Java method of the service's JVM"
 _FILES = "reveals the warehouse's file paths"
@@ -51,6 +56,7 @@ DENIED_FUNCTIONS: dict[str, str] = {
     "current_user": "reveals the service's operating-system account",
     "user": "reveals the service's operating-system account",
     "session_user": "reveals the service's operating-system account",
+    "version": "reveals the service's Spark version and build",
     "from_avro": "can read a schema from a file or URL (option avroSchemaUrl)",
     "to_avro": "can read a schema from a file or URL",
     "schema_of_avro": "can read a schema from a file or URL",
@@ -85,7 +91,6 @@ _CONSTRUCTS = {
     "ScalaUDAF": "a user-defined function",
     "InsertIntoDir": "INSERT OVERWRITE DIRECTORY",
 }
-_PARSE_ROOTS_REFUSED = ("Command", "Statement", "InsertIntoDir", "CacheTable", "UncacheTable")
 
 
 class RefusedStatementError(SqlError):
@@ -95,8 +100,34 @@ class RefusedStatementError(SqlError):
     code = "STATEMENT_NOT_ALLOWED"
 
 
+def check_tree(tree: exp.Expression) -> None:
+    """Refuse, on our own parse of a statement, what is refused by name: ``IDENTIFIER``,
+    qualified or refused functions, and script transforms.
+
+    Raises:
+        RefusedStatementError: naming the construct.
+    """
+    for node in tree.walk():
+        if isinstance(node, exp.QueryTransform):
+            raise RefusedStatementError(f"{_CONSTRUCTS['ScriptTransformation']} is not allowed")
+        if not isinstance(node, exp.Func):
+            continue
+        name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+        if name == "identifier":
+            raise RefusedStatementError(
+                "IDENTIFIER(...) is not supported: write the table or function name itself"
+            )
+        if isinstance(node.parent, exp.Dot) and node.parent.expression is node:
+            raise RefusedStatementError(
+                f"the function {node.parent.sql('spark')[:120]!r} is not a built-in SQL "
+                "function: write the built-in's name alone (user functions are not supported)"
+            )
+        _check_function(name, DENIED_FUNCTIONS, "function")
+        _check_function(name, DENIED_TABLE_FUNCTIONS, "table function")
+
+
 def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> DataFrame:
-    """The DataFrame of a query text, after checking its plans.
+    """The DataFrame of a query text, after checking its analyzed plan.
 
     Args:
         spark: the Spark session.
@@ -104,139 +135,175 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
         views: the names of those views: the only relations the query may read.
 
     Raises:
-        RefusedStatementError: the query names something outside the warehouse, calls a
+        RefusedStatementError: the query reads something outside the warehouse, calls a
             refused function, or holds a plan node the guard does not know.
         SqlError: Spark cannot parse or analyse it (``SQL_COMPILATION_ERROR``).
     """
+    from pyspark.errors import AnalysisException
     from pyspark.sql import DataFrame
 
-    allowed = {view.lower() for view in views}
-    jspark = spark._jsparkSession  # type: ignore[attr-defined]
+    jspark: Any = spark._jsparkSession  # type: ignore[attr-defined]
+    jvm: Any = spark._jvm  # type: ignore[attr-defined]
     state = jspark.sessionState()
-    with spark_errors("SQL_COMPILATION_ERROR"):
-        parsed = state.sqlParser().parsePlan(text)
-        check_parsed(orjson.loads(parsed.toJSON()))
-        mode = spark._jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()  # type: ignore[union-attr]
-        execution = state.executePlan(parsed, mode)
-        execution.assertAnalyzed()
-        analyzed = execution.analyzed()
-        check_analyzed(orjson.loads(analyzed.toJSON()), allowed)
-        datasets = spark._jvm.org.apache.spark.sql.classic.Dataset  # type: ignore[union-attr]
-        return DataFrame(datasets.ofRows(jspark, analyzed), spark)
-
-
-def check_parsed(plan: list[Any]) -> None:
-    """Refuse a parsed plan that names files, builds names, calls refused functions or is a
-    command (before analysis, which could touch files for some of them)."""
-    root = _short(plan[0]["class"]) if plan else ""
-    if root.endswith(_PARSE_ROOTS_REFUSED) or root in _CONSTRUCTS:
-        raise RefusedStatementError(
-            f"{_CONSTRUCTS.get(root, 'this statement')} cannot run here: statements may only "
-            "query and change the warehouse's tables (no Spark commands or settings)"
-        )
-    for node in _nodes(plan):
-        kind = _short(node["class"])
-        if kind in ("PlanWithUnresolvedIdentifier", "ExpressionWithUnresolvedIdentifier"):
-            raise RefusedStatementError(
-                "IDENTIFIER(...) with a computed name is not supported: write the table or "
-                "function name itself"
-            )
-        if kind == "UnresolvedRelation":
-            parts = _name_parts(node.get("multipartIdentifier"))
-            if len(parts) != 1:
+    try:
+        with spark_errors("SQL_COMPILATION_ERROR"):
+            parsed = state.sqlParser().parsePlan(text)
+            if _walker(spark).is_command(parsed):
                 raise RefusedStatementError(
-                    f"{'.'.join(parts)[:120]!r} is not one of the warehouse's objects: files, "
-                    "folders and Spark catalogs cannot be read by name; read a table, view or "
-                    "stream of the warehouse"
+                    "this statement cannot run here: statements may only query and change the "
+                    "warehouse's tables (no Spark commands or settings)"
                 )
-        elif kind == "UnresolvedFunction":
-            _check_function(_name_parts(node.get("nameParts")), DENIED_FUNCTIONS, "function")
-        elif kind == "UnresolvedTableValuedFunction":
-            _check_function(_name_parts(node.get("name")), DENIED_TABLE_FUNCTIONS,
-                            "table function")  # fmt: skip
-        elif kind in _CONSTRUCTS:
-            raise RefusedStatementError(f"{_CONSTRUCTS[kind]} is not allowed here")
+            execution = state.executePlan(
+                parsed, jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()
+            )
+            try:
+                execution.assertAnalyzed()
+            except AnalysisException as exc:
+                if "RESTRICTED_MODE" in str(exc.getCondition() or ""):  # Spark's own wall
+                    raise RefusedStatementError(_restricted(str(exc))) from None
+                raise
+            analyzed = execution.analyzed()
+            check_analyzed(_walker(spark).nodes(analyzed, views))
+            # The DataFrame of this very analysis (Dataset.ofRows would analyse again).
+            encoder = jvm.org.apache.spark.sql.catalyst.encoders.RowEncoder.encoderFor(
+                analyzed.schema()
+            )
+            return DataFrame(jvm.org.apache.spark.sql.classic.Dataset(execution, encoder), spark)
+    except RecursionError:
+        raise SqlError("the statement is too complex to check; split it or flatten it",
+                       "STATEMENT_TOO_COMPLEX") from None  # fmt: skip
 
 
-def check_analyzed(plan: list[Any], views: Collection[str]) -> None:
-    """Refuse an analyzed plan holding a class off the allowlist, or a relation other than
-    this statement's own views (``views``, lower-case)."""
-    for node in _nodes(plan, views):
-        kind = _short(node["class"])
-        if node["class"] not in ALLOWED_CLASSES:
-            what = _CONSTRUCTS.get(kind)
-            if what is None:
-                what = f"the construct {kind!r}"
+def check_analyzed(nodes: Iterator[str]) -> None:
+    """Refuse an analyzed plan holding a class off the allowlist (``nodes``: the class
+    names of every node a walk meets; the walk itself refuses other views)."""
+    for name in nodes:
+        if name not in ALLOWED_CLASSES:
             raise RefusedStatementError(
-                f"{what} is not allowed here: statements may read only the warehouse's tables, "
-                "views and streams, with built-in SQL functions that reach neither files, the "
-                "JVM nor the process (see the security page of the docs for the list)"
+                f"{_construct(name)} is not allowed here: statements may read only the "
+                "warehouse's tables, views and streams, with built-in SQL functions that reach "
+                "neither files, the JVM nor the process (see the security page of the docs)"
             )
 
 
-def _check_function(parts: list[str], denied: dict[str, str], what: str) -> None:
-    name = parts[-1].lower() if parts else ""
-    if len(parts) != 1:
-        raise RefusedStatementError(
-            f"the {what} {'.'.join(parts)[:120]!r} is not a built-in SQL {what}: write the "
-            "built-in's name alone (user functions are not supported)"
-        )
+def plan_classes(spark: SparkSession, plan: Any, views: Collection[str]) -> list[str]:
+    """The class of every node of a JVM plan, each once, but inside ``views`` (for
+    drawing up the allowlist)."""
+    return list(_walker(spark).nodes(plan, {v.lower() for v in views}))
+
+
+def _construct(name: str) -> str:
+    short = _short(name)
+    what = _CONSTRUCTS.get(short)
+    if what is not None:
+        return what
+    function = _DENIED_CLASSES.get(short)
+    if function is not None:
+        return f"the function {function} (it {DENIED_FUNCTIONS[function]})"
+    return f"the construct {short!r}"
+
+
+def _restricted(message: str) -> str:
+    if "TRANSFORM" in message:
+        return f"{_CONSTRUCTS['ScriptTransformation']} is not allowed here"
+    for name in ("try_reflect", "java_method", "reflect"):
+        if f"`{name}`" in message:
+            return f"the function {name} is not allowed here: it {DENIED_FUNCTIONS[name]}"
+    return "this statement uses a feature that is not allowed here (calls into the JVM)"
+
+
+def _check_function(name: str, denied: dict[str, str], what: str) -> None:
     reason = denied.get(name)
     if reason is not None:
         raise RefusedStatementError(f"the {what} {name} is not allowed here: it {reason}")
 
 
-def _nodes(plan: Any, views: Collection[str] | None = None) -> Iterator[dict[str, Any]]:
-    """Every plan node and expression in a plan's JSON (Spark's ``toJSON``: each tree a
-    pre-order list of nodes, children counted by ``num-children``), plans inside
-    expressions (subqueries) included. The subtree of one of ``views`` is not entered."""
-    stack: list[Any] = [plan]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, dict):
-            stack.extend(v for k, v in value.items() if k != "class")
-            continue
-        if not isinstance(value, list):
-            continue
-        if not (value and isinstance(value[0], dict) and "class" in value[0]):
-            stack.extend(value)
-            continue
-        index = 0
-        while index < len(value):
-            node = value[index]
-            if views is not None and _is_own_view(node, views):
-                index = _subtree_end(value, index)
-                continue
-            yield node
-            stack.extend(v for k, v in node.items() if k not in ("class", "num-children"))
-            index += 1
+class _Walker:
+    """Walks a JVM plan with one call per question: each node's class, children, the
+    expressions of plan nodes and the plans of subquery expressions."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        jvm: Any = spark._jvm  # type: ignore[attr-defined]
+        forname = jvm.java.lang.Class.forName
+        self._plan = forname("org.apache.spark.sql.catalyst.plans.QueryPlan")
+        self._command = forname("org.apache.spark.sql.catalyst.plans.logical.Command")
+        self._subquery = forname("org.apache.spark.sql.catalyst.expressions.PlanExpression")
+        self._leaf = forname("org.apache.spark.sql.catalyst.trees.LeafLike")
+        #: Per class: a plan node, a subquery expression, a leaf (no children to ask for).
+        self._kinds: dict[str, tuple[bool, bool, bool]] = {}
+
+    def is_command(self, plan: Any) -> bool:
+        name = str(plan.getClass().getName())
+        return bool(self._command.isInstance(plan)) or _short(name) in _COMMANDS
+
+    def nodes(self, root: Any, views: Collection[str]) -> Iterator[str]:
+        for name, _ in self._walk(root, views):
+            yield name
+
+    def _walk(self, root: Any, views: Collection[str]) -> Iterator[tuple[str, Any]]:
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            name = str(node.getClass().getName())
+            if _short(name) == "View":
+                if self._own_view(node, views):
+                    continue
+                raise RefusedStatementError(f"{_CONSTRUCTS['View']} is not allowed here")
+            yield name, node
+            is_plan, is_subquery, is_leaf = self._kind(name, node)
+            if not is_leaf:
+                _push(stack, node.children())
+            if is_plan:
+                _push(stack, node.expressions())
+            if is_subquery:
+                stack.append(node.plan())
+
+    def _kind(self, name: str, node: Any) -> tuple[bool, bool, bool]:
+        kind = self._kinds.get(name)
+        if kind is None:
+            kind = (bool(self._plan.isInstance(node)), bool(self._subquery.isInstance(node)),
+                    bool(self._leaf.isInstance(node)))  # fmt: skip
+            self._kinds[name] = kind
+        return kind
+
+    @staticmethod
+    def _own_view(node: Any, views: Collection[str]) -> bool:
+        identifier = node.desc().identifier()
+        return (
+            bool(node.isTempView())
+            and not identifier.database().isDefined()
+            and str(identifier.table()).lower() in views
+        )
 
 
-def _is_own_view(node: dict[str, Any], views: Collection[str]) -> bool:
-    if _short(node.get("class", "")) != "View" or node.get("isTempView") is not True:
-        return False
-    identifier = (node.get("desc") or {}).get("identifier") or {}
-    return not identifier.get("database") and str(identifier.get("table", "")).lower() in views
+def _push(stack: list[Any], seq: Any) -> None:
+    for index in range(seq.size()):
+        stack.append(seq.apply(index))
 
 
-def _subtree_end(nodes: list[Any], start: int) -> int:
-    """The index after the subtree rooted at ``start`` of a pre-order node list."""
-    remaining, index = 1, start
-    while remaining and index < len(nodes):
-        remaining += int(nodes[index].get("num-children", 0)) - 1
-        index += 1
-    return index
+_WALKERS: dict[int, _Walker] = {}
 
 
-def _name_parts(value: Any) -> list[str]:
-    """A name's parts as Spark's JSON writes them (``"[a, b]"``) or as a list."""
-    if isinstance(value, list):
-        return [str(part) for part in value]
-    text = str(value or "")
-    if text.startswith("[") and text.endswith("]"):
-        text = text[1:-1]
-    return [part.strip() for part in text.split(", ")] if text else []
+def _walker(spark: SparkSession) -> _Walker:
+    key = id(spark._jsparkSession)  # type: ignore[attr-defined]
+    walker = _WALKERS.get(key)
+    if walker is None:
+        walker = _WALKERS[key] = _Walker(spark)
+    return walker
 
 
 def _short(class_name: str) -> str:
     return class_name.rsplit(".", 1)[-1]
+
+
+#: Classes of the refused functions (the message names the function, not the class).
+_DENIED_CLASSES = {
+    "CallMethodViaReflection": "reflect", "TryReflect": "try_reflect",
+    "InputFileName": "input_file_name", "InputFileBlockStart": "input_file_block_start",
+    "InputFileBlockLength": "input_file_block_length", "CurrentUser": "current_user",
+    "XPathBoolean": "xpath_boolean", "XPathString": "xpath_string", "XPathList": "xpath",
+    "XmlToStructs": "from_xml", "SchemaOfXml": "schema_of_xml", "SparkVersion": "version",
+}  # fmt: skip
+#: Parsed plans that are commands whatever their base class.
+_COMMANDS = {"InsertIntoDir", "InsertIntoStatement", "CacheTable", "UncacheTable",
+             "SetCommand", "ResetCommand"}  # fmt: skip

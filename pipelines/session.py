@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 from sqlglot import exp
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from catalog import Catalog, SqliteCatalog, StreamRecord, TableInfo
 from flush.tables import commit_history, logged_versions
@@ -28,7 +28,6 @@ from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
     StreamStaleError,
-    TransactionConflictError,
     UnsupportedStatementError,
     evaluation_errors,
 )
@@ -42,7 +41,7 @@ from pipelines.statements import (
     qualified,
     split_name,
 )  # fmt: skip
-from pipelines.transaction import Transaction
+from pipelines.transaction import Transaction, autocommit_attempts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -50,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["Session"]
 
 log = logging.getLogger(__name__)
+_VIEW_NAME = re.compile(r"\bingest_v\d+\b")
 DAY = 86_400.0
 _TRANSACTION_KINDS = {"begin", "commit", "rollback"}
 _DML: dict[str, Callable[..., DataFrame]] = {
@@ -92,6 +92,8 @@ class Session:
         register_data_sources(spark)  # format("ingest-changes") and format("ingest")
         self.database, self.schema = database, schema
         self.views: list[str] = []
+        #: Each view's table or stream, as the user named it (errors say that, not the view).
+        self.view_names: dict[str, str] = {}
         self._transaction: Transaction | None = None
         # Spark logs every failed query; here each one is answered as a SqlError instead.
         for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
@@ -137,6 +139,12 @@ class Session:
         for view in self.views:
             self.spark.catalog.dropTempView(view)
         self.views.clear()
+        self.view_names.clear()
+
+    def user_names(self, text: str) -> str:
+        """``text`` (an error message) with our temporary views' names replaced by the
+        names of the tables and streams they stand for."""
+        return _VIEW_NAME.sub(lambda m: self.view_names.get(m.group(0), "the table"), text)
 
     def close(self) -> None:
         self.release_views()
@@ -166,12 +174,7 @@ class Session:
         if self._transaction is not None:
             return self._in(self._transaction, statement)
         # Autocommit: a statement that lost a race on its rows runs again on fresh data.
-        for attempt in Retrying(
-            retry=retry_if_exception_type(TransactionConflictError),
-            stop=stop_after_attempt(4),
-            wait=wait_random_exponential(multiplier=0.1, max=2),
-            reraise=True,
-        ):
+        for attempt in autocommit_attempts():
             with attempt:
                 txn = Transaction(self.catalog, self.spark)
                 result = self._in(txn, statement)
@@ -216,7 +219,10 @@ class Session:
         """A query's DataFrame, once :mod:`pipelines.plan_guard` has checked that it reads
         only the views this session's binder made and calls only allowed functions; Spark's
         errors become :class:`SqlError` with Spark's message."""
-        return guarded_frame(self.spark, text, self.views)
+        try:
+            return guarded_frame(self.spark, text, self.views)
+        except SqlError as exc:
+            raise type(exc)(self.user_names(str(exc)), exc.code) from None
 
     def consumed(self, txn: Transaction, binder: Binder) -> None:
         """A DML statement read these streams: it consumes them when it commits."""

@@ -138,7 +138,7 @@ _LITERALS = re.compile(
 )
 #: Parentheses, brackets and CASE may nest this deep: deeper statements are refused before
 #: any parser sees them (each parser recurses once per level).
-MAX_NESTING = 100
+MAX_NESTING = 32
 _BRACKETS = re.compile(r"[()\[\]{}]|\b(?:CASE|END)\b", re.I)
 
 
@@ -197,13 +197,21 @@ def check_nesting(text: str) -> None:
     Raises:
         SqlError: too deep, with the limit.
     """
-    depth = deepest = 0
+    # Brackets and CASE ... END are counted apart: a stray END (a column named END)
+    # must not cancel an open parenthesis.
+    brackets = cases = deepest = 0
     position = 0
     for literal in [*_LITERALS.finditer(text), None]:
         stop = literal.start() if literal is not None else len(text)
         for bracket in _BRACKETS.finditer(text, position, stop):
-            depth += 1 if bracket.group(0).upper() in ("(", "[", "{", "CASE") else -1
-            deepest = max(deepest, depth)
+            token = bracket.group(0).upper()
+            if token == "CASE":
+                cases += 1
+            elif token == "END":
+                cases = max(0, cases - 1)
+            else:
+                brackets += 1 if token in "([{" else -1
+            deepest = max(deepest, brackets + cases)
         if literal is not None:
             position = literal.end()
     if deepest > MAX_NESTING:

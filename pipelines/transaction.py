@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
 from flush.change_commit import ChangeSet
@@ -22,7 +23,7 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode, read_changes
 from pipelines.commit import TableWrites, commit_consumer
-from pipelines.errors import StreamConflictError, StreamStaleError
+from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -149,3 +150,14 @@ class Transaction:
             for stream_id in sorted(self.consumed)
         ]
         return commit_consumer(self.catalog, list(self.writes.values()), claims, statement)
+
+
+def autocommit_attempts() -> Retrying:
+    """The attempts of an auto-commit statement: one that lost a race on its rows runs
+    again, on fresh data, up to four times."""
+    return Retrying(
+        retry=retry_if_exception_type(TransactionConflictError),
+        stop=stop_after_attempt(4),
+        wait=wait_random_exponential(multiplier=0.1, max=2),
+        reraise=True,
+    )

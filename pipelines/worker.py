@@ -183,7 +183,7 @@ def answer_statement(
                         "or make the statement cheaper",
                         session,
                     )
-                return _error(exc.code, str(exc), session)
+                return _error(exc.code, session.user_names(str(exc)), session)
     finally:
         session.release_views()  # the answer is materialised: its views can go
         if request.get("ephemeral"):

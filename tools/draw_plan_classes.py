@@ -20,12 +20,10 @@ import re
 import sys
 from pathlib import Path
 
-import orjson
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flush.spark_tables import spark_session
-from pipelines.plan_guard import DENIED_FUNCTIONS, DENIED_TABLE_FUNCTIONS, _nodes
+from pipelines.plan_guard import DENIED_FUNCTIONS, DENIED_TABLE_FUNCTIONS, plan_classes
 
 OUT = Path(__file__).resolve().parents[1] / "pipelines" / "plan_classes.py"
 NEVER = re.compile(
@@ -176,12 +174,12 @@ def main() -> int:
         try:
             plan = state.executePlan(state.sqlParser().parsePlan(text), skip)
             plan.assertAnalyzed()
-            nodes = list(_nodes(orjson.loads(plan.analyzed().toJSON()), views))
+            nodes = plan_classes(spark, plan.analyzed(), views)
         except Exception as exc:  # an example that needs a setting we do not use
             failed += 1
             print(f"skipped: {text[:100]} ({str(exc).splitlines()[0][:120]})", file=sys.stderr)
             continue
-        seen.update(node["class"] for node in nodes)
+        seen.update(nodes)
     allowed = sorted(c for c in seen if c not in denied_classes and not NEVER.search(c))
     version = spark.version
     body = "\n".join(f'    "{name}",' for name in allowed)
