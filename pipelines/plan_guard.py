@@ -27,6 +27,7 @@ keep analysis from touching files.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +153,15 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
                 raise RefusedStatementError(
                     "this statement cannot run here: statements may only query and change the "
                     "warehouse's tables (no Spark commands or settings)"
+                )
+            # A few functions read a file while Spark analyses them (a protobuf descriptor,
+            # an avro schema): their names are refused on Spark's own parse as well, in case
+            # the first wall was passed by.
+            reader = _ANALYSIS_READS.search(str(parsed.treeString()))
+            if reader is not None:
+                name = reader.group(1).lower()
+                raise RefusedStatementError(
+                    f"the function {name} is not allowed here: it {DENIED_FUNCTIONS[name]}"
                 )
             execution = state.executePlan(
                 parsed, jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()
@@ -304,6 +314,10 @@ _DENIED_CLASSES = {
     "XPathBoolean": "xpath_boolean", "XPathString": "xpath_string", "XPathList": "xpath",
     "XmlToStructs": "from_xml", "SchemaOfXml": "schema_of_xml", "SparkVersion": "version",
 }  # fmt: skip
+#: Functions that read files during analysis, as Spark's parsed plan prints their calls.
+_ANALYSIS_READS = re.compile(
+    r"'(?:[\w`]+\.)*`?(from_protobuf|to_protobuf|from_avro|to_avro|schema_of_avro)`?\(", re.I
+)
 #: Parsed plans that are commands whatever their base class.
 _COMMANDS = {"InsertIntoDir", "InsertIntoStatement", "CacheTable", "UncacheTable",
              "SetCommand", "ResetCommand"}  # fmt: skip
