@@ -25,6 +25,7 @@ from pipelines.ddl_common import (
     drop_table_info,
     like,
     literal,
+    new_table_name,
     status_frame,
     table_schema,
     utc,
@@ -59,17 +60,8 @@ _STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
 
 def create_table(session: Session, statement: Statement) -> DataFrame:
     parts = statement.parts
-    database, schema_name, name = session.qualify(parts["name"] or "")
-    for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
-        check_object_name(part, f"the {what} name")
-    if parts["replace"] and parts["if_not_exists"]:
-        raise SqlError(
-            "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
-        )
+    database, schema_name, name = new_table_name(session, parts)
     schema = table_schema(parts["columns"] or "")
-    if session.catalog.get_stream(database, schema_name, name) is not None:
-        raise SqlError(f"a stream named {database}.{schema_name}.{name} exists; a table needs "
-                       "a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
         drop_table_info(session, existing)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from catalog import TableInfo
+from catalog import TableInfo, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
 from ingest_sdk.schema import check_object_name
@@ -63,6 +63,26 @@ def like(pattern: str | None) -> Callable[[str], bool]:
 def utc(seconds: float) -> datetime:
     """A catalog time (seconds since the epoch) as the naive UTC time SHOW answers."""
     return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
+
+
+def new_table_name(session: Session, parts: dict[str, str | None]) -> tuple[str, str, str]:
+    """The ``DB.SCHEMA.NAME`` a CREATE TABLE names, checked by the name rules, and no
+    stream of that name (OR REPLACE and IF NOT EXISTS together refused).
+
+    Raises:
+        SqlError: a refused name or option pair, or a stream already has the name.
+    """
+    database, schema_name, name = session.qualify(parts["name"] or "")
+    for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
+        check_object_name(part, f"the {what} name")
+    if parts["replace"] and parts["if_not_exists"]:
+        raise SqlError(
+            "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
+        )
+    if session.catalog.get_stream(database, schema_name, name) is not None:
+        raise SqlError(f"a stream named {full_name(database, schema_name, name)} exists; a "
+                       "table needs a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    return database, schema_name, name
 
 
 def check_parts(name: str, whats: tuple[str, ...]) -> list[str]:

@@ -28,10 +28,16 @@ from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk import SchemaError, TableSchema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.errors import TableAlreadyExistsError
-from ingest_sdk.schema import check_object_name, quote_identifier
+from ingest_sdk.schema import quote_identifier
 from pipelines import dml
 from pipelines.binding import Binder, parse
-from pipelines.ddl_common import COLUMN_DEFINITION, drop_table_info, split_columns, status_frame
+from pipelines.ddl_common import (
+    COLUMN_DEFINITION,
+    drop_table_info,
+    new_table_name,
+    split_columns,
+    status_frame,
+)
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -160,17 +166,8 @@ def create_table_as(session: Session, statement: Statement) -> DataFrame:
     existing table runs nothing and changes nothing.
     """
     parts = statement.parts
-    database, schema_name, name = session.qualify(parts["name"] or "")
-    for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
-        check_object_name(part, f"the {what} name")
-    if parts["replace"] and parts["if_not_exists"]:
-        raise SqlError(
-            "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
-        )
+    database, schema_name, name = new_table_name(session, parts)
     shown = full_name(database, schema_name, name)
-    if session.catalog.get_stream(database, schema_name, name) is not None:
-        raise SqlError(f"a stream named {shown} exists; a table needs a name no stream has",
-                       "OBJECT_ALREADY_EXISTS")  # fmt: skip
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["if_not_exists"]:
         return status_frame(session, f"{existing.name} already exists, statement succeeded.")
