@@ -148,8 +148,9 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
     state = jspark.sessionState()
     try:
         with spark_errors("SQL_COMPILATION_ERROR"):
+            walker = _walker(spark)
             parsed = state.sqlParser().parsePlan(text)
-            if _walker(spark).is_command(parsed):
+            if walker.is_command(parsed):
                 raise RefusedStatementError(
                     "this statement cannot run here: statements may only query and change the "
                     "warehouse's tables (no Spark commands or settings)"
@@ -159,10 +160,7 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
             # the first wall was passed by.
             reader = _ANALYSIS_READS.search(str(parsed.treeString()))
             if reader is not None:
-                name = reader.group(1).lower()
-                raise RefusedStatementError(
-                    f"the function {name} is not allowed here: it {DENIED_FUNCTIONS[name]}"
-                )
+                _check_function(reader.group(1).lower(), DENIED_FUNCTIONS, "function")
             execution = state.executePlan(
                 parsed, jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()
             )
@@ -173,7 +171,7 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
                     raise RefusedStatementError(_restricted(str(exc))) from None
                 raise
             analyzed = execution.analyzed()
-            check_analyzed(_walker(spark).nodes(analyzed, views))
+            check_analyzed(walker.nodes(analyzed, views))
             # The DataFrame of this very analysis (Dataset.ofRows would analyse again).
             encoder = jvm.org.apache.spark.sql.catalyst.encoders.RowEncoder.encoderFor(
                 analyzed.schema()
