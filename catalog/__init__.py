@@ -3,13 +3,19 @@ pending pipeline commits. SQLite by default; nothing here imports a layer above.
 
 from catalog.base import (
     Catalog,
+    CommitGoneError,
+    IntentConflict,
     ObjectAlreadyExistsError,
     ObjectNotEmptyError,
     StreamClaimConflict,
+    TableBusyError,
 )
 from catalog.records import (
+    APPEND_INTENT,
+    ROWS_INTENT,
     ChannelProgress,
     ChannelRecord,
+    CommitIntent,
     CommitRecord,
     DatabaseRecord,
     PendingCommit,
@@ -22,11 +28,16 @@ from catalog.records import (
 from catalog.sqlite import SqliteCatalog
 
 __all__ = [
+    "APPEND_INTENT",
+    "ROWS_INTENT",
     "Catalog",
     "ChannelProgress",
     "ChannelRecord",
+    "CommitGoneError",
+    "CommitIntent",
     "CommitRecord",
     "DatabaseRecord",
+    "IntentConflict",
     "ObjectAlreadyExistsError",
     "ObjectNotEmptyError",
     "PendingCommit",
@@ -35,6 +46,7 @@ __all__ = [
     "StreamClaim",
     "StreamClaimConflict",
     "StreamRecord",
+    "TableBusyError",
     "TableInfo",
     "full_name",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 
 from catalog.records import (
     ChannelRecord,
+    CommitIntent,
     CommitRecord,
     DatabaseRecord,
     PendingCommit,
@@ -19,7 +20,15 @@ from catalog.records import (
 )
 from ingest_sdk import TableSchema
 
-__all__ = ["Catalog", "ObjectAlreadyExistsError", "ObjectNotEmptyError", "StreamClaimConflict"]
+__all__ = [
+    "Catalog",
+    "CommitGoneError",
+    "IntentConflict",
+    "ObjectAlreadyExistsError",
+    "ObjectNotEmptyError",
+    "StreamClaimConflict",
+    "TableBusyError",
+]
 
 
 class ObjectAlreadyExistsError(ValueError):
@@ -53,6 +62,37 @@ class StreamClaimConflict(RuntimeError):
     def __init__(self, stream_ids: list[int]) -> None:
         super().__init__(f"stream(s) {stream_ids} moved or are being consumed")
         self.stream_ids = stream_ids
+
+
+class IntentConflict(RuntimeError):
+    """Another pending commit holds a conflicting write intent on a table (see
+    :meth:`Catalog.reserve_commit`); nothing was recorded.
+
+    Attributes:
+        holders: ids of the pending commits in the way.
+    """
+
+    def __init__(self, holders: list[int]) -> None:
+        super().__init__(f"pending commit(s) {holders} write the same rows' tables")
+        self.holders = holders
+
+
+class CommitGoneError(RuntimeError):
+    """A pending commit is no longer recorded (abandoned by recovery, or finished)."""
+
+
+class TableBusyError(RuntimeError):
+    """A table named by a pending pipeline commit cannot be dropped or replaced until
+    that commit ends (its roll-forward must find the table).
+
+    Attributes:
+        table_ids: the busy tables; commit_ids: the commits naming them.
+    """
+
+    def __init__(self, table_ids: list[int], commit_ids: list[int]) -> None:
+        super().__init__(f"table(s) {table_ids} are written by pending commit(s) {commit_ids}")
+        self.table_ids = table_ids
+        self.commit_ids = commit_ids
 
 
 class Catalog(ABC):
@@ -203,25 +243,64 @@ class Catalog(ABC):
     @abstractmethod
     def drop_stream(self, stream_id: int) -> bool: ...
 
-    # Pipeline commits (the consumer commit protocol)
+    # Pipeline commits (the consumer commit protocol, see pipelines' commit)
     @abstractmethod
-    def begin_commit(
-        self, owner: str, plan: dict[str, Any], claims: Sequence[StreamClaim]
+    def catalog_id(self) -> str:
+        """A random id made when the catalog was created; a restored backup keeps it."""
+
+    @abstractmethod
+    def reserve_commit(
+        self, owner: str, plan: dict[str, Any], intents: Sequence[CommitIntent]
     ) -> PendingCommit:
-        """Record a transaction's decision to commit and claim its streams, atomically.
+        """Record a commit in state ``preparing`` holding write intents on its tables.
 
         Raises:
-            StreamClaimConflict: a stream's offset is no longer ``expected`` or another
-                pending commit holds it; nothing was recorded.
+            IntentConflict: another pending commit holds a conflicting intent (two
+                ``rows`` intents on one table); nothing was recorded.
         """
 
     @abstractmethod
+    def decide_commit(self, commit_id: int, claims: Sequence[StreamClaim]) -> PendingCommit:
+        """Claim the streams and mark the commit ``decided``, atomically.
+
+        Raises:
+            StreamClaimConflict: a stream's offset is no longer ``expected`` or another
+                pending commit holds it; nothing changed (the caller abandons).
+            CommitGoneError: the commit is no longer recorded.
+        """
+
+    def begin_commit(
+        self,
+        owner: str,
+        plan: dict[str, Any],
+        claims: Sequence[StreamClaim],
+        intents: Sequence[CommitIntent] = (),
+    ) -> PendingCommit:
+        """:meth:`reserve_commit` then :meth:`decide_commit`; nothing recorded on failure."""
+        pending = self.reserve_commit(owner, plan, intents)
+        try:
+            return self.decide_commit(pending.id, claims)
+        except BaseException:
+            self.abandon_commit(pending.id)
+            raise
+
+    @abstractmethod
     def finish_commit(self, commit_id: int) -> None:
-        """Move the claimed streams to their new offsets and forget the commit, atomically."""
+        """Move the claimed streams to their new offsets and forget the commit and its
+        intents, atomically."""
 
     @abstractmethod
     def abandon_commit(self, commit_id: int) -> None:
-        """Release the claims of a commit that wrote nothing, and forget it."""
+        """Release the claims and intents of a commit that wrote nothing, and forget it."""
+
+    @abstractmethod
+    def take_over_commit(self, commit_id: int, owner: str, new_owner: str) -> bool:
+        """Make ``new_owner`` the commit's owner if ``owner`` still is (compare-and-swap);
+        returns whether it did."""
+
+    @abstractmethod
+    def release_commit(self, commit_id: int, owner: str) -> None:
+        """Hand a commit its owner cannot finish to recovery (owner ``""``)."""
 
     @abstractmethod
     def pending_commits(self) -> list[PendingCommit]: ...

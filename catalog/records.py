@@ -9,8 +9,11 @@ from ingest_sdk import TableSchema
 from ingest_sdk.schema import quote_identifier
 
 __all__ = [
+    "APPEND_INTENT",
+    "ROWS_INTENT",
     "ChannelProgress",
     "ChannelRecord",
+    "CommitIntent",
     "CommitRecord",
     "DatabaseRecord",
     "PendingCommit",
@@ -136,6 +139,9 @@ class StreamRecord:
     offset_moved_at: float
     comment: str = ""
     claimed_by: int | None = None
+    #: Unique to this stream (never reused, unlike ``id`` after a catalog restore): it
+    #: names the stream's app transaction in the tables it is consumed into.
+    uid: str = ""
 
     @property
     def full_name(self) -> str:
@@ -151,12 +157,32 @@ class StreamClaim:
     new: int
 
 
+#: A write intent on rows that exist (updates, deletes): two such intents on one table
+#: never coexist. An ``append`` intent only inserts and conflicts with no writer.
+ROWS_INTENT = "rows"
+APPEND_INTENT = "append"
+
+
+@dataclass(frozen=True, slots=True)
+class CommitIntent:
+    """What a pending commit will write to one table: ``rows`` or ``append``."""
+
+    table_id: int
+    kind: str
+
+    def conflicts_with(self, other: CommitIntent) -> bool:
+        return self.table_id == other.table_id and self.kind == other.kind == ROWS_INTENT
+
+
 @dataclass(frozen=True, slots=True)
 class PendingCommit:
-    """A pipeline transaction between its decision and its end (see pipelines' commit).
+    """A pipeline transaction from its reservation to its end (see pipelines' commit).
 
-    ``plan`` says what to commit to which table, so recovery can roll it forward;
-    ``owner`` is ``"<pid>:<token>"`` of the process that made it.
+    ``state`` is ``preparing`` (intents held, being validated, nothing written: it may
+    still be abandoned) or ``decided`` (streams claimed: it is rolled forward, never
+    abandoned). ``plan`` says what to commit to which table, so recovery can roll it
+    forward; ``owner`` names the process rolling it forward (see pipelines'
+    commit_owner), ``""`` once released to recovery; ``intents`` the tables it writes.
     """
 
     id: int
@@ -164,3 +190,9 @@ class PendingCommit:
     plan: dict[str, Any]
     claims: tuple[StreamClaim, ...]
     created_at: float
+    state: str = "decided"
+    intents: tuple[CommitIntent, ...] = ()
+
+    @property
+    def decided(self) -> bool:
+        return self.state == "decided"

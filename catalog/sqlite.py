@@ -16,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +25,16 @@ import orjson
 from catalog.base import (
     Catalog,
     ObjectAlreadyExistsError,
-    StreamClaimConflict,
 )
 from catalog.records import (
     ChannelRecord,
     CommitRecord,
     DatabaseRecord,
-    PendingCommit,
     SchemaRecord,
-    StreamClaim,
     StreamRecord,
     TableInfo,
 )
+from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_layout import (
     ADDED_COLUMNS,
     CHANNEL_COLUMNS,
@@ -44,12 +42,12 @@ from catalog.sqlite_layout import (
     SCHEMA,
     STREAM_COLUMNS,
     TABLE_COLUMNS,
+    check_not_busy,
     drop_contents,
     find_databases,
     find_schemas,
     namespace_statements,
     to_channel,
-    to_pending,
     to_stream,
     to_table,
 )
@@ -60,7 +58,7 @@ from ingest_sdk.schema import quote_identifier
 __all__ = ["SqliteCatalog"]
 
 
-class SqliteCatalog(Catalog):
+class SqliteCatalog(PendingCommitStore, Catalog):
     """The embedded catalog. Calls are short and serialised by a lock, so the event
     loop and the flush threads can share one connection; other processes wait for
     SQLite's write lock (up to 30 s)."""
@@ -82,6 +80,8 @@ class SqliteCatalog(Catalog):
                 except sqlite3.OperationalError as exc:  # another process added it first
                     if "duplicate column" not in str(exc):
                         raise
+        with self._immediate() as db:
+            ensure_catalog_id(db)
 
     def close(self) -> None:
         with self._lock:
@@ -211,13 +211,12 @@ class SqliteCatalog(Catalog):
 
     def drop_table(self, table_id: int) -> None:
         # Streams stay: a stream on a dropped table is stale until replaced or dropped.
-        self._write(
-            [
-                ("DELETE FROM channels WHERE table_id=?", (table_id,)),
-                ("DELETE FROM migrations WHERE table_id=?", (table_id,)),
-                ("DELETE FROM tables WHERE id=?", (table_id,)),
-            ]
-        )
+        with self._immediate() as db:
+            check_not_busy(db, [table_id])
+            for sql in ("DELETE FROM channels WHERE table_id=?",
+                        "DELETE FROM migrations WHERE table_id=?",
+                        "DELETE FROM tables WHERE id=?"):  # fmt: skip
+                db.execute(sql, (table_id,))
 
     def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()
@@ -388,10 +387,10 @@ class SqliteCatalog(Catalog):
             try:
                 db.execute(
                     "INSERT INTO streams (database, schema_name, name, table_id, mode,"
-                    " offset_version, created_at, offset_moved_at, comment)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " offset_version, created_at, offset_moved_at, comment, uid)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (database, schema_name, name, table_id, mode, offset_version, now, now,
-                     comment),
+                     comment, uuid.uuid4().hex),
                 )  # fmt: skip
             except sqlite3.IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
@@ -424,62 +423,6 @@ class SqliteCatalog(Catalog):
     def drop_stream(self, stream_id: int) -> bool:
         (count,) = self._write([("DELETE FROM streams WHERE id=?", (stream_id,))])
         return count > 0
-
-    def begin_commit(
-        self, owner: str, plan: dict[str, Any], claims: Sequence[StreamClaim]
-    ) -> PendingCommit:
-        now = time.time()
-        with self._immediate() as db:
-            lost = []
-            for claim in claims:
-                row = db.execute(
-                    "SELECT offset_version, claimed_by FROM streams WHERE id=?",
-                    (claim.stream_id,),
-                ).fetchone()
-                if (
-                    row is None
-                    or row[0] != claim.expected
-                    or row[1] is not None
-                    or claim.new < claim.expected  # an offset never moves back
-                ):
-                    lost.append(claim.stream_id)
-            if lost:
-                raise StreamClaimConflict(lost)
-            claims_text = orjson.dumps([(c.stream_id, c.expected, c.new) for c in claims]).decode()
-            cursor = db.execute(
-                "INSERT INTO pending_commits (owner, plan, claims, created_at) VALUES (?, ?, ?, ?)",
-                (owner, orjson.dumps(plan).decode(), claims_text, now),
-            )
-            commit_id = int(cursor.lastrowid or 0)
-            for claim in claims:
-                db.execute(
-                    "UPDATE streams SET claimed_by=? WHERE id=?", (commit_id, claim.stream_id)
-                )
-        return PendingCommit(commit_id, owner, plan, tuple(claims), now)
-
-    def finish_commit(self, commit_id: int) -> None:
-        now = time.time()
-        with self._immediate() as db:
-            row = db.execute("SELECT claims FROM pending_commits WHERE id=?", (commit_id,))
-            found = row.fetchone()
-            if found is None:
-                return  # finished already (recovery and the owner may both try)
-            for stream_id, _expected, new in orjson.loads(found[0]):
-                db.execute(
-                    "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"
-                    " WHERE id=? AND claimed_by=?",
-                    (new, now, stream_id, commit_id),
-                )
-            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
-
-    def abandon_commit(self, commit_id: int) -> None:
-        with self._immediate() as db:
-            db.execute("UPDATE streams SET claimed_by=NULL WHERE claimed_by=?", (commit_id,))
-            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
-
-    def pending_commits(self) -> list[PendingCommit]:
-        rows = self._read("SELECT id, owner, plan, claims, created_at FROM pending_commits")
-        return [to_pending(row) for row in rows]
 
 
 class _Immediate:

@@ -11,10 +11,13 @@ from typing import Any
 
 import orjson
 
-from catalog.base import ObjectNotEmptyError
+from catalog.base import ObjectNotEmptyError, TableBusyError
 from catalog.records import (
+    APPEND_INTENT,
     DEFAULT_PROPERTIES,
+    ROWS_INTENT,
     ChannelRecord,
+    CommitIntent,
     DatabaseRecord,
     PendingCommit,
     SchemaRecord,
@@ -27,7 +30,9 @@ from ingest_sdk import TableSchema
 
 __all__ = [
     "ADDED_COLUMNS", "CHANNEL_COLUMNS", "MIGRATION_COLUMNS", "NAMED_DATABASES", "NAMED_SCHEMAS",
-    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "drop_contents", "find_databases", "find_schemas",
+    "PENDING_COLUMNS",
+    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "check_not_busy", "drop_contents",
+    "find_databases", "find_schemas",
     "namespace_statements", "to_channel", "to_pending", "to_stream", "to_table",
 ]  # fmt: skip
 SCHEMA = """
@@ -59,22 +64,31 @@ CREATE TABLE IF NOT EXISTS streams (
     database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
     table_id INTEGER NOT NULL, mode TEXT NOT NULL, offset_version INTEGER NOT NULL,
     created_at REAL NOT NULL, offset_moved_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '',
-    claimed_by INTEGER,
+    claimed_by INTEGER, uid TEXT NOT NULL DEFAULT '',
     UNIQUE (database, schema_name, name));
 CREATE TABLE IF NOT EXISTS pending_commits (
     id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
-    claims TEXT NOT NULL, created_at REAL NOT NULL);
+    claims TEXT NOT NULL, created_at REAL NOT NULL,
+    state TEXT NOT NULL DEFAULT 'decided', intents TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-#: Columns added after the first release, for catalogs made by older versions.
-ADDED_COLUMNS = {("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'"}
+#: Columns added after the first release, for catalogs made by older versions (a
+#: pending commit of an older version was decided, and its intents are its plan's).
+ADDED_COLUMNS = {
+    ("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'",
+    ("streams", "uid"): "TEXT NOT NULL DEFAULT ''",
+    ("pending_commits", "state"): "TEXT NOT NULL DEFAULT 'decided'",
+    ("pending_commits", "intents"): "TEXT NOT NULL DEFAULT ''",
+}
 TABLE_COLUMNS = (
     "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
     " clustering, properties"
 )
 STREAM_COLUMNS = (
     "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
-    " offset_moved_at, comment, claimed_by"
+    " offset_moved_at, comment, claimed_by, uid"
 )
+PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
 MIGRATION_COLUMNS = (
     "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
     " bytes_out, rows_out, version, error"
@@ -120,8 +134,19 @@ def to_stream(row: tuple) -> StreamRecord:  # type: ignore[type-arg]
 
 
 def to_pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
+    plan = orjson.loads(row[2])
     claims = tuple(StreamClaim(*claim) for claim in orjson.loads(row[3]))
-    return PendingCommit(row[0], row[1], orjson.loads(row[2]), claims, row[4])
+    if row[6]:
+        intents = tuple(CommitIntent(table_id, kind) for table_id, kind in orjson.loads(row[6]))
+    else:  # recorded by a version without intents: every table of its plan
+        kinds = {False: APPEND_INTENT, True: ROWS_INTENT}
+        intents = tuple(
+            CommitIntent(
+                entry["table_id"], kinds[(entry.get("staged") or {}).get("kind") == "merge"]
+            )
+            for entry in plan.get("tables", [])
+        )
+    return PendingCommit(row[0], row[1], plan, claims, row[4], row[5], intents)
 
 
 def namespace_statements(
@@ -180,9 +205,25 @@ def drop_contents(
     ]
     if (tables or streams) and not cascade:
         raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams)
+    check_not_busy(db, [t.id for t in tables])
     for table in tables:
         db.execute("DELETE FROM channels WHERE table_id=?", (table.id,))
         db.execute("DELETE FROM migrations WHERE table_id=?", (table.id,))
     db.execute(f"DELETE FROM tables WHERE {where}", args)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     return tables
+
+
+def check_not_busy(db: sqlite3.Connection, table_ids: list[int]) -> None:
+    """Inside a write transaction: refuse to drop tables a pending commit names (its
+    roll-forward must find them).
+
+    Raises:
+        TableBusyError: a pending commit holds an intent on one of ``table_ids``.
+    """
+    wanted = set(table_ids)
+    rows = db.execute(f"SELECT {PENDING_COLUMNS} FROM pending_commits").fetchall()
+    holders = [p for p in map(to_pending, rows) if any(i.table_id in wanted for i in p.intents)]
+    if holders:
+        busy = sorted({i.table_id for p in holders for i in p.intents if i.table_id in wanted})
+        raise TableBusyError(busy, [p.id for p in holders])

@@ -14,11 +14,14 @@ from channel_server import sql_api  # noqa: F401 - registers POST /v1/sql on rou
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService
+from pipelines.commit import recover_pending
 
 __all__ = ["create_app"]
 
 log = logging.getLogger(__name__)
 CONFIG = web.AppKey("config", ServerConfig)
+#: How often the service looks for pipeline commits left by a dead owner.
+PIPELINE_RECOVERY_SECONDS = 10.0
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -32,6 +35,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     loops = [
         asyncio.create_task(_retention_loop(service), name="channel retention"),
         asyncio.create_task(_sql_session_loop(service), name="SQL session expiry"),
+        asyncio.create_task(_pipeline_recovery_loop(service), name="pipeline commit recovery"),
     ]
     try:
         yield
@@ -67,6 +71,20 @@ async def _sql_session_loop(service: IngestService) -> None:
                 log.info("ended %d SQL session(s) idle past the limit", ended)
         except Exception:
             log.exception("SQL session expiry failed")
+
+
+async def _pipeline_recovery_loop(service: IngestService) -> None:
+    """Roll forward pipeline commits whose owner died or gave up (a SQL session's worker
+    killed mid-commit, a client process gone), so their streams and tables are free
+    again without waiting for the next writer or session."""
+    while True:
+        try:
+            ended = await asyncio.to_thread(recover_pending, service.catalog)
+            if ended:
+                log.info("recovered %d pipeline commit(s)", ended)
+        except Exception:
+            log.exception("pipeline commit recovery failed")
+        await asyncio.sleep(PIPELINE_RECOVERY_SECONDS)
 
 
 def create_app(config: ServerConfig | None = None) -> web.Application:

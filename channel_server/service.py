@@ -19,6 +19,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from catalog import Catalog, ChannelRecord, TableInfo
+from catalog import TableBusyError as CatalogTableBusy
 from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
@@ -34,9 +35,11 @@ from ingest_sdk.errors import (
     ChannelNotFoundError,
     InvalidRequestError,
     SchemaError,
+    TableBusyError,
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
+from pipelines.commit import busy_message
 
 __all__ = ["IngestService", "InsertOutcome"]
 
@@ -262,8 +265,16 @@ class IngestService:
     def list_tables(self) -> list[TableInfo]:
         return self.catalog.list_tables()
 
+    def _check_not_busy(self, info: TableInfo) -> None:
+        holders = [p.id for p in self.catalog.pending_commits()
+                   if any(intent.table_id == info.id for intent in p.intents)]  # fmt: skip
+        if holders:
+            busy = CatalogTableBusy([info.id], holders)
+            raise TableBusyError(busy_message(self.catalog, busy))
+
     async def drop_table(self, name: str) -> TableInfo:
         info = self.describe_table(name)
+        self._check_not_busy(info)  # before its channels stop; the catalog checks again
         table = self._tables.pop(info.id, None)
         if table is not None:
             async with table.lock:
@@ -274,7 +285,10 @@ class IngestService:
             flusher = self._flushers.pop(info.id, None)
             if flusher is not None:
                 await flusher.stop()
-        self.catalog.drop_table(info.id)
+        try:
+            self.catalog.drop_table(info.id)
+        except CatalogTableBusy as exc:  # a commit reserved it meanwhile
+            raise TableBusyError(busy_message(self.catalog, exc)) from None
         self._definitions.clear()
         if len(self._dropped) > 10_000:
             self._dropped.clear()  # bounded; forgetting only softens a later message

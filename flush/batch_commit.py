@@ -141,7 +141,7 @@ def commit_batch(
         },
         app_transactions=[Transaction(writer_id, batch_id)] if once else None,
     )
-    for attempt_ in commit_conflict_retries():  # appends conflict only with metadata changes
+    for attempt_ in commit_conflict_retries():  # refused after a concurrent merge: again
         with attempt_:
             table = DeltaTable(table_uri)
             if once and _landed(table, writer_id, batch_id):

@@ -12,6 +12,7 @@ must land even when a consumption wrote no row.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -33,6 +34,7 @@ __all__ = [
     "StagedChange",
     "TxnVersionError",
     "changed_row_ids",
+    "check_unchanged",
     "commit_conflict_retries",
     "commit_staged",
     "landed_version",
@@ -40,6 +42,7 @@ __all__ = [
 ]
 
 PIPELINE_METADATA_KEY = "ingest.pipelines"
+
 #: How long a merge keeps retrying after conflicts with concurrent appends.
 MERGE_RETRY_SECONDS = 60.0
 _OP = "__INGEST_OP"
@@ -69,7 +72,9 @@ class ChangeSet:
 
     @property
     def is_append(self) -> bool:
-        """Only inserts: an append that no concurrent writer can conflict with."""
+        """Only inserts: committed as an append, which needs no write intent (it cannot
+        lose a row another writer changed; delta-rs may still refuse it once after a
+        concurrent merge, and the commit is retried)."""
         return len(self.deleted) == 0 and len(self.new_ids) == self.rows.num_rows
 
 
@@ -84,24 +89,33 @@ def commit_conflict_retries() -> Retrying:
     )
 
 
-def commit_app_id(commit_id: int) -> str:
-    """The app transaction that marks pipeline commit ``commit_id`` in a table's log.
+def landed_version(table_uri: str, commit_app: str, after_version: int) -> int | None:
+    """The version that holds pipeline commit ``commit_app`` (its app transaction),
+    searched after ``after_version``; None if it never landed (a replay must not apply
+    it twice).
 
     Whether a commit landed is read from the snapshot's app transactions, not from the
     history: delta-rs 1.6 numbers ``history()`` entries from the version the handle was
-    loaded at, so a commit landing meanwhile shifts every label.
+    loaded at, so a commit landing meanwhile shifts every label. The app transaction
+    stays in every later snapshot, so its version is found by bisection. If the log of
+    the versions in between is already cleaned up, the newest version is returned (at or
+    after the commit, which is all a replay needs).
     """
-    return f"ingest-pipeline-commit:{commit_id}"
-
-
-def landed_version(table: DeltaTable, commit_id: int, after_version: int) -> int | None:
-    """A version at or after the pipeline commit ``commit_id`` if the log holds it (a
-    replay must not apply it twice); None if it never landed."""
-    if table.version() <= after_version:
+    table = DeltaTable(table_uri)
+    newest = table.version()
+    if newest <= after_version or table.transaction_version(commit_app) is None:
         return None
-    if table.transaction_version(commit_app_id(commit_id)) is None:
-        return None
-    return table.version()
+    low, high = after_version + 1, newest  # the commit is in (low - 1, high]
+    try:
+        while low < high:
+            middle = (low + high) // 2
+            if DeltaTable(table_uri, version=middle).transaction_version(commit_app) is None:
+                low = middle + 1
+            else:
+                high = middle
+    except Exception:  # an old version whose log was cleaned up
+        return newest
+    return high
 
 
 def changed_row_ids(table_uri: str, after_version: int, to_version: int) -> pa.Array:
@@ -117,6 +131,30 @@ def changed_row_ids(table_uri: str, after_version: int, to_version: int) -> pa.A
     kinds = events.column("_change_type").cast(pa.string())
     mask = pc.is_in(kinds, value_set=pa.array(["delete", "update_preimage"]))
     return events.column(ROW_ID_COLUMN).filter(mask).combine_chunks()
+
+
+def check_unchanged(
+    table_uri: str, staged: StagedChange | None, base_version: int, where: str = ""
+) -> None:
+    """Check that no commit after ``base_version`` updated or deleted a row the staged
+    change updates or deletes (an append or no change can always apply).
+
+    Raises:
+        ConcurrentChangeError: another writer changed such a row first.
+    """
+    if staged is None or staged.kind != "merge":
+        return
+    newest = DeltaTable(table_uri).version()
+    if newest <= base_version:
+        return
+    source = pq.read_table(f"{table_uri}/{staged.path}", columns=[ROW_ID_COLUMN, _OP])
+    touched = source.filter(pc.is_in(source.column(_OP), pa.array(["U", "D"])))
+    changed = changed_row_ids(table_uri, base_version, newest)
+    if pc.any(pc.is_in(changed, value_set=touched.column(ROW_ID_COLUMN))).as_py():
+        raise ConcurrentChangeError(
+            f"rows this transaction changes{where} were changed by another writer after "
+            f"version {base_version}, which this transaction read"
+        )
 
 
 def _check_txns(table: DeltaTable, app_transactions: dict[str, int]) -> None:
@@ -193,6 +231,8 @@ def _merge(table: DeltaTable, source: pa.Table, properties: CommitProperties) ->
     names = [n for n in source.schema.names if n != _OP]
     values = {_quoted(n): f"s.{_quoted(n)}" for n in names}
     row_id = _quoted(ROW_ID_COLUMN)
+    # An update of a row that is gone is not an insert: a decided commit rolls forward
+    # over a row deleted by a writer outside the protocol without bringing it back.
     (
         table.merge(
             source,
@@ -203,7 +243,7 @@ def _merge(table: DeltaTable, source: pa.Table, properties: CommitProperties) ->
         )
         .when_matched_delete(predicate=f"s.{_OP} = 'D'")
         .when_matched_update(updates=values, predicate=f"s.{_OP} <> 'D'")
-        .when_not_matched_insert(updates=values, predicate=f"s.{_OP} <> 'D'")
+        .when_not_matched_insert(updates=values, predicate=f"s.{_OP} = 'I'")
         .execute()
     )
 
@@ -212,7 +252,7 @@ def commit_staged(
     table_uri: str,
     staged: StagedChange | None,
     *,
-    commit_id: int,
+    commit_app: str,
     base_version: int,
     app_transactions: dict[str, int],
     metadata: dict[str, object],
@@ -220,30 +260,33 @@ def commit_staged(
     """Apply a staged change set (None: nothing but the app transactions) to the table
     in one Delta commit; returns its version.
 
-    Idempotent: if the log already holds pipeline commit ``commit_id`` after
-    ``base_version`` (the version the change set was computed on), that version is
-    returned and nothing is written. A merge that loses a race with another writer
-    (delta-rs reports a conflict) is retried on the newest version, after checking that
-    no commit since ``base_version`` changed a row this change set updates or deletes.
+    Idempotent: if the log already holds pipeline commit ``commit_app`` (its app
+    transaction) after ``base_version`` (the version the change set was computed on),
+    that version is returned and nothing is written. The rows were checked before the
+    commit was decided (:func:`check_unchanged`) and are held against other pipeline
+    writers since, so a merge that loses a race with a concurrent append or compaction
+    (delta-rs reports a conflict) is simply tried again on the newest version.
 
     Raises:
-        ConcurrentChangeError: another writer changed a row this change set touches.
         TxnVersionError: an app transaction would move backwards.
     """
+    now = int(time.time() * 1000)  # they expire after flush.tables.TXN_RETENTION
     properties = CommitProperties(
         custom_metadata={
-            PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "commit": commit_id}).decode()
+            PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "app_id": commit_app}).decode()
         },
-        app_transactions=[Transaction(app, version) for app, version in app_transactions.items()]
-        + [Transaction(commit_app_id(commit_id), 1)],
+        app_transactions=[
+            Transaction(app, version, now) for app, version in app_transactions.items()
+        ]
+        + [Transaction(commit_app, 1, now)],
     )
     # A merge conflicts with every append that lands while it runs (delta-rs checks
     # blind appends too), so under steady ingestion it retries for a while, not a count.
     for attempt in commit_conflict_retries():
         with attempt:
-            table = DeltaTable(table_uri)
-            if (landed := landed_version(table, commit_id, base_version)) is not None:
+            if (landed := landed_version(table_uri, commit_app, base_version)) is not None:
                 return landed
+            table = DeltaTable(table_uri)
             _check_txns(table, app_transactions)
             if staged is None or staged.kind == "append":
                 actions: list[AddAction | RemoveAction] = []
@@ -256,16 +299,7 @@ def commit_staged(
                     actions, "append", table.schema(), commit_properties=properties
                 )
             else:
-                source = pq.read_table(f"{table_uri}/{staged.path}")
-                if table.version() > base_version:
-                    touched = source.filter(pc.is_in(source.column(_OP), pa.array(["U", "D"])))
-                    changed = changed_row_ids(table_uri, base_version, table.version())
-                    if pc.any(pc.is_in(changed, value_set=touched.column(ROW_ID_COLUMN))).as_py():
-                        raise ConcurrentChangeError(
-                            "rows this statement changes were changed by another writer after "
-                            f"version {base_version}; run the statement again"
-                        )
-                _merge(table, source, properties)
-    version = landed_version(DeltaTable(table_uri), commit_id, base_version)
+                _merge(table, pq.read_table(f"{table_uri}/{staged.path}"), properties)
+    version = landed_version(table_uri, commit_app, base_version)
     assert version is not None, "the commit landed but is not in the log"
     return version

@@ -19,6 +19,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from catalog.records import ChannelProgress, CommitRecord
+from flush.change_commit import commit_conflict_retries
 from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
@@ -181,9 +182,15 @@ class TableWriter:
             ],
         )
         failpoint("before_delta_commit")
-        self._table.create_write_transaction(
-            actions, "append", self.arrow_schema, commit_properties=properties
-        )
+        # delta-rs may refuse an append once after a concurrent merge (DML, a pipeline
+        # commit) removed files: nothing landed then, so it goes again on the newest.
+        for attempt in commit_conflict_retries():
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    self._table.update_incremental()
+                self._table.create_write_transaction(
+                    actions, "append", self.arrow_schema, commit_properties=properties
+                )
         failpoint("after_delta_commit")
         # The handle does not see its own commit until refreshed. With a concurrent
         # writer (compaction) the version read here may be a later one; recovery only

@@ -21,10 +21,10 @@ A run, for one table:
      see nothing new. If an input file is gone by then (a concurrent delete or
      compaction), the run is abandoned and its outputs deleted.
 
-Concurrent flush commits only append, so they never conflict. delta-rs 1.6 does
-not detect a concurrent *removal* of our inputs for this kind of commit, so the
-job checks it itself right before committing, and a lock file keeps two
-compactions of one table apart.
+Concurrent flush commits only append, so they never conflict. A concurrent commit
+that removed an input (DML, a pipeline merge) makes delta-rs refuse the commit
+("a concurrent transaction deleted data this operation read"), and the run is
+abandoned; a lock file keeps two compactions of one table apart.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from flush.bin_rewrite import BinTask, KeyRange, range_boundaries, rewrite_bin
+from flush.change_commit import commit_conflict_retries
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, file_stats, fsync_dir
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
@@ -332,26 +333,8 @@ def compact_table(
             progress(f"{len(outputs)} file(s) written and checked")
             failpoint("compaction_before_commit")
             # Step 3: one commit, if every input is still live.
-            latest = DeltaTable(table_uri)
-            live = {row["path"] for row in live_files(latest)}
-            gone = [item["path"] for item in inputs if item["path"] not in live]
-            if gone:
-                raise CompactionAbandoned(f"{len(gone)} input file(s) were removed concurrently")
-            now = int(time.time() * 1000)
-            actions: list[AddAction | RemoveAction] = [
-                RemoveAction(item["path"], False, now, item["size_bytes"]) for item in inputs
-            ]
-            actions += [o.add_action(data_change=False) for o in outputs]
-            latest.create_write_transaction(
-                actions,
-                "append",
-                latest.schema(),
-                # delta-rs rebases over concurrent flush appends, which never conflict.
-                commit_properties=CommitProperties(custom_metadata={"ingest.compaction": run}),
-            )
+            result.version = _commit(table_uri, inputs, outputs, run)
             failpoint("compaction_after_commit")
-            latest.update_incremental()
-            result.version = latest.version()
             result.status = "SUCCEEDED"
             progress(
                 f"committed version {result.version}: {result.files_in} -> {result.files_out} files"
@@ -366,6 +349,37 @@ def compact_table(
         raise
     result.ended_at = time.time()
     return result
+
+
+def _commit(table_uri: str, inputs: list[dict], outputs: list[WrittenFile], run: str) -> int:
+    """Remove the inputs and add the outputs in one commit (``dataChange=false``).
+
+    A concurrent flush append does not conflict; delta-rs refuses the commit when a
+    concurrent commit removed an input ("deleted data this operation read": a DELETE,
+    UPDATE or MERGE, or another compaction), and then the run is abandoned. A refusal
+    for another reason is retried on the newest version, inputs checked again.
+    """
+    for attempt in commit_conflict_retries():
+        with attempt:
+            latest = DeltaTable(table_uri)
+            live = {row["path"] for row in live_files(latest)}
+            gone = [item["path"] for item in inputs if item["path"] not in live]
+            if gone:
+                raise CompactionAbandoned(f"{len(gone)} input file(s) were removed concurrently")
+            now = int(time.time() * 1000)
+            actions: list[AddAction | RemoveAction] = [
+                RemoveAction(item["path"], False, now, item["size_bytes"]) for item in inputs
+            ]
+            actions += [o.add_action(data_change=False) for o in outputs]
+            latest.create_write_transaction(
+                actions,
+                "append",
+                latest.schema(),
+                commit_properties=CommitProperties(custom_metadata={"ingest.compaction": run}),
+            )
+            latest.update_incremental()
+            return latest.version()
+    raise AssertionError("unreachable: the retries raise when they give up")
 
 
 def _remove_outputs(table_uri: str, run: str) -> None:

@@ -2,7 +2,8 @@
 
 Delta's own vacuum (delta-rs's included) skips folders whose names start with
 ``_``, which is where this system keeps its data files (``_ingest/`` and
-``_compacted/``), so those are vacuumed here with the same rule: a file is
+``_compacted/``; delta-rs's merges add ``_change_data/``, and their data files in
+the table's root folder), so all of those are vacuumed here with one rule: a file is
 deleted only when it is older than the retention period *and* no version a
 reader may still be on references it. The versions kept are the latest one and,
 for every commit inside the retention window that may have removed files (any
@@ -25,7 +26,7 @@ from deltalake import DeltaTable
 from catalog import Catalog, TableInfo
 from flush.batch_commit import BATCH_METADATA_KEY
 from flush.commit import COMMIT_METADATA_KEY
-from flush.tables import INGEST_DIR, commit_history, live_files
+from flush.tables import INGEST_DIR, TXN_RETENTION, commit_history, live_files
 
 __all__ = [
     "DEFAULT_RETENTION_HOURS",
@@ -38,9 +39,10 @@ __all__ = [
 ]
 
 DEFAULT_RETENTION_HOURS = 168.0
+TXN_RETENTION_KEY = "delta.setTransactionRetentionDuration"
 #: Below this a vacuum could delete files that a slow reader or a pending commit needs.
 MIN_RETENTION_HOURS = 1.0
-DATA_FOLDERS = (INGEST_DIR, "_compacted")
+DATA_FOLDERS = (INGEST_DIR, "_compacted", "_change_data")
 
 
 @dataclass(slots=True)
@@ -57,7 +59,8 @@ def vacuum_data_folders(
     allow_short_retention: bool = False,
     keep: Iterable[str] = (),
 ) -> list[str]:
-    """Delete unreferenced files in ``_ingest/`` and ``_compacted/``; returns their paths.
+    """Delete unreferenced data files (:data:`DATA_FOLDERS` and Parquet files in the
+    table's root folder, where merges write); returns their paths.
 
     ``keep`` lists more files (relative to the table) that must stay: the staged change
     sets of pending pipeline commits (:func:`pending_commit_files`).
@@ -80,10 +83,10 @@ def vacuum_data_folders(
         adds_only = COMMIT_METADATA_KEY in entry or BATCH_METADATA_KEY in entry
         if recent and version > 0 and not adds_only:
             keep |= {f["path"] for f in live_files(DeltaTable(table_uri, version=version - 1))}
+    files = [path for folder in DATA_FOLDERS for path in sorted((root / folder).rglob("*"))]
     candidates = [
         path
-        for folder in DATA_FOLDERS
-        for path in sorted((root / folder).rglob("*"))
+        for path in files + sorted(root.glob("*.parquet"))
         if path.is_file()
         and str(path.relative_to(root)) not in keep
         and path.stat().st_mtime < cutoff
@@ -145,8 +148,11 @@ def maintain_table(
     keep: Iterable[str] = (),
 ) -> MaintenanceResult:
     """Checkpoint the log, clean up expired log files, and vacuum the data folders
-    (never the files in ``keep``)."""
+    (never the files in ``keep``). A table made before pipeline commits' app
+    transactions expired gets its retention (:data:`flush.tables.TXN_RETENTION`)."""
     table = DeltaTable(table_uri)
+    if TXN_RETENTION_KEY not in table.metadata().configuration:  # made by an older version
+        table.alter.set_table_properties({TXN_RETENTION_KEY: TXN_RETENTION})
     table.create_checkpoint()
     table.cleanup_metadata()
     deleted = vacuum_data_folders(

@@ -25,6 +25,8 @@ from ingest_sdk import SchemaError, TableSchema
 __all__ = [
     "INGEST_DIR",
     "ROW_ID_COLUMN",
+    "TABLE_CONFIGURATION",
+    "TXN_RETENTION",
     "arrow_filesystem",
     "commit_history",
     "create_table",
@@ -42,7 +44,14 @@ ROW_ID_COLUMN = "_INGEST_ROW_ID"
 HIDDEN_KEY = "ingest.hidden"
 #: Folder (inside the table) for intermediate Parquet files written by flushes.
 INGEST_DIR = "_ingest"
-_TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true"}
+#: How long a table keeps an app transaction that carries its time (those of pipeline
+#: commits and consumptions; channel tokens carry none and stay): far longer than any
+#: recovery needs, short enough that a snapshot does not grow with every commit.
+TXN_RETENTION = "interval 7 days"
+TABLE_CONFIGURATION = {
+    "delta.enableChangeDataFeed": "true",
+    "delta.setTransactionRetentionDuration": TXN_RETENTION,
+}
 
 
 def delta_schema(schema: TableSchema) -> pa.Schema:
@@ -56,7 +65,7 @@ def create_table(uri: str, schema: TableSchema) -> None:
     if any(column.name.upper() == ROW_ID_COLUMN for column in schema):
         raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id')
     Path(uri).mkdir(parents=True, exist_ok=True)
-    DeltaTable.create(uri, delta_schema(schema), mode="error", configuration=_TABLE_CONFIGURATION)
+    DeltaTable.create(uri, delta_schema(schema), mode="error", configuration=TABLE_CONFIGURATION)
 
 
 def table_schema_of(table: DeltaTable) -> TableSchema:

@@ -58,6 +58,7 @@ __all__ = [
     "ServiceError",
     "SqlStatementError",
     "TableAlreadyExistsError",
+    "TableBusyError",
     "TableNotFoundError",
     "TransportError",
     "UnsupportedFeatureError",
@@ -227,6 +228,13 @@ class TableAlreadyExistsError(ServiceError):
     status, code = 409, "TABLE_EXISTS"
 
 
+class TableBusyError(ServiceError):
+    """A pending multi-table pipeline commit writes the table: it cannot be dropped until
+    that commit ends (moments, or at the next recovery if its owner died)."""
+
+    status, code = 409, "TABLE_BUSY"
+
+
 class ChannelInvalidatedError(ServiceError):
     """A newer open of the channel, a drop, or a server restart replaced this handle.
 
@@ -282,6 +290,7 @@ ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
         TableNotFoundError,
         ChannelNotFoundError,
         TableAlreadyExistsError,
+        TableBusyError,
         ChannelInvalidatedError,
         BackpressureError,
         ServerError,

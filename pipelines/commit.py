@@ -1,49 +1,92 @@
 """The consumer commit: how a transaction's writes and stream offsets become durable
-together, once, or not at all. Stream consumption uses it today; dynamic-table refreshes
-and the Spark sink are meant to commit through it too.
+together, once, or not at all, across any number of tables. Stream consumption, DML
+and TRUNCATE use it; dynamic-table refreshes will too.
 
-Delta has no multi-table transaction, so the decision is made in the catalog: a
-pending commit records the plan (each table's staged change set) and claims the
-consumed streams by compare-and-swap in one catalog transaction; from then on the
-commit is rolled forward, by its owner or, if the owner died, by the next session
-that opens the catalog. Each table's Delta commit names the pending commit, so a
-roll-forward never applies a table's change twice.
+Delta has no multi-table transaction, so the decision is made in the catalog, in four
+steps: **reserve** write intents on every table (two transactions that update or delete
+rows of one table never hold intents together; appends never conflict), **validate**
+every table (no row this transaction changes was changed since it read it: the first
+committer wins, and the loser changes nothing), **decide** (claim the consumed streams
+by compare-and-swap), **roll forward** (one Delta commit per table, then the offsets
+move and the intents go). Once decided, a commit is only ever rolled forward: its
+intents keep every other pipeline writer off its rows, and appends, flushes and
+compaction cannot make a table's change impossible to apply. A commit whose owner
+died (or gave up) is rolled forward by the next writer that needs its tables, the
+next session that opens the catalog, or the service's recovery task. Each table's
+Delta commit carries the commit's app id, unique to this catalog, so a roll-forward
+never applies a table's change twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from catalog import Catalog, PendingCommit, StreamClaim, StreamClaimConflict, TableInfo
+from deltalake import DeltaTable
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_random_exponential,
+)
+
+from catalog import (
+    APPEND_INTENT,
+    ROWS_INTENT,
+    Catalog,
+    CommitGoneError,
+    CommitIntent,
+    IntentConflict,
+    PendingCommit,
+    StreamClaim,
+    StreamClaimConflict,
+    StreamRecord,
+    TableBusyError,
+    TableInfo,
+)
 from flush.change_commit import (
     ChangeSet,
     ConcurrentChangeError,
     StagedChange,
+    check_unchanged,
     commit_staged,
-    landed_version,
     stage_change_set,
 )
 from flush.failpoints import failpoint
+from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
 from pipelines.errors import SqlError, StreamConflictError, TransactionConflictError
 
-__all__ = ["OWNER", "TableWrites", "commit_consumer", "recover_pending", "stream_app_id"]
+__all__ = [
+    "TableWrites",
+    "busy_message",
+    "commit_consumer",
+    "recover_pending",
+    "stream_app_id",
+    "when_free",
+]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-#: This process, as pending commits name their owner (pid, and a token against pid reuse).
-OWNER = f"{os.getpid()}:{uuid.uuid4().hex[:12]}"
-#: Pending commits this process is rolling forward right now; any other of its own pending
-#: commits failed half way and may be completed by recovery like a dead process's.
-_IN_FLIGHT: set[int] = set()
+#: How long a writer waits for another transaction's intents on its tables (a live
+#: owner rolling forward) before it gives up with TABLE_BUSY.
+INTENT_WAIT_SECONDS = 30.0
 
 
-def stream_app_id(stream_id: int) -> str:
+def stream_app_id(stream: StreamRecord) -> str:
     """The Delta app-transaction id a consumption of the stream carries on its targets."""
-    return f"ingest-stream:{stream_id}"
+    return f"ingest-stream:{stream.uid or stream.id}"
+
+
+def commit_app_id(pending: PendingCommit) -> str:
+    """The app transaction that marks the commit in each table's log: the catalog's id
+    and a random one (a catalog restored from a backup never reuses it)."""
+    return pending.plan.get("app_id") or f"ingest-pipeline-commit:{pending.id}"
 
 
 @dataclass(slots=True)
@@ -55,113 +98,267 @@ class TableWrites:
     change: ChangeSet
 
 
-def _owner_alive(pending: PendingCommit) -> bool:
-    owner = pending.owner
-    pid_text, _, token = owner.partition(":")
-    if owner == OWNER:
-        return pending.id in _IN_FLIGHT
-    try:
-        pid = int(pid_text)
-        if pid == os.getpid():
-            return token == OWNER.partition(":")[2]
-        os.kill(pid, 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _roll_forward(catalog: Catalog, pending: PendingCommit) -> dict[int, int]:
-    """Steps 4 and 5 of :func:`commit_consumer` for a recorded commit; idempotent."""
+    """The last step of :func:`commit_consumer` for a decided commit; idempotent."""
     versions: dict[int, int] = {}
-    app_transactions = {stream_app_id(c.stream_id): c.new for c in pending.claims}
+    app_transactions = pending.plan.get("app_transactions") or {
+        f"ingest-stream:{c.stream_id}": c.new
+        for c in pending.claims  # an older plan
+    }
     for entry in pending.plan["tables"]:
         staged = StagedChange.from_dict(entry["staged"]) if entry["staged"] else None
-        # Step 4: one Delta commit per table (skipped where the log already holds it).
         versions[entry["table_id"]] = commit_staged(
             entry["uri"],
             staged,
-            commit_id=pending.id,
+            commit_app=commit_app_id(pending),
             base_version=entry["base_version"],
             app_transactions=app_transactions,
-            metadata={"statement": pending.plan.get("statement", "")[:500]},
+            metadata={"statement": pending.plan.get("statement", "")[:500], "commit": pending.id},
         )
         failpoint("pipeline_between_tables")
     failpoint("pipeline_before_finish")
-    # Step 5: the offsets move with the commit done.
-    catalog.finish_commit(pending.id)
+    catalog.finish_commit(pending.id)  # the offsets move, the intents go
     return versions
 
 
 def commit_consumer(
-    catalog: Catalog, writes: Sequence[TableWrites], claims: Sequence[StreamClaim], statement: str
+    catalog: Catalog,
+    writes: Sequence[TableWrites],
+    claims: Sequence[StreamClaim],
+    statement: str,
+    stream_apps: dict[int, str] | None = None,
 ) -> dict[int, int]:
     """Commit a transaction's writes and move the streams it consumed; returns each
     table's new version.
 
     Steps:
-      1. Pin the sources: the claims carry each stream's offset as read (``expected``)
-         and the table version the transaction read up to (``new``).
-      2. Stage each table's change set as a Parquet file in the table folder (fsync).
-      3. Decide: record the plan and claim the streams in one catalog transaction; the
-         first consumer of a stream wins, the others fail here having changed nothing.
-      4. Commit each table: one Delta commit holding its rows, an app transaction per
-         consumed stream (version = the source version read) and the commit's id.
-      5. Finish: move the stream offsets and forget the plan in one catalog transaction.
-    A crash after step 3 is rolled forward by :func:`recover_pending`; before it,
+      1. Stage each table's change set as a Parquet file in the table folder (fsync).
+      2. Reserve: record the commit (``preparing``) with a write intent per table;
+         wait while another commit holds a conflicting intent (helping it if its owner
+         is dead).
+      3. Validate every table: rows this transaction updates or deletes must be as it
+         read them. Otherwise it is abandoned having changed nothing.
+      4. Decide: claim the streams (their offsets must be as read) and mark the commit
+         ``decided``, in one catalog transaction.
+      5. Roll forward: one Delta commit per table (its rows, an app transaction per
+         consumed stream, the commit's app id), then move the offsets and drop the
+         intents in one catalog transaction.
+    A crash after step 4 is rolled forward by :func:`recover_pending`; before it,
     nothing happened (the staged files are unreferenced and vacuumed in time).
 
     Raises:
         StreamConflictError: another transaction consumed a stream first.
         TransactionConflictError: another writer changed rows this one changes.
+        SqlError: TABLE_BUSY (another live transaction held the tables too long),
+            COMMIT_PENDING (decided, the roll-forward failed; recovery completes it).
     """
-    # Step 2
-    plan_tables = []
-    for item in writes:
+    stream_apps = stream_apps or {}
+    plan_tables, intents = [], []
+    for item in writes:  # Step 1
         change = item.change
         empty = change.rows.num_rows == 0 and len(change.deleted) == 0
         staged = None if empty else stage_change_set(item.info.uri, change)
-        plan_tables.append(
-            {
-                "table_id": item.info.id,
-                "uri": item.info.uri,
-                "base_version": item.base_version,
-                "staged": staged.to_dict() if staged else None,
-            }
-        )
+        plan_tables.append({"table_id": item.info.id, "uri": item.info.uri,
+                            "name": item.info.full_name, "base_version": item.base_version,
+                            "staged": staged.to_dict() if staged else None})  # fmt: skip
+        rows = staged is not None and staged.kind == "merge"
+        intents.append(CommitIntent(item.info.id, ROWS_INTENT if rows else APPEND_INTENT))
     failpoint("pipeline_after_stage")
-    plan = {"tables": plan_tables, "statement": statement[:500]}
-    # Step 3
+    plan = {
+        "tables": plan_tables,
+        "statement": statement[:500],
+        "app_id": f"ingest-pipeline-commit:{catalog.catalog_id()}:{uuid.uuid4().hex}",
+        "app_transactions": {
+            stream_apps.get(c.stream_id, f"ingest-stream:{c.stream_id}"): c.new for c in claims
+        },
+        "stream_apps": {str(k): v for k, v in stream_apps.items()},
+    }
+    owner = new_owner()
+    IN_FLIGHT.add(owner)
     try:
-        pending = catalog.begin_commit(OWNER, plan, claims)
-    except StreamClaimConflict:
-        if not recover_pending(catalog):
-            raise _lost(catalog, claims) from None
-        try:  # a dead consumer's claim was just released or completed: try once more
-            pending = catalog.begin_commit(OWNER, plan, claims)
-        except StreamClaimConflict:
-            raise _lost(catalog, claims) from None
-    failpoint("pipeline_after_decide")
-    _IN_FLIGHT.add(pending.id)
+        pending = _reserve(catalog, owner, plan, intents)  # Step 2
+    except BaseException:
+        IN_FLIGHT.discard(owner)
+        raise
     try:
-        return _roll_forward(catalog, pending)
-    except ConcurrentChangeError as exc:
-        if _nothing_landed(pending):
-            catalog.abandon_commit(pending.id)
-            raise TransactionConflictError(f"{exc}; this transaction changed nothing") from exc
-        raise _pending_error(pending, exc) from exc
-    except Exception as exc:  # the decision stands: recovery completes it
-        raise _pending_error(pending, exc) from exc
+        failpoint("pipeline_after_reserve")
+        _validate(catalog, pending, claims)  # Step 3
+        failpoint("pipeline_after_validate")
+        pending = _decide(catalog, pending, claims)  # Step 4
+        failpoint("pipeline_after_decide")
+        return _roll_forward(catalog, pending)  # Step 5
+    except BaseException as exc:
+        if _give_up(catalog, pending.id, owner) and isinstance(exc, Exception):
+            raise _pending_error(pending, exc) from exc
+        raise
     finally:
-        _IN_FLIGHT.discard(pending.id)
+        IN_FLIGHT.discard(owner)
+
+
+def _give_up(catalog: Catalog, commit_id: int, owner: str) -> bool:
+    """After a failure: abandon the commit if undecided (it wrote nothing), release it
+    to recovery if decided (returns True then). Never raises: the first error counts."""
+    try:
+        for pending in catalog.pending_commits():
+            if pending.id == commit_id and pending.owner == owner:
+                if pending.decided:
+                    catalog.release_commit(commit_id, owner)
+                    return True
+                catalog.abandon_commit(commit_id)
+    except Exception:
+        log.exception("could not hand pipeline commit %d to recovery", commit_id)
+        return True
+    return False
+
+
+def _reserve(
+    catalog: Catalog, owner: str, plan: dict, intents: list[CommitIntent]
+) -> PendingCommit:
+    """Step 2, waiting for (or helping) the commits in the way."""
+    attempts = Retrying(
+        retry=retry_if_exception_type(IntentConflict),
+        stop=stop_after_delay(INTENT_WAIT_SECONDS),
+        wait=wait_random_exponential(multiplier=0.02, max=0.5),
+        reraise=True,
+    )
+    try:
+        for attempt in attempts:
+            with attempt:
+                try:
+                    return catalog.reserve_commit(owner, plan, intents)
+                except IntentConflict as conflict:
+                    recover_pending(catalog, only=set(conflict.holders))
+                    raise
+    except IntentConflict as conflict:
+        raise _busy(catalog, conflict.holders) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _validate(catalog: Catalog, pending: PendingCommit, claims: Sequence[StreamClaim]) -> None:
+    """Step 3: every table, before anything is written; abandons on a conflict."""
+    _check_offsets(catalog, pending, claims)
+    for entry in pending.plan["tables"]:
+        staged = StagedChange.from_dict(entry["staged"]) if entry["staged"] else None
+        try:
+            check_unchanged(entry["uri"], staged, entry["base_version"],
+                            f" in {entry.get('name', entry['uri'])}")  # fmt: skip
+        except ConcurrentChangeError as exc:
+            catalog.abandon_commit(pending.id)
+            raise TransactionConflictError(
+                f"{exc}: the other writer committed first, and this transaction changed "
+                "nothing (no table, no stream); run it again"
+            ) from exc
+
+
+def _check_offsets(catalog: Catalog, pending: PendingCommit, claims: Sequence[StreamClaim]) -> None:
+    """A target whose log holds a stream's app transaction past the stream's offset was
+    fed by a consumption the catalog does not remember (a catalog restored from an older
+    backup): consuming from the offset would deliver those changes twice. The offset
+    moves to the log's version and the transaction fails, having changed nothing."""
+    apps = pending.plan.get("stream_apps", {})
+    for claim in claims:
+        app = apps.get(str(claim.stream_id))
+        stream = catalog.get_stream_by_id(claim.stream_id)
+        if stream is not None and stream.claimed_by not in (None, pending.id):
+            continue  # another pending commit's consumption: step 4 settles it
+        for entry in pending.plan["tables"] if app else ():
+            landed = DeltaTable(entry["uri"]).transaction_version(app)
+            if landed is None or landed <= claim.expected:
+                continue
+            catalog.abandon_commit(pending.id)
+            name = stream.full_name if stream else f"#{claim.stream_id}"
+            with contextlib.suppress(StreamClaimConflict):  # moved meanwhile: nothing to do
+                moved = StreamClaim(claim.stream_id, claim.expected, landed)
+                catch_up = catalog.begin_commit(new_owner(), {"tables": []}, [moved])
+                catalog.finish_commit(catch_up.id)
+            raise StreamConflictError(
+                f"stream {name} was already consumed up to version {landed} into "
+                f"{entry.get('name', entry['uri'])}, past its offset {claim.expected} in the "
+                "catalog (a catalog restored from an older backup?); its offset moved to "
+                f"{landed}, and this transaction changed nothing: run it again to consume "
+                "the changes after it"
+            )
+
+
+def _decide(
+    catalog: Catalog, pending: PendingCommit, claims: Sequence[StreamClaim]
+) -> PendingCommit:
+    """Step 4; a stream held by a dead consumer's commit is recovered first, once."""
+    for last in (False, True):
+        try:
+            return catalog.decide_commit(pending.id, claims)
+        except CommitGoneError as exc:  # taken for dead and abandoned: nothing was written
+            raise TransactionConflictError(
+                "this transaction's commit was abandoned by recovery before it was decided; "
+                "it changed nothing, run it again"
+            ) from exc
+        except StreamClaimConflict:
+            if last or not recover_pending(catalog):
+                catalog.abandon_commit(pending.id)
+                raise _lost(catalog, claims) from None
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _busy(catalog: Catalog, holders: list[int]) -> SqlError:
+    named = {p.id: p for p in catalog.pending_commits() if p.id in holders}
+    what = "; ".join(
+        f"commit {p.id} ({p.state}, statement {p.plan.get('statement', '')[:80]!r})"
+        for p in named.values()
+    )
+    return SqlError(
+        f"tables this transaction updates are being written by another transaction "
+        f"({what or 'finished meanwhile'}) and stayed so for {INTENT_WAIT_SECONDS:.0f} s; this "
+        "transaction changed nothing: run it again",
+        "TABLE_BUSY",
+    )
+
+
+def when_free(catalog: Catalog, action: Callable[[], T], table_ids: Sequence[int] = ()) -> T:
+    """Run ``action`` (a drop) once no pending commit names ``table_ids`` or the tables
+    it drops: a commit of a dead owner is completed first, a live one is waited for up
+    to :data:`INTENT_WAIT_SECONDS`; then :class:`TableBusyError` goes to the caller."""
+    wanted = set(table_ids)
+
+    def attempt_once() -> T:
+        holders = [p.id for p in catalog.pending_commits()
+                   if any(i.table_id in wanted for i in p.intents)]  # fmt: skip
+        if holders:
+            raise TableBusyError(sorted(wanted), holders)
+        return action()
+
+    def help_holders(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, TableBusyError):
+            recover_pending(catalog, only=set(error.commit_ids))
+
+    attempts = Retrying(
+        retry=retry_if_exception_type(TableBusyError),
+        stop=stop_after_delay(INTENT_WAIT_SECONDS),
+        wait=wait_random_exponential(multiplier=0.02, max=0.5),
+        before_sleep=help_holders,
+        reraise=True,
+    )
+    return attempts(attempt_once)
+
+
+def busy_message(catalog: Catalog, error: TableBusyError) -> str:
+    """Why a table cannot be dropped or replaced now, and what to do."""
+    names = []
+    for table_id in error.table_ids:
+        info = catalog.get_table_by_id(table_id)
+        names.append(info.full_name if info else f"#{table_id}")
+    return (
+        f"table(s) {', '.join(names)} are written by pending pipeline commit(s) "
+        f"{', '.join(map(str, error.commit_ids))}, which must find them to complete; drop "
+        "them when those commits end (moments, or at the next recovery if their owner died)"
+    )
 
 
 def _pending_error(pending: PendingCommit, exc: BaseException) -> SqlError:
     return SqlError(
         f"commit {pending.id} is decided but not finished ({type(exc).__name__}: {exc}); the "
-        "next statement that consumes its streams, or the next session on this warehouse, "
-        "completes it",
+        "next writer of its tables, the next session on this warehouse or the service's "
+        "recovery completes it",
         "COMMIT_PENDING",
     )
 
@@ -180,38 +377,32 @@ def _lost(catalog: Catalog, claims: Sequence[StreamClaim]) -> StreamConflictErro
     )
 
 
-def _nothing_landed(pending: PendingCommit) -> bool:
-    from deltalake import DeltaTable
-
-    return all(
-        landed_version(DeltaTable(t["uri"]), pending.id, t["base_version"]) is None
-        for t in pending.plan["tables"]
-    )
-
-
-def recover_pending(catalog: Catalog) -> int:
-    """Roll forward every pending commit whose owner process is gone; returns how many.
-
-    A commit whose change can no longer apply (another writer changed its rows) and
-    that landed nowhere is abandoned: its streams stay where they were.
-    """
+def recover_pending(catalog: Catalog, only: set[int] | None = None) -> int:
+    """Complete every pending commit (or those in ``only``) whose owner is gone or gave
+    up; returns how many ended. A decided one is rolled forward, one still preparing is
+    abandoned (it wrote nothing). Each is first taken over by compare-and-swap, so one
+    process at a time works on it."""
     done = 0
     for pending in catalog.pending_commits():
-        if _owner_alive(pending):
+        if (only is not None and pending.id not in only) or owner_alive(pending.owner):
             continue
+        me = new_owner()
+        IN_FLIGHT.add(me)
+        if not catalog.take_over_commit(pending.id, pending.owner, me):
+            IN_FLIGHT.discard(me)
+            continue  # another process or thread took it first
         try:
-            _roll_forward(catalog, pending)
-            log.info("rolled forward pipeline commit %d of %s", pending.id, pending.owner)
-        except ConcurrentChangeError:
-            if not _nothing_landed(pending):
-                log.error("pipeline commit %d is partly applied and its rows changed "
-                          "meanwhile; it stays pending", pending.id)  # fmt: skip
-                continue
-            catalog.abandon_commit(pending.id)
-            log.warning("abandoned pipeline commit %d: its rows changed meanwhile", pending.id)
+            if not pending.decided:
+                catalog.abandon_commit(pending.id)
+                log.info("abandoned undecided pipeline commit %d of %s", pending.id, pending.owner)
+            else:
+                _roll_forward(catalog, pending)
+                log.info("rolled forward pipeline commit %d of %s", pending.id, pending.owner)
+            done += 1
         except Exception:  # retried by the next recovery; never stops a session opening
-            log.exception("rolling forward pipeline commit %d failed; it stays pending",
-                          pending.id)  # fmt: skip
-            continue
-        done += 1
+            log.exception("rolling forward pipeline commit %d failed; it stays pending "
+                          "for the next recovery", pending.id)  # fmt: skip
+            catalog.release_commit(pending.id, me)
+        finally:
+            IN_FLIGHT.discard(me)
     return done

@@ -13,6 +13,7 @@ from catalog import TableInfo, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
 from ingest_sdk.schema import check_object_name
+from pipelines.commit import when_free
 from pipelines.errors import SqlError
 from pipelines.statements import split_name
 
@@ -39,8 +40,9 @@ def status_frame(session: Session, message: str) -> DataFrame:
 
 
 def drop_table_info(session: Session, info: TableInfo) -> None:
-    """Drop a table: its catalog entry, then its folder (its streams become stale)."""
-    session.catalog.drop_table(info.id)
+    """Drop a table: its catalog entry, then its folder (its streams become stale);
+    once no pending commit writes it (see :func:`pipelines.commit.when_free`)."""
+    when_free(session.catalog, lambda: session.catalog.drop_table(info.id), [info.id])
     drop_table(info.uri, session.warehouse)
 
 

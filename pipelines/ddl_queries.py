@@ -31,6 +31,7 @@ from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import quote_identifier
 from pipelines import dml
 from pipelines.binding import Binder, parse
+from pipelines.commit import when_free
 from pipelines.ddl_common import (
     COLUMN_DEFINITION,
     drop_table_info,
@@ -227,9 +228,10 @@ def _replace_with(
     """
     database, schema_name, name = names
     catalog = session.catalog
-    if existing is not None:
-        catalog.rename_table(existing.id, database, schema_name,
-                             f"{name}$REPLACED${uuid.uuid4().hex[:12]}")  # fmt: skip
+    if existing is not None:  # not while a pending commit writes it: nothing changes then
+        aside = f"{name}$REPLACED${uuid.uuid4().hex[:12]}"
+        when_free(catalog, lambda: catalog.rename_table(existing.id, database, schema_name, aside),
+                  [existing.id])  # fmt: skip
     try:
         info, _ = create_catalog_table(
             catalog, session.warehouse, database, schema_name, name, schema
@@ -261,11 +263,10 @@ def _replace_with(
 
 
 def _decided(session: Session, info: TableInfo) -> bool:
-    """Whether a pending pipeline commit writes to the table (its decision stands)."""
+    """Whether a decided pipeline commit writes to the table (its decision stands)."""
     return any(
-        entry.get("table_id") == info.id
+        pending.decided and any(intent.table_id == info.id for intent in pending.intents)
         for pending in session.catalog.pending_commits()
-        for entry in pending.plan.get("tables", [])
     )
 
 

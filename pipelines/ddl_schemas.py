@@ -18,6 +18,7 @@ from catalog import ObjectNotEmptyError
 from flush import drop_table
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
+from pipelines.commit import when_free
 from pipelines.ddl_common import check_parts, like, status_frame, utc
 from pipelines.errors import ObjectNotFoundError, SqlError
 
@@ -99,9 +100,11 @@ def drop_database(session: Session, statement: Statement) -> DataFrame:
     shown = _shown(database, schema)
     try:
         if schema is None:
-            dropped = session.catalog.drop_database(database, cascade=cascade)
+            dropped = when_free(session.catalog,
+                                lambda: session.catalog.drop_database(database, cascade=cascade))
         else:
-            dropped = session.catalog.drop_schema(database, schema, cascade=cascade)
+            dropped = when_free(session.catalog,
+                                lambda: session.catalog.drop_schema(database, schema, cascade))
     except ObjectNotEmptyError as exc:
         raise SqlError(
             f"cannot drop {exc}; drop them first (DROP TABLE, DROP STREAM), or write DROP "

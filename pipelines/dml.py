@@ -76,7 +76,8 @@ def _rows(session: Session, info: TableInfo, data: pa.Table, new: bool = False) 
 
 
 def _result(session: Session, **counts: int) -> DataFrame:
-    names = [name.replace("_", " ") for name in counts]
+    # Snowflake's column names: "number of rows updated", "number of multi-joined ...".
+    names = [name.replace("_", " ").replace("multi joined", "multi-joined") for name in counts]
     schema = ", ".join(f"`{name}` BIGINT" for name in names)
     return session.spark.createDataFrame([tuple(counts.values())], schema)
 
@@ -150,13 +151,18 @@ def run_update(session: Session, txn: Transaction, tree: exp.Update) -> DataFram
     extra = f", {_sql(sources)[len('FROM ') :]}" if sources is not None else ""
     where = f" {_sql(tree.args.get('where'))}" if tree.args.get("where") else ""
     text = f"SELECT {', '.join(values)}, {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
-    # A row matched by several source rows is updated once (by one of them).
-    frame = session.run_spark(text).dropDuplicates([ROW_ID_COLUMN])
-    rows = _rows(session, info, frame.toArrow())
+    # A row matched by several source rows is updated once, by one of them (Snowflake's
+    # default), and counted as multi-joined.
+    joined = session.run_spark(text).toArrow()
+    ids = joined.column(ROW_ID_COLUMN)
+    firsts = pc.index_in(pc.unique(ids), value_set=ids)
+    counts = pc.value_counts(ids).field("counts")
+    multi = pc.sum(pc.greater(counts, 1).cast(pa.int64())).as_py() or 0
+    rows = _rows(session, info, joined.take(firsts))
     txn.stage(info, ChangeSet(rows))
     session.consumed(txn, binder)
     return _result(session, number_of_rows_updated=rows.num_rows,
-                   number_of_multi_joined_rows_updated=0)  # fmt: skip
+                   number_of_multi_joined_rows_updated=multi)  # fmt: skip
 
 
 def run_delete(session: Session, txn: Transaction, tree: exp.Delete) -> DataFrame:
@@ -171,6 +177,29 @@ def run_delete(session: Session, txn: Transaction, tree: exp.Delete) -> DataFram
     txn.stage(info, ChangeSet(delta_schema(info.schema).empty_table(), deleted=ids))
     session.consumed(txn, binder)
     return _result(session, number_of_rows_deleted=len(ids))
+
+
+def _check_deterministic(matched: pa.ChunkedArray, is_update: pa.ChunkedArray) -> None:
+    """Snowflake's rule: a target row matched by several source rows is deterministic
+    only if all of them chose a DELETE clause (one source row choosing UPDATE, and no
+    other row matching, is the other deterministic case).
+
+    Raises:
+        SqlError: NONDETERMINISTIC_MERGE, otherwise.
+    """
+    ids = matched.filter(pc.is_valid(matched))
+    if len(pc.unique(ids)) == len(ids):
+        return
+    updated = pc.unique(matched.filter(is_update))
+    counts = pc.value_counts(ids)
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if pc.any(pc.is_in(repeated, value_set=updated)).as_py():
+        raise SqlError(
+            "MERGE is nondeterministic: a target row matches more than one source row and "
+            "one of them updates it; make the ON condition match at most one source row per "
+            "target row (several matches are allowed when they all delete it)",
+            "NONDETERMINISTIC_MERGE",
+        )
 
 
 def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
@@ -227,19 +256,14 @@ def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
     )
     data = session.run_spark(text).toArrow()
     clause = data.column("__clause")
-    matched_ids = data.column(ROW_ID_COLUMN).filter(pc.is_valid(data.column(ROW_ID_COLUMN)))
-    if len(pc.unique(matched_ids)) != len(matched_ids):
-        raise SqlError(
-            "MERGE is nondeterministic: a target row matches more than one source row; make "
-            "the ON condition match at most one source row per target row",
-            "NONDETERMINISTIC_MERGE",
-        )
     deletes = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Var)]
     inserts = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Insert)]
     is_delete = pc.is_in(clause, value_set=pa.array(deletes, clause.type))
     is_insert = pc.is_in(clause, value_set=pa.array(inserts, clause.type))
     is_update = pc.invert(pc.or_(is_delete, is_insert))
-    deleted = data.column(ROW_ID_COLUMN).filter(is_delete).combine_chunks().cast(pa.int64())
+    _check_deterministic(data.column(ROW_ID_COLUMN), is_update)
+    deleted = pc.unique(data.column(ROW_ID_COLUMN).filter(is_delete).combine_chunks())
+    deleted = deleted.cast(pa.int64())
     columns = len(info.schema.names) + 1
 
     updated = _rows(session, info, data.filter(is_update).select(list(range(columns))))

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from deltalake import DeltaTable
 from sqlglot import exp
 
-from catalog import Catalog, SqliteCatalog, StreamRecord, TableInfo
+from catalog import Catalog, SqliteCatalog, StreamRecord, TableBusyError, TableInfo
 from flush.tables import commit_history, logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines import ddl, dml
 from pipelines.binding import Binder, parse
-from pipelines.commit import recover_pending
+from pipelines.commit import busy_message, recover_pending
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -113,6 +113,8 @@ class Session:
             return self._run(statement)
         except SqlError:
             raise
+        except TableBusyError as exc:  # DROP, DROP SCHEMA ... CASCADE, CREATE OR REPLACE
+            raise SqlError(busy_message(self.catalog, exc), "TABLE_BUSY") from None
         except IngestError as exc:  # conversion rules, names, types: the user's to fix
             raise SqlError(str(exc), getattr(exc, "code", "SQL_EXECUTION_ERROR")) from None
 
@@ -192,7 +194,9 @@ class Session:
                                "SQL_COMPILATION_ERROR")  # fmt: skip
             try:
                 with evaluation_errors():  # raised while Spark computed the change
-                    return runner(self, txn, tree)
+                    result = runner(self, txn, tree)
+                txn.statements.append(statement.text.strip())
+                return result
             finally:
                 if txn is not self._transaction:  # an explicit transaction may reuse them
                     self.release_views()
@@ -212,7 +216,7 @@ class Session:
             return ddl.status_frame(self, "Statement executed successfully.")
         txn, self._transaction = self._transaction, None
         if statement.kind == "commit" and txn is not None:
-            txn.commit("COMMIT")
+            txn.commit("; ".join([*txn.statements, "COMMIT"]))  # what others are told
         return ddl.status_frame(self, "Statement executed successfully.")
 
     def run_spark(self, text: str) -> DataFrame:

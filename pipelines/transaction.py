@@ -22,7 +22,7 @@ from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode, read_changes
-from pipelines.commit import TableWrites, commit_consumer
+from pipelines.commit import TableWrites, commit_consumer, recover_pending, stream_app_id
 from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class Transaction:
         self.writes: dict[int, TableWrites] = {}
         self.reads: dict[int, StreamRead] = {}
         self.consumed: set[int] = set()
+        self.statements: list[str] = []  # the DML run, named in the commit's record
 
     # Reading
     def version(self, info: TableInfo) -> int:
@@ -93,6 +94,10 @@ class Transaction:
         """
         read = self.reads.get(stream.id)
         if read is None:
+            if stream.claimed_by is not None and recover_pending(
+                self.catalog, only={stream.claimed_by}
+            ):  # a dead consumer's decided commit moves the offset first
+                stream = self.catalog.get_stream_by_id(stream.id) or stream
             table = self.catalog.get_table_by_id(stream.table_id)
             if table is None:
                 raise StreamStaleError(
@@ -149,7 +154,10 @@ class Transaction:
             StreamClaim(stream_id, self.reads[stream_id].offset, self.reads[stream_id].to)
             for stream_id in sorted(self.consumed)
         ]
-        return commit_consumer(self.catalog, list(self.writes.values()), claims, statement)
+        apps = {
+            stream_id: stream_app_id(self.reads[stream_id].stream) for stream_id in self.consumed
+        }
+        return commit_consumer(self.catalog, list(self.writes.values()), claims, statement, apps)
 
 
 def autocommit_attempts() -> Retrying:

@@ -439,13 +439,22 @@ NONDETERMINISTIC = "(SELECT 1 AS a, 'p' AS s UNION ALL SELECT 1, 'q')"
     "then",
     [
         "UPDATE SET s = src.s",
-        "DELETE",
+        # one source row updates, the other deletes: still two outcomes
+        "WHEN MATCHED AND src.s = 'p' THEN UPDATE SET s = src.s WHEN MATCHED THEN DELETE",
     ],
 )  # fmt: skip
 def test_merge_matching_a_target_row_twice_changes_nothing(world, then):
-    text = f"MERGE INTO t USING {NONDETERMINISTIC} src ON t.a = src.a WHEN MATCHED THEN {then}"
+    whens = then if then.startswith("WHEN") else f"WHEN MATCHED THEN {then}"
+    text = f"MERGE INTO t USING {NONDETERMINISTIC} src ON t.a = src.a {whens}"
     refused(world, text, S, "NONDETERMINISTIC_MERGE", "more than one source row", "ON condition")
     assert rows(world.sql("SELECT * FROM t")) == [(1, "x"), (2, "y"), (3, "z")]
+
+
+def test_merge_deleting_a_row_matched_twice_is_deterministic(world):
+    """Snowflake's rule: several source rows may match a target row when all of them
+    delete it (the outcome is the same whichever matches)."""
+    world.sql(f"MERGE INTO t USING {NONDETERMINISTIC} src ON t.a = src.a WHEN MATCHED THEN DELETE")
+    assert rows(world.sql("SELECT * FROM t")) == [(2, "y"), (3, "z")]
 
 
 def test_merge_with_only_a_delete_clause_runs(world):

@@ -12,7 +12,7 @@ Three bugs showed up under this load, all fixed; each has a deterministic test b
   attempts, so under steady ingestion UPDATE/DELETE fail with COMMIT_PENDING, and the
   recovery that should complete them starves the same way and makes ``Session()``
   itself raise delta-rs' ``CommitFailedError``.
-- B: ``landed_version`` loads ``DeltaTable(uri)`` and then reads ``history(limit)``;
+- B: ``landed_version`` loaded ``DeltaTable(uri)`` and then read ``history(limit)``;
   delta-rs labels the newest commits with versions counted down from the loaded one,
   so a flush landing in between hides the statement's own commit: the statement fails
   ("the commit landed but is not in the log") though its change was applied.
@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from deltalake import DeltaTable
 
 from channel_server import CompactionTrigger
 from flush import ROW_ID_COLUMN, read_table
@@ -528,14 +529,14 @@ def land_flushes_in_landed_version(monkeypatch, channel, first_id: int) -> list[
     original = change_commit.landed_version
     landed: list[int] = []
 
-    def landed_version_while_flushes_land(table, commit_id, after_version):
-        for _ in range(max(1, table.version() - after_version)):
+    def landed_version_while_flushes_land(table_uri, commit_app, after_version):
+        for _ in range(max(1, DeltaTable(table_uri).version() - after_version)):
             first = first_id + len(landed)
             channel.insert_rows([{"ID": n, "V": "ingested"} for n in range(first, first + 10)],
                                 end_offset_token=str(first + 9))  # fmt: skip
             channel.wait_for_commit(timeout=30)
             landed.extend(range(first, first + 10))
-        return original(table, commit_id, after_version)
+        return original(table_uri, commit_app, after_version)
 
     monkeypatch.setattr(change_commit, "landed_version", landed_version_while_flushes_land)
     return landed
@@ -608,8 +609,8 @@ def test_an_update_committing_in_compactions_window_stops_the_run(
     except Exception as exc:  # compact_and_record records this run as FAILED
         status, error = "FAILED", f"{type(exc).__name__}: {exc}"
     print(f"compaction in the window: {status}: {error}")
-    assert len(calls) == 2
-    assert status in ("ABANDONED", "FAILED"), status
+    assert len(calls) >= 2  # a refused commit checks its inputs again, finds them gone
+    assert status == "ABANDONED", (status, error)
     check_updated_once(info["location"], 400)
     assert not list((Path(info["location"]) / "_compacted").glob("*/*"))  # outputs removed
 

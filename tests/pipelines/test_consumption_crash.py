@@ -32,11 +32,11 @@ from deltalake import DeltaTable
 
 import flush.failpoints as failpoints
 import pipelines.commit as pipeline_commit
-from catalog import PendingCommit, SqliteCatalog
+from catalog import PendingCommit, SqliteCatalog, StreamRecord
 from flush import read_table
 from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.maintenance import maintain_catalog_table, vacuum_data_folders
-from pipelines import Session, StreamConflictError
+from pipelines import Session, SqlError, StreamConflictError
 from pipelines.commit import recover_pending, stream_app_id
 from tests.pipelines.conftest import rows
 
@@ -270,6 +270,8 @@ reopened.close()
 #: Failpoint -> whether the commit was decided (recorded in the catalog) when it fires.
 KILL_POINTS = {
     "pipeline_after_stage": False,
+    "pipeline_after_reserve": False,  # intents held, nothing validated
+    "pipeline_after_validate": False,  # validated, the streams not claimed
     "pipeline_after_decide": True,
     "pipeline_between_tables": True,  # after T1's Delta commit, before T2's
     "pipeline_before_finish": True,  # both Delta commits done, the catalog not finished
@@ -286,7 +288,7 @@ class Scenario:
     warehouse: Path
     child: Child
     src_version: int
-    stream_id: int
+    stream: StreamRecord
 
     def finished(self) -> Child:
         self.child.wait()
@@ -308,7 +310,7 @@ def consumers(tmp_path_factory, spark):
                 stream = session.catalog.get_stream("DB", "PUBLIC", "S")
                 src_version = DeltaTable(src.uri).version()
             child = Child.start(warehouse, body, failpoints, name=name)
-            started[name] = Scenario(warehouse, child, src_version, stream.id)
+            started[name] = Scenario(warehouse, child, src_version, stream)
         yield started
     finally:
         for scenario in started.values():
@@ -321,7 +323,7 @@ def consumers(tmp_path_factory, spark):
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_a_consumer_killed_at_any_point_commits_all_or_nothing(point, consumers, session_factory):
     scenario = consumers[point]
-    warehouse, app_id = scenario.warehouse, stream_app_id(scenario.stream_id)
+    warehouse, app_id = scenario.warehouse, stream_app_id(scenario.stream)
     child = scenario.finished()
     assert child.proc.returncode == -9, child.describe()  # SIGKILLed at the failpoint
     assert child.results() == []
@@ -330,7 +332,11 @@ def test_a_consumer_killed_at_any_point_commits_all_or_nothing(point, consumers,
     decided = KILL_POINTS[point]
     uris = {name: uri_of(warehouse, name) for name in ("T1", "T2")}
     pending = pending_of(warehouse)
-    assert len(pending) == (1 if decided else 0)
+    # Reserved (intents held) from the reservation on; decided from the decision on.
+    assert len(pending) == (0 if point == "pipeline_after_stage" else 1)
+    assert [p.state for p in pending] == [] if not pending else [
+        "decided" if decided else "preparing"
+    ]
     landed = {name: pipeline_commits(uri) for name, uri in uris.items()}
     if point == "pipeline_between_tables":
         assert landed == {"T1": [pending[0].id], "T2": []}
@@ -370,16 +376,17 @@ def test_a_consumer_killed_at_any_point_commits_all_or_nothing(point, consumers,
 
 
 def decided_but_not_committed(session: Session, monkeypatch) -> PendingCommit:
-    """In-process stand-in for a consumer that died right after deciding: the failpoint
-    raises there, then this process takes a new OWNER token, so the commit's owner (this
-    pid with the old token, as after a restart that reused the pid) counts as dead. The
-    real SIGKILL is covered above; this costs no child JVM."""
+    """In-process stand-in for a consumer that gave up right after deciding: the
+    failpoint raises there, and the owner hands the decided commit to recovery (owner
+    released). The real SIGKILL is covered above; this costs no child JVM."""
     monkeypatch.setitem(failpoints._POINTS, "pipeline_after_decide", ["error", 1])
-    with pytest.raises(failpoints.InjectedFailure), session.transaction():
+    with pytest.raises(SqlError) as failed, session.transaction():
         session.sql("INSERT INTO t1 SELECT a FROM s")
         session.sql("INSERT INTO t2 SELECT a FROM s")
+    assert failed.value.code == "COMMIT_PENDING"
+    assert isinstance(failed.value.__cause__, failpoints.InjectedFailure)
     (pending,) = session.catalog.pending_commits()
-    monkeypatch.setattr(pipeline_commit, "OWNER", f"{os.getpid()}:restarted")
+    assert pending.decided and pending.owner == ""  # released to recovery
     return pending
 
 
@@ -387,22 +394,22 @@ def test_two_sessions_recovering_a_dead_consumer_at_once_apply_it_once(
     tmp_path, session_factory, monkeypatch
 ):
     """Two processes may open the warehouse at the same moment after a crash: both see
-    the dead owner's commit and roll it forward; each table still gets it once. (Two
-    threads here, each with its own catalog connection; a barrier makes both reach
-    every table's Delta commit together.)"""
+    the dead owner's commit; one takes it over and rolls it forward, the other leaves
+    it; each table gets it once. (Two threads here, each with its own catalog
+    connection; a barrier makes both decide that the owner is dead together.)"""
     warehouse = tmp_path / "warehouse"
     setup = session_factory(warehouse)
     setup_warehouse(setup, FIRST)
     pending = decided_but_not_committed(setup, monkeypatch)
 
     barrier = threading.Barrier(2, timeout=60)
-    real_commit_staged = pipeline_commit.commit_staged
+    real_owner_alive = pipeline_commit.owner_alive
 
-    def commit_staged_together(*args, **kwargs):
+    def owner_alive_together(*args, **kwargs):
         barrier.wait()
-        return real_commit_staged(*args, **kwargs)
+        return real_owner_alive(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline_commit, "commit_staged", commit_staged_together)
+    monkeypatch.setattr(pipeline_commit, "owner_alive", owner_alive_together)
     done: list[int] = []
     errors: list[BaseException] = []
 
@@ -421,8 +428,8 @@ def test_two_sessions_recovering_a_dead_consumer_at_once_apply_it_once(
     for thread in threads:
         thread.join(timeout=120)
     assert errors == []
-    assert done == [1, 1]  # both rolled it forward ...
-    monkeypatch.setattr(pipeline_commit, "commit_staged", real_commit_staged)
+    assert sorted(done) == [0, 1]  # one took it over and rolled it forward ...
+    monkeypatch.setattr(pipeline_commit, "owner_alive", real_owner_alive)
 
     session = session_factory(warehouse)
     check_consistent(session, consumed=FIRST, pending=[])  # ... and it landed once
@@ -489,7 +496,7 @@ def test_a_failed_table_commit_is_completed_while_its_owner_lives(consumers):
 
 #: Per round: (A's target, B's target, forced overlap). With forced overlap both
 #: children have read the stream before either decides (a barrier before the catalog's
-#: begin_commit); otherwise they race freely from the same start signal.
+#: decide_commit); otherwise they race freely from the same start signal.
 ROUNDS = [
     ("t1", "t2", True),
     ("t1", "t2", False),
@@ -501,17 +508,17 @@ ROUNDS = [
 
 RACER = """
 sync = Path(SYNC)
-real_begin_commit = session.catalog.begin_commit
+real_decide_commit = session.catalog.decide_commit
 current = {"round": None}
 
-def begin_commit(owner, plan, claims):
+def decide_commit(commit_id, claims):
     number = current["round"]
     if ROUNDS[number][2]:  # forced overlap: both have read the stream; decide together
         touch(sync / f"decide-{number}-{NAME}")
         wait_for(*(sync / f"decide-{number}-{peer}" for peer in ("A", "B")))
-    return real_begin_commit(owner, plan, claims)
+    return real_decide_commit(commit_id, claims)
 
-session.catalog.begin_commit = begin_commit
+session.catalog.decide_commit = decide_commit
 session.sql("SELECT COUNT(*) FROM src").collect()  # warm up before the first round
 touch(sync / f"ready-{NAME}")
 for number, (target_a, target_b, _forced) in enumerate(ROUNDS):
@@ -595,13 +602,13 @@ def test_racing_sessions_in_one_process_consume_each_change_exactly_once(tmp_pat
     racers = {name: session_factory(warehouse) for name in ("A", "B")}
     barrier = threading.Barrier(2, timeout=120)
     for racer in racers.values():
-        real = racer.catalog.begin_commit
+        real = racer.catalog.decide_commit
 
-        def begin_commit(owner, plan, claims, real=real):
+        def decide_commit(commit_id, claims, real=real):
             barrier.wait()  # both have read the stream: decide together
-            return real(owner, plan, claims)
+            return real(commit_id, claims)
 
-        racer.catalog.begin_commit = begin_commit
+        racer.catalog.decide_commit = decide_commit
 
     def consume(name: str, target: str, results: dict) -> None:
         try:

@@ -201,8 +201,9 @@ def test_ctas_whose_commit_is_decided_keeps_the_new_table(src, monkeypatch):
     session.sql("CREATE TABLE t AS SELECT id FROM src")
     old = session.require_table("t")
     monkeypatch.setitem(failpoints._POINTS, "pipeline_after_decide", ["error", 1])
-    with pytest.raises(failpoints.InjectedFailure):
+    with pytest.raises(SqlError) as pending:
         session.sql("CREATE OR REPLACE TABLE t AS SELECT name FROM src WHERE id < 3")
+    assert pending.value.code == "COMMIT_PENDING"
     new = session.require_table("t")
     assert new.id != old.id and not Path(old.uri).exists()
     assert delta_rows(new.uri) == []  # decided, not yet applied

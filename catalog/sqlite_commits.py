@@ -1,0 +1,143 @@
+"""Pending pipeline commits in the SQLite catalog: reservations with write intents,
+decisions that claim streams, hand-over between owners, and the end of a commit.
+
+Kept apart from :mod:`catalog.sqlite` so the commit protocol's catalog half reads in
+one place. Every operation is one ``BEGIN IMMEDIATE`` transaction, so two processes
+reserving, deciding or taking over the same commit serialise on SQLite's write lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict
+from catalog.records import CommitIntent, PendingCommit, StreamClaim
+from catalog.sqlite_layout import PENDING_COLUMNS, to_pending
+
+if TYPE_CHECKING:
+    from catalog.sqlite import _Immediate
+
+__all__ = ["PendingCommitStore", "ensure_catalog_id"]
+
+
+def ensure_catalog_id(db: sqlite3.Connection) -> None:
+    """Give a new (or pre-id) catalog its random id, and older streams their uids."""
+    db.execute(
+        "INSERT OR IGNORE INTO catalog_meta (key, value) VALUES ('catalog_id', ?)",
+        (uuid.uuid4().hex,),
+    )
+    db.execute("UPDATE streams SET uid = lower(hex(randomblob(16))) WHERE uid = ''")
+
+
+def _pending(db: sqlite3.Connection) -> list[PendingCommit]:
+    return [to_pending(row) for row in db.execute(f"SELECT {PENDING_COLUMNS} FROM pending_commits")]
+
+
+class PendingCommitStore:
+    """The pending-commit half of :class:`catalog.sqlite.SqliteCatalog` (a mixin)."""
+
+    if TYPE_CHECKING:
+
+        def _immediate(self) -> _Immediate: ...
+        def _read(self, sql: str, args: tuple = ()) -> list[tuple]: ...  # type: ignore[type-arg]
+
+    def catalog_id(self) -> str:
+        return str(self._read("SELECT value FROM catalog_meta WHERE key='catalog_id'")[0][0])
+
+    def reserve_commit(
+        self, owner: str, plan: dict[str, Any], intents: Sequence[CommitIntent]
+    ) -> PendingCommit:
+        now = time.time()
+        intents = tuple(intents)
+        with self._immediate() as db:
+            holders = sorted(
+                p.id
+                for p in _pending(db)
+                if any(mine.conflicts_with(theirs) for mine in intents for theirs in p.intents)
+            )
+            if holders:
+                raise IntentConflict(holders)
+            cursor = db.execute(
+                "INSERT INTO pending_commits (owner, plan, claims, created_at, state, intents)"
+                " VALUES (?, ?, '[]', ?, 'preparing', ?)",
+                (owner, orjson.dumps(plan).decode(), now,
+                 orjson.dumps([(i.table_id, i.kind) for i in intents]).decode()),
+            )  # fmt: skip
+            commit_id = int(cursor.lastrowid or 0)
+        return PendingCommit(commit_id, owner, plan, (), now, "preparing", intents)
+
+    def decide_commit(self, commit_id: int, claims: Sequence[StreamClaim]) -> PendingCommit:
+        with self._immediate() as db:
+            row = db.execute(
+                f"SELECT {PENDING_COLUMNS} FROM pending_commits WHERE id=?", (commit_id,)
+            ).fetchone()
+            if row is None:
+                raise CommitGoneError(f"pending commit {commit_id} is no longer recorded")
+            lost = []
+            for claim in claims:
+                stream = db.execute(
+                    "SELECT offset_version, claimed_by FROM streams WHERE id=?",
+                    (claim.stream_id,),
+                ).fetchone()
+                if (
+                    stream is None
+                    or stream[0] != claim.expected
+                    or stream[1] not in (None, commit_id)
+                    or claim.new < claim.expected  # an offset never moves back
+                ):
+                    lost.append(claim.stream_id)
+            if lost:
+                raise StreamClaimConflict(lost)
+            claims_text = orjson.dumps([(c.stream_id, c.expected, c.new) for c in claims]).decode()
+            db.execute(
+                "UPDATE pending_commits SET claims=?, state='decided' WHERE id=?",
+                (claims_text, commit_id),
+            )
+            for claim in claims:
+                db.execute(
+                    "UPDATE streams SET claimed_by=? WHERE id=?", (commit_id, claim.stream_id)
+                )
+        pending = to_pending(row)
+        return PendingCommit(pending.id, pending.owner, pending.plan, tuple(claims),
+                             pending.created_at, "decided", pending.intents)  # fmt: skip
+
+    def finish_commit(self, commit_id: int) -> None:
+        now = time.time()
+        with self._immediate() as db:
+            row = db.execute("SELECT claims FROM pending_commits WHERE id=?", (commit_id,))
+            found = row.fetchone()
+            if found is None:
+                return  # finished already (recovery and the owner may both try)
+            for stream_id, _expected, new in orjson.loads(found[0]):
+                db.execute(
+                    "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"
+                    " WHERE id=? AND claimed_by=?",
+                    (new, now, stream_id, commit_id),
+                )
+            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
+
+    def abandon_commit(self, commit_id: int) -> None:
+        with self._immediate() as db:
+            db.execute("UPDATE streams SET claimed_by=NULL WHERE claimed_by=?", (commit_id,))
+            db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
+
+    def take_over_commit(self, commit_id: int, owner: str, new_owner: str) -> bool:
+        with self._immediate() as db:
+            cursor = db.execute(
+                "UPDATE pending_commits SET owner=? WHERE id=? AND owner=?",
+                (new_owner, commit_id, owner),
+            )
+            return cursor.rowcount == 1
+
+    def release_commit(self, commit_id: int, owner: str) -> None:
+        self.take_over_commit(commit_id, owner, "")
+
+    def pending_commits(self) -> list[PendingCommit]:
+        rows = self._read(f"SELECT {PENDING_COLUMNS} FROM pending_commits ORDER BY id")
+        return [to_pending(row) for row in rows]
