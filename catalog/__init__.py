@@ -9,6 +9,7 @@ from catalog.base import (
     ObjectNotEmptyError,
     StreamClaimConflict,
     TableBusyError,
+    TablesGoneError,
 )
 from catalog.records import (
     APPEND_INTENT,
@@ -48,5 +49,6 @@ __all__ = [
     "StreamRecord",
     "TableBusyError",
     "TableInfo",
+    "TablesGoneError",
     "full_name",
 ]

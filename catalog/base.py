@@ -77,6 +77,19 @@ class IntentConflict(RuntimeError):
         self.holders = holders
 
 
+class TablesGoneError(RuntimeError):
+    """Tables a commit names were dropped after its transaction read them (see
+    :meth:`Catalog.reserve_commit`); nothing was recorded.
+
+    Attributes:
+        table_ids: the tables no longer in the catalog.
+    """
+
+    def __init__(self, table_ids: list[int]) -> None:
+        super().__init__(f"table(s) {table_ids} were dropped")
+        self.table_ids = table_ids
+
+
 class CommitGoneError(RuntimeError):
     """A pending commit is no longer recorded (abandoned by recovery, or finished)."""
 
@@ -257,6 +270,7 @@ class Catalog(ABC):
         Raises:
             IntentConflict: another pending commit holds a conflicting intent (two
                 ``rows`` intents on one table); nothing was recorded.
+            TablesGoneError: a table of ``intents`` is no longer in the catalog.
         """
 
     @abstractmethod

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict
+from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict, TablesGoneError
 from catalog.records import CommitIntent, PendingCommit, StreamClaim
 from catalog.sqlite_layout import PENDING_COLUMNS, to_pending
 
@@ -63,6 +63,10 @@ class PendingCommitStore:
             )
             if holders:
                 raise IntentConflict(holders)
+            gone = [i.table_id for i in intents if db.execute(
+                "SELECT 1 FROM tables WHERE id=?", (i.table_id,)).fetchone() is None]  # fmt: skip
+            if gone:  # checked with the intents: a drop comes before, or is refused after
+                raise TablesGoneError(gone)
             cursor = db.execute(
                 "INSERT INTO pending_commits (owner, plan, claims, created_at, state, intents)"
                 " VALUES (?, ?, '[]', ?, 'preparing', ?)",

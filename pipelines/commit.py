@@ -48,6 +48,7 @@ from catalog import (
     StreamRecord,
     TableBusyError,
     TableInfo,
+    TablesGoneError,
 )
 from flush.change_commit import (
     ChangeSet,
@@ -230,7 +231,13 @@ def _reserve(
                     recover_pending(catalog, only=set(conflict.holders))
                     raise
     except IntentConflict as conflict:
-        raise _busy(catalog, conflict.holders) from None
+        raise _busy(catalog, conflict.holders, intents) from None
+    except TablesGoneError as gone:
+        names = [t["name"] for t in plan["tables"] if t["table_id"] in gone.table_ids]
+        raise TransactionConflictError(
+            f"table(s) {', '.join(names)} were dropped or replaced by another writer after "
+            "this transaction read them; this transaction changed nothing"
+        ) from None
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -299,29 +306,33 @@ def _decide(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _busy(catalog: Catalog, holders: list[int]) -> SqlError:
-    named = {p.id: p for p in catalog.pending_commits() if p.id in holders}
-    what = "; ".join(
-        f"commit {p.id} ({p.state}, statement {p.plan.get('statement', '')[:80]!r})"
-        for p in named.values()
-    )
-    return SqlError(
-        f"tables this transaction updates are being written by another transaction "
-        f"({what or 'finished meanwhile'}) and stayed so for {INTENT_WAIT_SECONDS:.0f} s; this "
-        "transaction changed nothing: run it again",
-        "TABLE_BUSY",
-    )
+def _busy(catalog: Catalog, holders: list[int], intents: list[CommitIntent]) -> SqlError:
+    mine = {i.table_id for i in intents}
+    theirs = {i.table_id for p in catalog.pending_commits() if p.id in holders for i in p.intents}
+    busy = TableBusyError(sorted(mine & theirs) or sorted(mine), holders)
+    return SqlError(busy_message(catalog, busy), "TABLE_BUSY")
 
 
-def when_free(catalog: Catalog, action: Callable[[], T], table_ids: Sequence[int] = ()) -> T:
-    """Run ``action`` (a drop) once no pending commit names ``table_ids`` or the tables
-    it drops: a commit of a dead owner is completed first, a live one is waited for up
-    to :data:`INTENT_WAIT_SECONDS`; then :class:`TableBusyError` goes to the caller."""
+def when_free(
+    catalog: Catalog,
+    action: Callable[[], T],
+    table_ids: Sequence[int] = (),
+    decided_only: bool = False,
+) -> T:
+    """Run ``action`` once no pending commit (``decided_only``: no decided one) names
+    ``table_ids`` or, for a drop, the tables it drops: a commit of a dead owner is
+    completed first, a live one is waited for up to :data:`INTENT_WAIT_SECONDS`; then
+    :class:`TableBusyError` goes to the caller.
+
+    Drops wait for every pending commit (its roll-forward must find the table); a
+    transaction pinning a table waits for decided ones, so that it reads every commit
+    decided before it (snapshot isolation) and not a table half-way through one."""
     wanted = set(table_ids)
 
     def attempt_once() -> T:
         holders = [p.id for p in catalog.pending_commits()
-                   if any(i.table_id in wanted for i in p.intents)]  # fmt: skip
+                   if (p.decided or not decided_only)
+                   and any(i.table_id in wanted for i in p.intents)]  # fmt: skip
         if holders:
             raise TableBusyError(sorted(wanted), holders)
         return action()
@@ -342,15 +353,20 @@ def when_free(catalog: Catalog, action: Callable[[], T], table_ids: Sequence[int
 
 
 def busy_message(catalog: Catalog, error: TableBusyError) -> str:
-    """Why a table cannot be dropped or replaced now, and what to do."""
+    """Why a table cannot be dropped, replaced or read now, and what to do."""
     names = []
     for table_id in error.table_ids:
         info = catalog.get_table_by_id(table_id)
         names.append(info.full_name if info else f"#{table_id}")
+    holders = [p for p in catalog.pending_commits() if p.id in error.commit_ids]
+    what = "; ".join(
+        f"commit {p.id}, {p.state}, of {p.plan.get('statement', '')[:160]!r}" for p in holders
+    )
     return (
-        f"table(s) {', '.join(names)} are written by pending pipeline commit(s) "
-        f"{', '.join(map(str, error.commit_ids))}, which must find them to complete; drop "
-        "them when those commits end (moments, or at the next recovery if their owner died)"
+        f"table(s) {', '.join(names)} are written by another transaction's pending commit "
+        f"({what or 'ended meanwhile'}), which did not end within {INTENT_WAIT_SECONDS:.0f} s; "
+        "this statement changed nothing: run it again when that commit ends (moments, or at "
+        "the next recovery if its writer died)"
     )
 
 

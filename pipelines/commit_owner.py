@@ -32,7 +32,8 @@ def _boot_id() -> str:
 
 
 def process_identity(pid: int) -> str | None:
-    """``"<pid>:<start ticks>:<boot id>"`` of a running process; None if there is none."""
+    """``"<pid>:<start ticks>:<boot id>"`` of a running process; None if there is none
+    (or it has exited and only waits to be reaped: a zombie does no more work)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -47,6 +48,8 @@ def process_identity(pid: int) -> str | None:
         return f"{pid}:-:{_boot_id()}"
     # The command name (field 2) may hold spaces and parentheses: split after the last ")".
     fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] in ("Z", "X"):  # field 3: exited, not yet reaped by its parent
+        return None
     return f"{pid}:{fields[19]}:{_boot_id()}"  # field 22, starttime
 
 

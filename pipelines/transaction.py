@@ -22,7 +22,13 @@ from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.changes import ChangeMode, read_changes
-from pipelines.commit import TableWrites, commit_consumer, recover_pending, stream_app_id
+from pipelines.commit import (
+    TableWrites,
+    commit_consumer,
+    recover_pending,
+    stream_app_id,
+    when_free,
+)
 from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
 
 if TYPE_CHECKING:
@@ -62,9 +68,10 @@ class Transaction:
 
     # Reading
     def version(self, info: TableInfo) -> int:
-        """The table's version for this transaction (pinned on first use)."""
+        """The table's version for this transaction (pinned on first use, once no
+        decided commit is still rolling forward into the table)."""
         if info.id not in self.versions:
-            handle = DeltaTable(info.uri)
+            handle = when_free(self.catalog, lambda: DeltaTable(info.uri), [info.id], True)
             self.handles[info.id] = handle
             self.versions[info.id] = handle.version()
         return self.versions[info.id]

@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 import flush.failpoints as failpoints
 import pipelines.commit as pipeline_commit
 from catalog import ChannelProgress, IntentConflict
-from flush import TableWriter
+from flush import TableWriter, read_table
 from flush.change_commit import landed_version
 from flush.compaction import compact_table
 from flush.maintenance import vacuum_data_folders
@@ -64,6 +64,13 @@ def table(session: Session, name: str) -> list[tuple]:
 
 def t2(session: Session) -> dict[int, str]:
     return dict(table(session, "t2"))
+
+
+def t2_in_delta(session: Session) -> dict[int, str]:
+    """T2 as its Delta log has it now (delta-rs; no session, so no waiting)."""
+    data = read_table(session.require_table("t2").uri)
+    ids, values = data.column("ID").to_pylist(), data.column("V").to_pylist()
+    return {int(i): v for i, v in zip(ids, values, strict=True)}
 
 
 def check_settled(session: Session, a_committed: bool) -> None:
@@ -155,9 +162,12 @@ def test_the_loser_runs_again_and_consumes_once(session_factory):
 
 
 def _wait_for_intents(session: Session) -> threading.Event:
-    """An event set when ``session``'s commit finds its tables held by another."""
+    """An event set when ``session`` finds its tables held by another commit: its
+    reservation by a conflicting intent, or its first read by a decided commit."""
     blocked = threading.Event()
     real = session.catalog.reserve_commit
+
+    real_pending = session.catalog.pending_commits
 
     def reserve_commit(*args, **kwargs):
         try:
@@ -166,7 +176,14 @@ def _wait_for_intents(session: Session) -> threading.Event:
             blocked.set()
             raise
 
+    def pending_commits():  # a decided one holds the session's first read of the table
+        found = real_pending()
+        if any(p.decided for p in found):
+            blocked.set()
+        return found
+
     session.catalog.reserve_commit = reserve_commit  # type: ignore[method-assign]
+    session.catalog.pending_commits = pending_commits  # type: ignore[method-assign]
     return blocked
 
 
@@ -353,7 +370,9 @@ def test_a_live_owner_holds_its_tables_and_writers_are_told(session_factory, mon
         b.sql("UPDATE t2 SET v = 'fromB' WHERE id = 1")
     assert busy.value.code == "TABLE_BUSY"
     assert "changed nothing" in str(busy.value) and "UPDATE t2" in str(busy.value)
-    assert t2(b) == {1: "orig", 2: "orig"}  # A not rolled forward by B, B not applied
+    # A not rolled forward by B, B not applied (read from the log: a session's read of
+    # T2 would wait for A too)
+    assert t2_in_delta(b) == {1: "orig", 2: "orig"}
     with pytest.raises(SqlError) as drop:
         b.sql("DROP TABLE t2")
     assert drop.value.code == "TABLE_BUSY" and "DB.PUBLIC.T2" in str(drop.value)
@@ -364,7 +383,7 @@ def test_a_live_owner_holds_its_tables_and_writers_are_told(session_factory, mon
         b.sql("CREATE OR REPLACE TABLE t2 AS SELECT 1 AS id")
     assert replace.value.code == "TABLE_BUSY"
     assert sorted(t.name for t in b.catalog.list_tables()) == ["SRC", "T1", "T2", "T3"]
-    assert t2(b) == {1: "orig", 2: "orig"}  # nothing replaced, nothing set aside
+    assert t2_in_delta(b) == {1: "orig", 2: "orig"}  # nothing replaced, nothing set aside
     sleeper.kill()
     sleeper.wait()
     b.sql("UPDATE t2 SET v = 'fromB' WHERE id = 1")  # the owner is dead: B completes A first

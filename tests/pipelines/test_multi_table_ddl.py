@@ -1,0 +1,132 @@
+"""A multi-table commit against statements that read, drop or replace its tables.
+
+Found by the adversarial review of the multi-table commit: a table dropped after the
+transaction read it (before the commit reserved it) left a half-applied commit stuck
+for good; a TRUNCATE, DELETE or CREATE OR REPLACE ... AS SELECT that read a table while
+a decided commit was not yet rolled forward into it lost that commit's change (or had
+it come back after the truncate); a zombie owner passed for alive.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines import Session, SqlError, TransactionConflictError
+from pipelines.commit_owner import owner_alive, process_identity
+from tests.pipelines.test_multi_table_commit import (
+    SOURCE,
+    decided_and_left,
+    setup,
+    t2,
+    table,
+)
+
+
+def nothing_pending(session: Session) -> None:
+    assert session.catalog.pending_commits() == []
+    assert session.catalog.get_stream("DB", "PUBLIC", "S").claimed_by is None
+
+
+@pytest.mark.parametrize("statement", ["DROP TABLE t1", "CREATE OR REPLACE TABLE t1 (id NUMBER)"])
+def test_a_table_dropped_after_the_transaction_read_it_fails_the_commit_cleanly(
+    statement, session_factory
+):
+    """A inserts into T1 and updates T2; B drops (or replaces) T1 before A's COMMIT:
+    A's COMMIT is a conflict that changed nothing (T2 untouched), nothing stays
+    pending, and T2 stays writable."""
+    a = session_factory()
+    setup(a)
+    b = session_factory()
+    a.sql("BEGIN")
+    a.sql("UPDATE t2 SET v = 'fromA' WHERE id = 1")
+    a.sql("INSERT INTO t1 VALUES (5, 'x')")
+    b.sql(statement)
+    with pytest.raises(TransactionConflictError) as conflict:
+        a.sql("COMMIT")
+    assert "DB.PUBLIC.T1" in str(conflict.value) and "changed nothing" in str(conflict.value)
+    assert t2(b) == {1: "orig", 2: "orig"}
+    nothing_pending(b)
+    b.sql("UPDATE t2 SET v = 'fromB' WHERE id = 1")  # not busy
+    assert t2(b) == {1: "fromB", 2: "orig"}
+
+
+@pytest.mark.parametrize("statement", ["TRUNCATE TABLE t1", "DELETE FROM t1"])
+def test_a_statement_reading_a_table_sees_every_commit_decided_before_it(
+    statement, session_factory, monkeypatch
+):
+    """A consumed S into T1 (an append) and updated T2, decided, then gave up before
+    rolling forward. B empties T1: B must see A's rows (A committed first), so T1 is
+    empty afterwards, and stays so; S's rows were delivered once."""
+    a = session_factory()
+    setup(a)
+    b = session_factory()  # opened before: its opening recovered nothing
+    decided_and_left(a, monkeypatch)
+    b.sql(statement)
+    assert table(b, "t1") == []
+    assert t2(b) == {1: "fromA", 2: "orig"}
+    assert table(b, "s") == []  # consumed by A, not offered again
+    nothing_pending(b)
+    assert table(session_factory(), "t1") == []  # a later session's recovery adds nothing
+
+
+def test_create_or_replace_as_select_of_itself_keeps_a_decided_commits_change(
+    session_factory, monkeypatch
+):
+    a = session_factory()
+    setup(a)
+    b = session_factory()
+    decided_and_left(a, monkeypatch)
+    b.sql("CREATE OR REPLACE TABLE t2 AS SELECT * FROM t2")
+    assert t2(b) == {1: "fromA", 2: "orig"}
+    assert sorted(table(b, "t1")) == sorted(SOURCE)
+    nothing_pending(b)
+
+
+def test_a_zombie_owner_is_dead():
+    """An owner that exited but was not reaped yet does no more work: not alive."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    owner = f"{process_identity(child.pid)}:token"
+    assert owner_alive(owner)
+    try:
+        for _ in range(200):  # exited, not waited for: a zombie
+            stat = Path(f"/proc/{child.pid}/stat").read_text()
+            if stat[stat.rindex(")") + 2] == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the child never exited")
+        assert not owner_alive(owner)
+    finally:
+        child.wait()
+
+
+def test_a_reader_waiting_on_a_live_owner_is_told(session_factory, monkeypatch):
+    """A decided commit whose live owner does not finish: a statement reading its table
+    waits, then gets TABLE_BUSY naming the commit's statements, having changed nothing."""
+    import pipelines.commit as pipeline_commit
+
+    a = session_factory()
+    setup(a)
+    b = session_factory()
+    commit_id = decided_and_left(a, monkeypatch)
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        alive = f"{process_identity(sleeper.pid)}:x"
+        assert a.catalog.take_over_commit(commit_id, "", alive)
+        monkeypatch.setattr(pipeline_commit, "INTENT_WAIT_SECONDS", 1.0)
+        with pytest.raises(SqlError) as busy:
+            b.sql("DELETE FROM t1")
+        assert busy.value.code == "TABLE_BUSY"
+        assert "DB.PUBLIC.T1" in str(busy.value) and "INSERT INTO t1" in str(busy.value)
+        assert "changed nothing" in str(busy.value)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    b.sql("DELETE FROM t1")  # the owner is dead: B completes A first, then deletes
+    assert table(b, "t1") == []
+    nothing_pending(b)
