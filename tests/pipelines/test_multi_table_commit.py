@@ -358,14 +358,21 @@ def test_a_writer_completes_a_commit_whose_owner_is_gone(
     check_settled(b, a_committed=True)
 
 
-def test_a_live_owner_holds_its_tables_and_writers_are_told(session_factory, monkeypatch, sleeper):
+def held_by_live_owner(session_factory, monkeypatch, pid: int) -> Session:
+    """A's commit decided and owned by the live process ``pid`` (which never finishes
+    it); writers wait 1 s. Returns B's session, opened before."""
     a = session_factory()
     setup(a)
     b = session_factory()
     commit_id = decided_and_left(a, monkeypatch)
-    alive = f"{process_identity(sleeper.pid)}:x"  # the very process: alive for sure
+    alive = f"{process_identity(pid)}:x"  # the very process: alive for sure
     assert a.catalog.take_over_commit(commit_id, "", alive)
     monkeypatch.setattr(pipeline_commit, "INTENT_WAIT_SECONDS", 1.0)
+    return b
+
+
+def test_a_live_owner_holds_its_tables_and_writers_are_told(session_factory, monkeypatch, sleeper):
+    b = held_by_live_owner(session_factory, monkeypatch, sleeper.pid)
     with pytest.raises(SqlError) as busy:
         b.sql("UPDATE t2 SET v = 'fromB' WHERE id = 1")
     assert busy.value.code == "TABLE_BUSY"

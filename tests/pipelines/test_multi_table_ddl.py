@@ -21,6 +21,7 @@ from pipelines.commit_owner import owner_alive, process_identity
 from tests.pipelines.test_multi_table_commit import (
     SOURCE,
     decided_and_left,
+    held_by_live_owner,
     setup,
     t2,
     table,
@@ -108,17 +109,9 @@ def test_a_zombie_owner_is_dead():
 def test_a_reader_waiting_on_a_live_owner_is_told(session_factory, monkeypatch):
     """A decided commit whose live owner does not finish: a statement reading its table
     waits, then gets TABLE_BUSY naming the commit's statements, having changed nothing."""
-    import pipelines.commit as pipeline_commit
-
-    a = session_factory()
-    setup(a)
-    b = session_factory()
-    commit_id = decided_and_left(a, monkeypatch)
     sleeper = subprocess.Popen(["sleep", "600"])
     try:
-        alive = f"{process_identity(sleeper.pid)}:x"
-        assert a.catalog.take_over_commit(commit_id, "", alive)
-        monkeypatch.setattr(pipeline_commit, "INTENT_WAIT_SECONDS", 1.0)
+        b = held_by_live_owner(session_factory, monkeypatch, sleeper.pid)
         with pytest.raises(SqlError) as busy:
             b.sql("DELETE FROM t1")
         assert busy.value.code == "TABLE_BUSY"
