@@ -228,7 +228,8 @@ def _reserve(
                 try:
                     return catalog.reserve_commit(owner, plan, intents)
                 except IntentConflict as conflict:
-                    recover_pending(catalog, only=set(conflict.holders))
+                    if not _helped(catalog, conflict.holders):
+                        raise _busy(catalog, conflict.holders, intents) from None
                     raise
     except IntentConflict as conflict:
         raise _busy(catalog, conflict.holders, intents) from None
@@ -339,8 +340,8 @@ def when_free(
 
     def help_holders(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
-        if isinstance(error, TableBusyError):
-            recover_pending(catalog, only=set(error.commit_ids))
+        if isinstance(error, TableBusyError) and not _helped(catalog, error.commit_ids):
+            raise _Hopeless(error)
 
     attempts = Retrying(
         retry=retry_if_exception_type(TableBusyError),
@@ -349,7 +350,28 @@ def when_free(
         before_sleep=help_holders,
         reraise=True,
     )
-    return attempts(attempt_once)
+    try:
+        return attempts(attempt_once)
+    except _Hopeless as hopeless:
+        raise hopeless.busy from None
+
+
+class _Hopeless(Exception):
+    """Waiting will not end the commits in the way: their recovery just failed."""
+
+    def __init__(self, busy: TableBusyError) -> None:
+        super().__init__(str(busy))
+        self.busy = busy
+
+
+def _helped(catalog: Catalog, commit_ids: Sequence[int]) -> bool:
+    """Complete the commits in the way whose owner is gone; False if one of them is
+    still pending with no live owner (its roll-forward failed: the log says why), so
+    that waiting for it is pointless; True if waiting may help."""
+    recover_pending(catalog, only=set(commit_ids))
+    return not any(
+        p.id in commit_ids and not owner_alive(p.owner) for p in catalog.pending_commits()
+    )
 
 
 def busy_message(catalog: Catalog, error: TableBusyError) -> str:
@@ -364,9 +386,10 @@ def busy_message(catalog: Catalog, error: TableBusyError) -> str:
     )
     return (
         f"table(s) {', '.join(names)} are written by another transaction's pending commit "
-        f"({what or 'ended meanwhile'}), which did not end within {INTENT_WAIT_SECONDS:.0f} s; "
-        "this statement changed nothing: run it again when that commit ends (moments, or at "
-        "the next recovery if its writer died)"
+        f"({what or 'ended meanwhile'}), which did not end within {INTENT_WAIT_SECONDS:.0f} s "
+        "or whose completion failed (the log says why; every writer, session and the "
+        "service's recovery tries again); this statement changed nothing: run it again "
+        "when that commit ends"
     )
 
 

@@ -123,3 +123,34 @@ def test_a_reader_waiting_on_a_live_owner_is_told(session_factory, monkeypatch):
     b.sql("DELETE FROM t1")  # the owner is dead: B completes A first, then deletes
     assert table(b, "t1") == []
     nothing_pending(b)
+
+
+@pytest.mark.parametrize("statement", ["SELECT * FROM t1", "UPDATE t2 SET v = 'fromB'"])
+def test_a_commit_whose_completion_fails_is_reported_at_once(
+    statement, session_factory, monkeypatch
+):
+    """A decided commit with no live owner whose roll-forward fails (a disk error, a
+    file removed by hand): a reader or writer of its tables tries to complete it once,
+    then gets TABLE_BUSY saying so, instead of trying for INTENT_WAIT_SECONDS. Once
+    the cause is gone, the next statement completes it."""
+    import pipelines.commit as pipeline_commit
+
+    a = session_factory()
+    setup(a)
+    b = session_factory()
+    decided_and_left(a, monkeypatch)
+    monkeypatch.setattr(pipeline_commit, "INTENT_WAIT_SECONDS", 3600.0)
+    tries: list[int] = []
+
+    def failing_roll_forward(catalog, pending):
+        tries.append(pending.id)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pipeline_commit, "_roll_forward", failing_roll_forward)
+    with pytest.raises(SqlError) as busy:
+        b.sql(statement).collect()
+    assert busy.value.code == "TABLE_BUSY" and "completion failed" in str(busy.value)
+    assert len(tries) == 1
+    monkeypatch.undo()
+    assert sorted(table(b, "t1")) == sorted(SOURCE)
+    nothing_pending(b)
