@@ -69,13 +69,11 @@ def owner_alive(owner: str) -> bool:
     """Whether the owner of a pending commit may still be working on it."""
     if not owner:  # released: recovery's to take
         return False
-    if owner in IN_FLIGHT:
-        return True
     identity = owner.rpartition(":")[0]
     try:
         pid = int(identity.partition(":")[0])
     except ValueError:
         return False
-    if pid == os.getpid():
-        return False  # this process, and no thread of it works on the commit
+    if pid == os.getpid():  # this process: alive while one of its threads works on it
+        return owner in IN_FLIGHT  # (a forked child inherits IN_FLIGHT, not the pid)
     return process_identity(pid) == identity

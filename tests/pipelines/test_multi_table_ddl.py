@@ -154,3 +154,28 @@ def test_a_commit_whose_completion_fails_is_reported_at_once(
     monkeypatch.undo()
     assert sorted(table(b, "t1")) == sorted(SOURCE)
     nothing_pending(b)
+
+
+FORKED_CHILD = """
+import os, signal, sys, time
+from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
+read, write = os.pipe()
+parent = os.fork()
+if parent == 0:  # the owner: one of its threads rolls a commit forward, then it forks
+    owner = new_owner()
+    IN_FLIGHT.add(owner)
+    if os.fork() == 0:  # its child inherits IN_FLIGHT, and outlives it
+        time.sleep(1.0)
+        os.write(write, str(owner_alive(owner)).encode())
+        os._exit(0)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(parent, 0)
+print(os.read(read, 10).decode())
+"""
+
+
+def test_a_forked_child_does_not_take_its_dead_parents_commit_for_alive():
+    done = subprocess.run([sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True,
+                          timeout=60, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert done.stdout.strip() == "False", done
