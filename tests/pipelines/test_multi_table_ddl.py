@@ -179,3 +179,35 @@ def test_a_forked_child_does_not_take_its_dead_parents_commit_for_alive():
     done = subprocess.run([sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True,
                           timeout=60, cwd=Path(__file__).parents[2])  # fmt: skip
     assert done.stdout.strip() == "False", done
+
+
+def test_the_service_refuses_to_drop_a_table_a_pending_commit_writes(
+    server_factory, client_factory
+):
+    """``DELETE /v1/tables/...`` of a table a live transaction's commit holds: 409
+    TABLE_BUSY naming the table, and the table, its folder and the commit stay."""
+    from catalog import ROWS_INTENT, CommitIntent
+    from ingest_sdk import TableBusyError
+
+    server = server_factory()
+    client = client_factory(server.url)
+    created = client.create_table("db.public.busy", {"ID": "INT"})
+    catalog = server.service.catalog
+    info = catalog.get_table("DB", "PUBLIC", "BUSY")
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        owner = f"{process_identity(sleeper.pid)}:x"  # alive: the recovery loop leaves it
+        pending = catalog.reserve_commit(owner, {"tables": []}, [CommitIntent(info.id, ROWS_INTENT)])
+        with pytest.raises(TableBusyError) as busy:
+            client.drop_table("db.public.busy")
+        assert busy.value.status == 409 and busy.value.code == "TABLE_BUSY"
+        assert "DB.PUBLIC.BUSY" in str(busy.value)
+        assert client.describe_table("db.public.busy")["location"] == created["location"]
+        assert Path(created["location"], "_delta_log").is_dir()
+        assert [p.id for p in catalog.pending_commits()] == [pending.id]
+        catalog.abandon_commit(pending.id)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    client.drop_table("db.public.busy")  # free again
+    assert not Path(created["location"]).exists()
