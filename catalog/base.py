@@ -4,7 +4,7 @@ implementations (``tests/catalog/test_catalog_behaviors.py``)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from catalog.records import (
@@ -318,6 +318,14 @@ class Catalog(ABC):
 
     @abstractmethod
     def pending_commits(self) -> list[PendingCommit]: ...
+
+    def commits_holding(self, table_ids: Iterable[int], decided_only: bool = False) -> list[int]:
+        """Ids of the pending commits (``decided_only``: the decided ones) holding a write
+        intent on any of ``table_ids``."""
+        wanted = set(table_ids)
+        return [p.id for p in self.pending_commits()
+                if (p.decided or not decided_only)
+                and any(i.table_id in wanted for i in p.intents)]  # fmt: skip
 
     @abstractmethod
     def close(self) -> None: ...

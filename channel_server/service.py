@@ -266,9 +266,7 @@ class IngestService:
         return self.catalog.list_tables()
 
     def _check_not_busy(self, info: TableInfo) -> None:
-        holders = [p.id for p in self.catalog.pending_commits()
-                   if any(intent.table_id == info.id for intent in p.intents)]  # fmt: skip
-        if holders:
+        if holders := self.catalog.commits_holding([info.id]):
             busy = CatalogTableBusy([info.id], holders)
             raise TableBusyError(busy_message(self.catalog, busy))
 

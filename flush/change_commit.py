@@ -89,10 +89,10 @@ def commit_conflict_retries() -> Retrying:
     )
 
 
-def landed_version(table_uri: str, commit_app: str, after_version: int) -> int | None:
+def landed_version(table: DeltaTable, commit_app: str, after_version: int) -> int | None:
     """The version that holds pipeline commit ``commit_app`` (its app transaction),
-    searched after ``after_version``; None if it never landed (a replay must not apply
-    it twice).
+    searched in ``(after_version, table.version()]``; None if it never landed (a replay
+    must not apply it twice).
 
     Whether a commit landed is read from the snapshot's app transactions, not from the
     history: delta-rs 1.6 numbers ``history()`` entries from the version the handle was
@@ -101,7 +101,6 @@ def landed_version(table_uri: str, commit_app: str, after_version: int) -> int |
     the versions in between is already cleaned up, the newest version is returned (at or
     after the commit, which is all a replay needs).
     """
-    table = DeltaTable(table_uri)
     newest = table.version()
     if newest <= after_version or table.transaction_version(commit_app) is None:
         return None
@@ -109,7 +108,8 @@ def landed_version(table_uri: str, commit_app: str, after_version: int) -> int |
     try:
         while low < high:
             middle = (low + high) // 2
-            if DeltaTable(table_uri, version=middle).transaction_version(commit_app) is None:
+            older = DeltaTable(table.table_uri, version=middle)
+            if older.transaction_version(commit_app) is None:
                 low = middle + 1
             else:
                 high = middle
@@ -284,9 +284,9 @@ def commit_staged(
     # blind appends too), so under steady ingestion it retries for a while, not a count.
     for attempt in commit_conflict_retries():
         with attempt:
-            if (landed := landed_version(table_uri, commit_app, base_version)) is not None:
-                return landed
             table = DeltaTable(table_uri)
+            if (landed := landed_version(table, commit_app, base_version)) is not None:
+                return landed
             _check_txns(table, app_transactions)
             if staged is None or staged.kind == "append":
                 actions: list[AddAction | RemoveAction] = []
@@ -300,6 +300,6 @@ def commit_staged(
                 )
             else:
                 _merge(table, pq.read_table(f"{table_uri}/{staged.path}"), properties)
-    version = landed_version(table_uri, commit_app, base_version)
+    version = landed_version(DeltaTable(table_uri), commit_app, base_version)
     assert version is not None, "the commit landed but is not in the log"
     return version

@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 from catalog import Catalog, TableInfo
 from flush.batch_commit import BATCH_METADATA_KEY
 from flush.commit import COMMIT_METADATA_KEY
-from flush.tables import INGEST_DIR, TXN_RETENTION, commit_history, live_files
+from flush.tables import INGEST_DIR, TXN_RETENTION, TXN_RETENTION_KEY, commit_history, live_files
 
 __all__ = [
     "DEFAULT_RETENTION_HOURS",
@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 DEFAULT_RETENTION_HOURS = 168.0
-TXN_RETENTION_KEY = "delta.setTransactionRetentionDuration"
 #: Below this a vacuum could delete files that a slow reader or a pending commit needs.
 MIN_RETENTION_HOURS = 1.0
 DATA_FOLDERS = (INGEST_DIR, "_compacted", "_change_data")

@@ -27,6 +27,7 @@ __all__ = [
     "ROW_ID_COLUMN",
     "TABLE_CONFIGURATION",
     "TXN_RETENTION",
+    "TXN_RETENTION_KEY",
     "arrow_filesystem",
     "commit_history",
     "create_table",
@@ -48,10 +49,8 @@ INGEST_DIR = "_ingest"
 #: commits and consumptions; channel tokens carry none and stay): far longer than any
 #: recovery needs, short enough that a snapshot does not grow with every commit.
 TXN_RETENTION = "interval 7 days"
-TABLE_CONFIGURATION = {
-    "delta.enableChangeDataFeed": "true",
-    "delta.setTransactionRetentionDuration": TXN_RETENTION,
-}
+TXN_RETENTION_KEY = "delta.setTransactionRetentionDuration"
+TABLE_CONFIGURATION = {"delta.enableChangeDataFeed": "true", TXN_RETENTION_KEY: TXN_RETENTION}
 
 
 def delta_schema(schema: TableSchema) -> pa.Schema:

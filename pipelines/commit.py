@@ -127,7 +127,7 @@ def commit_consumer(
     writes: Sequence[TableWrites],
     claims: Sequence[StreamClaim],
     statement: str,
-    stream_apps: dict[int, str] | None = None,
+    stream_apps: dict[int, str],
 ) -> dict[int, int]:
     """Commit a transaction's writes and move the streams it consumed; returns each
     table's new version.
@@ -153,7 +153,6 @@ def commit_consumer(
         SqlError: TABLE_BUSY (another live transaction held the tables too long),
             COMMIT_PENDING (decided, the roll-forward failed; recovery completes it).
     """
-    stream_apps = stream_apps or {}
     plan_tables, intents = [], []
     for item in writes:  # Step 1
         change = item.change
@@ -169,9 +168,7 @@ def commit_consumer(
         "tables": plan_tables,
         "statement": statement[:500],
         "app_id": f"ingest-pipeline-commit:{catalog.catalog_id()}:{uuid.uuid4().hex}",
-        "app_transactions": {
-            stream_apps.get(c.stream_id, f"ingest-stream:{c.stream_id}"): c.new for c in claims
-        },
+        "app_transactions": {stream_apps[c.stream_id]: c.new for c in claims},
         "stream_apps": {str(k): v for k, v in stream_apps.items()},
     }
     owner = new_owner()
@@ -215,31 +212,28 @@ def _give_up(catalog: Catalog, commit_id: int, owner: str) -> bool:
 def _reserve(
     catalog: Catalog, owner: str, plan: dict, intents: list[CommitIntent]
 ) -> PendingCommit:
-    """Step 2, waiting for (or helping) the commits in the way."""
-    attempts = Retrying(
-        retry=retry_if_exception_type(IntentConflict),
-        stop=stop_after_delay(INTENT_WAIT_SECONDS),
-        wait=wait_random_exponential(multiplier=0.02, max=0.5),
-        reraise=True,
-    )
+    """Step 2, waiting for (or helping) the commits in the way (:func:`_wait_for_holders`)."""
+    mine = sorted({i.table_id for i in intents})
+
+    def attempt_once() -> PendingCommit:
+        try:
+            return catalog.reserve_commit(owner, plan, intents)
+        except IntentConflict as conflict:
+            raise TableBusyError(mine, conflict.holders) from None
+
     try:
-        for attempt in attempts:
-            with attempt:
-                try:
-                    return catalog.reserve_commit(owner, plan, intents)
-                except IntentConflict as conflict:
-                    if not _helped(catalog, conflict.holders):
-                        raise _busy(catalog, conflict.holders, intents) from None
-                    raise
-    except IntentConflict as conflict:
-        raise _busy(catalog, conflict.holders, intents) from None
+        return _wait_for_holders(catalog, attempt_once)
+    except TableBusyError as busy:
+        theirs = {i.table_id for p in catalog.pending_commits() if p.id in busy.commit_ids
+                  for i in p.intents}  # fmt: skip
+        busy.table_ids = sorted(set(mine) & theirs) or mine
+        raise SqlError(busy_message(catalog, busy), "TABLE_BUSY") from None
     except TablesGoneError as gone:
         names = [t["name"] for t in plan["tables"] if t["table_id"] in gone.table_ids]
         raise TransactionConflictError(
             f"table(s) {', '.join(names)} were dropped or replaced by another writer after "
             "this transaction read them; this transaction changed nothing"
         ) from None
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _validate(catalog: Catalog, pending: PendingCommit, claims: Sequence[StreamClaim]) -> None:
@@ -307,13 +301,6 @@ def _decide(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _busy(catalog: Catalog, holders: list[int], intents: list[CommitIntent]) -> SqlError:
-    mine = {i.table_id for i in intents}
-    theirs = {i.table_id for p in catalog.pending_commits() if p.id in holders for i in p.intents}
-    busy = TableBusyError(sorted(mine & theirs) or sorted(mine), holders)
-    return SqlError(busy_message(catalog, busy), "TABLE_BUSY")
-
-
 def when_free(
     catalog: Catalog,
     action: Callable[[], T],
@@ -328,15 +315,20 @@ def when_free(
     Drops wait for every pending commit (its roll-forward must find the table); a
     transaction pinning a table waits for decided ones, so that it reads every commit
     decided before it (snapshot isolation) and not a table half-way through one."""
-    wanted = set(table_ids)
-
     def attempt_once() -> T:
-        holders = [p.id for p in catalog.pending_commits()
-                   if (p.decided or not decided_only)
-                   and any(i.table_id in wanted for i in p.intents)]  # fmt: skip
-        if holders:
-            raise TableBusyError(sorted(wanted), holders)
+        if holders := catalog.commits_holding(table_ids, decided_only):
+            raise TableBusyError(sorted(table_ids), holders)
         return action()
+
+    return _wait_for_holders(catalog, attempt_once)
+
+
+def _wait_for_holders(catalog: Catalog, attempt_once: Callable[[], T]) -> T:
+    """Run ``attempt_once``, which raises :class:`TableBusyError` while pending commits
+    are in the way, until it passes: after each refusal the commits of dead owners are
+    completed (:func:`_helped`) and live ones waited for, up to
+    :data:`INTENT_WAIT_SECONDS`; the last refusal goes to the caller, at once if
+    completing a commit in the way just failed."""
 
     def help_holders(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None

@@ -264,10 +264,7 @@ def _replace_with(
 
 def _decided(session: Session, info: TableInfo) -> bool:
     """Whether a decided pipeline commit writes to the table (its decision stands)."""
-    return any(
-        pending.decided and any(intent.table_id == info.id for intent in pending.intents)
-        for pending in session.catalog.pending_commits()
-    )
+    return bool(session.catalog.commits_holding([info.id], decided_only=True))
 
 
 def _put_back(session: Session, existing: TableInfo, names: tuple[str, str, str]) -> None:

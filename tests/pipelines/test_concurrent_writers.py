@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from channel_server import CompactionTrigger
 from flush import ROW_ID_COLUMN, read_table
@@ -529,14 +528,14 @@ def land_flushes_in_landed_version(monkeypatch, channel, first_id: int) -> list[
     original = change_commit.landed_version
     landed: list[int] = []
 
-    def landed_version_while_flushes_land(table_uri, commit_app, after_version):
-        for _ in range(max(1, DeltaTable(table_uri).version() - after_version)):
+    def landed_version_while_flushes_land(table, commit_app, after_version):
+        for _ in range(max(1, table.version() - after_version)):
             first = first_id + len(landed)
             channel.insert_rows([{"ID": n, "V": "ingested"} for n in range(first, first + 10)],
                                 end_offset_token=str(first + 9))  # fmt: skip
             channel.wait_for_commit(timeout=30)
             landed.extend(range(first, first + 10))
-        return original(table_uri, commit_app, after_version)
+        return original(table, commit_app, after_version)
 
     monkeypatch.setattr(change_commit, "landed_version", landed_version_while_flushes_land)
     return landed

@@ -491,8 +491,8 @@ def test_landed_version_is_the_commits_own(session):
         for e in history if "ingest.pipelines" in e
     )  # fmt: skip
     assert DeltaTable(info.uri).version() == mine + 2
-    assert landed_version(info.uri, app, base) == mine
-    assert landed_version(info.uri, app + "x", base) is None  # never landed
+    assert landed_version(DeltaTable(info.uri), app, base) == mine
+    assert landed_version(DeltaTable(info.uri), app + "x", base) is None  # never landed
 
 
 def test_update_from_counts_multi_joined_rows(session):
