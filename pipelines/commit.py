@@ -34,6 +34,7 @@ from tenacity import (
     stop_after_delay,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 from catalog import (
     APPEND_INTENT,
@@ -61,6 +62,7 @@ from flush.change_commit import (
 from flush.failpoints import failpoint
 from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
 from pipelines.errors import SqlError, StreamConflictError, TransactionConflictError
+from pipelines.statement_deadline import past_deadline
 
 __all__ = [
     "TableWrites",
@@ -306,29 +308,37 @@ def when_free(
     action: Callable[[], T],
     table_ids: Sequence[int] = (),
     decided_only: bool = False,
+    read_only: bool = False,
 ) -> T:
     """Run ``action`` once no pending commit (``decided_only``: no decided one) names
     ``table_ids`` or, for a drop, the tables it drops: a commit of a dead owner is
-    completed first, a live one is waited for up to :data:`INTENT_WAIT_SECONDS`; then
-    :class:`TableBusyError` goes to the caller.
+    completed first, a live one is waited for up to :data:`INTENT_WAIT_SECONDS` (or the
+    statement's deadline); then :class:`TableBusyError` goes to the caller.
 
     Drops wait for every pending commit (its roll-forward must find the table); a
     transaction pinning a table waits for decided ones, so that it reads every commit
-    decided before it (snapshot isolation) and not a table half-way through one."""
+    decided before it (snapshot isolation) and not a table half-way through one. A
+    ``read_only`` statement (a query alone, writing nothing) runs at once, on the last
+    committed versions, when a commit in the way cannot complete (its roll-forward just
+    failed): it reads what any Delta reader reads, instead of nothing until an operator
+    mends the damage."""
     def attempt_once() -> T:
         if holders := catalog.commits_holding(table_ids, decided_only):
             raise TableBusyError(sorted(table_ids), holders)
         return action()
 
-    return _wait_for_holders(catalog, attempt_once)
+    return _wait_for_holders(catalog, attempt_once, action if read_only else None)
 
 
-def _wait_for_holders(catalog: Catalog, attempt_once: Callable[[], T]) -> T:
+def _wait_for_holders(
+    catalog: Catalog, attempt_once: Callable[[], T], when_hopeless: Callable[[], T] | None = None
+) -> T:
     """Run ``attempt_once``, which raises :class:`TableBusyError` while pending commits
     are in the way, until it passes: after each refusal the commits of dead owners are
     completed (:func:`_helped`) and live ones waited for, up to
-    :data:`INTENT_WAIT_SECONDS`; the last refusal goes to the caller, at once if
-    completing a commit in the way just failed."""
+    :data:`INTENT_WAIT_SECONDS` or the statement's deadline (then STATEMENT_TIMEOUT);
+    the last refusal goes to the caller, at once if completing a commit in the way just
+    failed (or ``when_hopeless`` runs instead)."""
 
     def help_holders(state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -337,7 +347,7 @@ def _wait_for_holders(catalog: Catalog, attempt_once: Callable[[], T]) -> T:
 
     attempts = Retrying(
         retry=retry_if_exception_type(TableBusyError),
-        stop=stop_after_delay(INTENT_WAIT_SECONDS),
+        stop=stop_after_delay(INTENT_WAIT_SECONDS) | _PastDeadline(),
         wait=wait_random_exponential(multiplier=0.02, max=0.5),
         before_sleep=help_holders,
         reraise=True,
@@ -345,7 +355,27 @@ def _wait_for_holders(catalog: Catalog, attempt_once: Callable[[], T]) -> T:
     try:
         return attempts(attempt_once)
     except _Hopeless as hopeless:
+        if when_hopeless is not None:
+            log.warning("reading past pending commit(s) %s, whose completion failed: "
+                        "the last committed versions", hopeless.busy.commit_ids)  # fmt: skip
+            return when_hopeless()
         raise hopeless.busy from None
+    except TableBusyError:
+        if past_deadline():
+            raise SqlError(
+                "the statement's timeout passed while it waited for another transaction's "
+                "commit on its tables to end; it changed nothing: run it again when that "
+                "commit ends (SHOW PENDING COMMITS lists them), or raise the timeout",
+                "STATEMENT_TIMEOUT",
+            ) from None
+        raise
+
+
+class _PastDeadline(stop_base):
+    """Stop waiting once the statement's deadline has passed."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return past_deadline()
 
 
 class _Hopeless(Exception):
@@ -381,7 +411,8 @@ def busy_message(catalog: Catalog, error: TableBusyError) -> str:
         f"({what or 'ended meanwhile'}), which did not end within {INTENT_WAIT_SECONDS:.0f} s "
         "or whose completion failed (the log says why; every writer, session and the "
         "service's recovery tries again); this statement changed nothing: run it again "
-        "when that commit ends"
+        "when that commit ends. SHOW PENDING COMMITS lists it; one that cannot complete "
+        "is given up with ABANDON COMMIT <id>"
     )
 
 

@@ -21,6 +21,7 @@ from flush import create_catalog_table
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
 from pipelines.changes import ChangeMode
+from pipelines.ddl_commits import abandon_commit_statement, show_pending_commits
 from pipelines.ddl_common import (
     drop_table_info,
     like,
@@ -260,4 +261,6 @@ HANDLERS: dict[str, Callable[[Session, Statement], DataFrame]] = {
     "show_schemas": show_schemas,
     "show_columns": show_columns,
     "describe_history": describe_history,
+    "show_pending_commits": show_pending_commits,
+    "abandon_commit": abandon_commit_statement,
 }

@@ -178,7 +178,7 @@ class Session:
         # Autocommit: a statement that lost a race on its rows runs again on fresh data.
         for attempt in autocommit_attempts():
             with attempt:
-                txn = Transaction(self.catalog, self.spark)
+                txn = Transaction(self.catalog, self.spark, statement.kind == "query")
                 result = self._in(txn, statement)
                 txn.commit(statement.text)
         return result

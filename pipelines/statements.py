@@ -102,6 +102,8 @@ _HEADERS: list[tuple[str, str]] = [
         rf"DROP\s+(?P<what>DATABASE|SCHEMA)\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"
         r"(?:\s+(?P<mode>CASCADE|RESTRICT))?",
     ),
+    ("show_pending_commits", r"SHOW\s+PENDING\s+COMMITS"),
+    ("abandon_commit", r"ABANDON\s+COMMIT\s+(?P<id>\d{1,18})"),
     ("explain", r"EXPLAIN(?:\s+(?P<mode>EXTENDED|FORMATTED|COST))?\s+(?P<query>\S.*)"),
 ]
 _COMPILED = [(kind, re.compile(rf"\s*{p}\s*;?\s*", re.I | re.S)) for kind, p in _HEADERS]
@@ -123,7 +125,7 @@ SUPPORTED = (
     "TABLE ... RENAME TO, SHOW TABLES, SHOW COLUMNS IN, DESCRIBE TABLE, DESCRIBE HISTORY, "
     "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE|DROP "
     "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
-    "ROLLBACK"
+    "ROLLBACK, SHOW PENDING COMMITS, ABANDON COMMIT <id>"
 )
 #: Snowflake names with ``$`` that Spark SQL (and sqlglot) read only backquoted: the
 #: metadata columns of streams and the function the binder answers before Spark runs.

@@ -56,9 +56,12 @@ def _ids(values: pa.Array | pa.ChunkedArray) -> pa.Array:
 class Transaction:
     """The state of one transaction; see the module docstring."""
 
-    def __init__(self, catalog: Catalog, spark: SparkSession) -> None:
+    def __init__(self, catalog: Catalog, spark: SparkSession, read_only: bool = False) -> None:
         self.catalog = catalog
         self.spark = spark
+        #: A query alone: it may read the last committed versions past a decided commit
+        #: that cannot complete (see :func:`pipelines.commit.when_free`).
+        self.read_only = read_only
         self.versions: dict[int, int] = {}
         self.handles: dict[int, DeltaTable] = {}  # each table at its pinned version
         self.writes: dict[int, TableWrites] = {}
@@ -71,7 +74,8 @@ class Transaction:
         """The table's version for this transaction (pinned on first use, once no
         decided commit is still rolling forward into the table)."""
         if info.id not in self.versions:
-            handle = when_free(self.catalog, lambda: DeltaTable(info.uri), [info.id], True)
+            handle = when_free(self.catalog, lambda: DeltaTable(info.uri), [info.id],
+                               decided_only=True, read_only=self.read_only)  # fmt: skip
             self.handles[info.id] = handle
             self.versions[info.id] = handle.version()
         return self.versions[info.id]

@@ -40,6 +40,7 @@ import pyarrow as pa
 from flush.compact import answer_compaction, parse_args
 from pipelines.errors import SqlError, evaluation_errors
 from pipelines.session import Session
+from pipelines.statement_deadline import statement_deadline
 from pipelines.statements import classify
 
 __all__ = ["SessionPool", "StatementClock", "answer_statement", "main", "write_frame"]
@@ -167,7 +168,7 @@ def answer_statement(
                 "transaction (without one, each statement runs alone and commits at once)",
                 session,
             )
-        with clock.running(timeout):
+        with clock.running(timeout), statement_deadline(timeout):
             try:
                 with evaluation_errors():
                     frame = session.sql(text)

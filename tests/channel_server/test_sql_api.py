@@ -180,3 +180,31 @@ def test_metrics_count_statements_sessions_and_transactions(sql_server, client):
     assert client.close_sql_session("metrics") is False
     assert _metric(sql_server, "ingest_sql_transactions_open ") == transactions
     assert _metric(sql_server, "ingest_spark_worker_restarts_total") == 0
+
+
+def test_a_wait_for_another_commit_ends_with_the_statements_timeout(sql_server, client):
+    """An UPDATE of a table whose rows a live transaction's commit holds waits at most
+    the statement's timeout (not the 30 s intent wait), is told STATEMENT_TIMEOUT having
+    changed nothing, and the worker answers the next statement."""
+    import subprocess
+
+    from catalog import ROWS_INTENT, CommitIntent
+    from pipelines.commit_owner import process_identity
+
+    client.sql("CREATE TABLE held_t (a INT)")
+    client.sql("INSERT INTO held_t VALUES (1)")
+    catalog = sql_server.service.catalog
+    info = catalog.get_table("DB", "PUBLIC", "HELD_T")
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        owner = f"{process_identity(sleeper.pid)}:x"  # alive: nobody completes it
+        pending = catalog.reserve_commit(owner, {"tables": []}, [CommitIntent(info.id, ROWS_INTENT)])
+        with pytest.raises(SqlStatementError) as caught:
+            client.sql("UPDATE held_t SET a = 2", timeout=1.5)
+        assert caught.value.sql_code == "STATEMENT_TIMEOUT"
+        assert client.sql("SELECT a FROM held_t") == [{"A": "1"}]  # NUMBER, exact as text
+        catalog.abandon_commit(pending.id)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert int(client.sql("UPDATE held_t SET a = 2")[0]["number of rows updated"]) == 1
