@@ -1,4 +1,4 @@
-"""The catalog: databases, schemas, tables, channels, row-id sequences, streams and
+"""The catalog: databases, schemas, tables, channels, row-id sequences, streams, views and
 pending pipeline commits. SQLite by default; nothing here imports a layer above."""
 
 from catalog.base import (
@@ -24,6 +24,7 @@ from catalog.records import (
     StreamClaim,
     StreamRecord,
     TableInfo,
+    ViewRecord,
     full_name,
 )
 from catalog.sqlite import SqliteCatalog
@@ -50,5 +51,6 @@ __all__ = [
     "TableBusyError",
     "TableInfo",
     "TablesGoneError",
+    "ViewRecord",
     "full_name",
 ]

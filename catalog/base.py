@@ -17,6 +17,7 @@ from catalog.records import (
     StreamClaim,
     StreamRecord,
     TableInfo,
+    ViewRecord,
 )
 from ingest_sdk import TableSchema
 
@@ -36,20 +37,25 @@ class ObjectAlreadyExistsError(ValueError):
 
 
 class ObjectNotEmptyError(ValueError):
-    """A database or schema to drop still holds tables or streams (and CASCADE was not
-    asked for); nothing was dropped.
+    """A database or schema to drop still holds tables, streams or views (and CASCADE
+    was not asked for); nothing was dropped.
 
     Attributes:
         tables: full names of the tables it holds.
         streams: full names of the streams it holds.
+        views: full names of the views it holds.
     """
 
-    def __init__(self, what: str, tables: list[str], streams: list[str]) -> None:
+    def __init__(
+        self, what: str, tables: list[str], streams: list[str], views: Sequence[str] = ()
+    ) -> None:
         held = [f"table(s) {', '.join(tables)}" if tables else "",
-                f"stream(s) {', '.join(streams)}" if streams else ""]  # fmt: skip
+                f"stream(s) {', '.join(streams)}" if streams else "",
+                f"view(s) {', '.join(views)}" if views else ""]  # fmt: skip
         super().__init__(f"{what}: it still holds {' and '.join(h for h in held if h)}")
         self.tables = tables
         self.streams = streams
+        self.views = list(views)
 
 
 class StreamClaimConflict(RuntimeError):
@@ -255,6 +261,35 @@ class Catalog(ABC):
 
     @abstractmethod
     def drop_stream(self, stream_id: int) -> bool: ...
+
+    # Views
+    @abstractmethod
+    def create_view(
+        self,
+        database: str,
+        schema_name: str,
+        name: str,
+        query: str,
+        defaults: tuple[str, str],
+        comment: str = "",
+        replace: bool = False,
+    ) -> ViewRecord:
+        """Record a view (``defaults``: the database and schema its unqualified names
+        mean); ``replace`` replaces a view of that name.
+
+        Raises:
+            ObjectAlreadyExistsError: a view (without ``replace``), table or stream has
+                the name; nothing changed.
+        """
+
+    @abstractmethod
+    def get_view(self, database: str, schema_name: str, name: str) -> ViewRecord | None: ...
+
+    @abstractmethod
+    def list_views(self) -> list[ViewRecord]: ...
+
+    @abstractmethod
+    def drop_view(self, view_id: int) -> bool: ...
 
     # Pipeline commits (the consumer commit protocol, see pipelines' commit)
     @abstractmethod

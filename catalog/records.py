@@ -121,6 +121,32 @@ class CommitRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class ViewRecord:
+    """A view: a named query, expanded where it is read.
+
+    ``query`` is the body as written; its unqualified names resolve against
+    ``default_database`` and ``default_schema`` (the creating session's, so a view
+    reads the same objects from every session). ``uid`` is new for every CREATE [OR
+    REPLACE], so a reader that recorded it notices a replacement.
+    """
+
+    id: int
+    database: str
+    schema_name: str
+    name: str
+    query: str
+    default_database: str
+    default_schema: str
+    created_at: float
+    comment: str = ""
+    uid: str = ""
+
+    @property
+    def full_name(self) -> str:
+        return full_name(self.database, self.schema_name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
 class StreamRecord:
     """A stream: a bookmark (a table version) on one table.
 

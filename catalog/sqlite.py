@@ -51,6 +51,7 @@ from catalog.sqlite_layout import (
     to_stream,
     to_table,
 )
+from catalog.sqlite_views import ViewStore
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import quote_identifier
@@ -58,7 +59,7 @@ from ingest_sdk.schema import quote_identifier
 __all__ = ["SqliteCatalog"]
 
 
-class SqliteCatalog(PendingCommitStore, Catalog):
+class SqliteCatalog(PendingCommitStore, ViewStore, Catalog):
     """The embedded catalog. Calls are short and serialised by a lock, so the event
     loop and the flush threads can share one connection; other processes wait for
     SQLite's write lock (up to 30 s)."""

@@ -31,7 +31,8 @@ from ingest_sdk import TableSchema
 __all__ = [
     "ADDED_COLUMNS", "CHANNEL_COLUMNS", "MIGRATION_COLUMNS", "NAMED_DATABASES", "NAMED_SCHEMAS",
     "PENDING_COLUMNS",
-    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "check_not_busy", "drop_contents",
+    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "VIEW_COLUMNS", "check_not_busy",
+    "drop_contents",
     "find_databases", "find_schemas",
     "namespace_statements", "to_channel", "to_pending", "to_stream", "to_table",
 ]  # fmt: skip
@@ -70,6 +71,12 @@ CREATE TABLE IF NOT EXISTS pending_commits (
     id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
     claims TEXT NOT NULL, created_at REAL NOT NULL,
     state TEXT NOT NULL DEFAULT 'decided', intents TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS views (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    query TEXT NOT NULL, default_database TEXT NOT NULL, default_schema TEXT NOT NULL,
+    created_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '', uid TEXT NOT NULL,
+    UNIQUE (database, schema_name, name));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
@@ -89,6 +96,10 @@ STREAM_COLUMNS = (
     " offset_moved_at, comment, claimed_by, uid"
 )
 PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
+VIEW_COLUMNS = (
+    "id, database, schema_name, name, query, default_database, default_schema, created_at,"
+    " comment, uid"
+)
 MIGRATION_COLUMNS = (
     "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
     " bytes_out, rows_out, version, error"
@@ -102,6 +113,7 @@ NAMED_SCHEMAS = (
     "SELECT database, name, created_at FROM schemas"
     " UNION ALL SELECT database, schema_name, created_at FROM tables"
     " UNION ALL SELECT database, schema_name, created_at FROM streams"
+    " UNION ALL SELECT database, schema_name, created_at FROM views"
 )
 NAMED_DATABASES = (
     f"SELECT name AS database, created_at FROM databases UNION ALL"
@@ -187,7 +199,7 @@ def drop_contents(
     db: sqlite3.Connection, where: str, args: tuple[str, ...], what: str, cascade: bool
 ) -> list[TableInfo]:
     """Inside a write transaction: delete the tables (with their channels and compaction
-    history) and streams matching ``where``, or refuse if there are any and not
+    history), streams and views matching ``where``, or refuse if there are any and not
     ``cascade``. Returns the tables deleted."""
     tables = [
         to_table(row)
@@ -203,14 +215,23 @@ def drop_contents(
             args,
         )
     ]
-    if (tables or streams) and not cascade:
-        raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams)
+    views = [
+        full_name(*row)
+        for row in db.execute(
+            f"SELECT database, schema_name, name FROM views WHERE {where}"
+            " ORDER BY schema_name, name",
+            args,
+        )
+    ]
+    if (tables or streams or views) and not cascade:
+        raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams, views)
     check_not_busy(db, [t.id for t in tables])
     for table in tables:
         db.execute("DELETE FROM channels WHERE table_id=?", (table.id,))
         db.execute("DELETE FROM migrations WHERE table_id=?", (table.id,))
     db.execute(f"DELETE FROM tables WHERE {where}", args)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
+    db.execute(f"DELETE FROM views WHERE {where}", args)
     return tables
 
 

@@ -706,3 +706,33 @@ def test_a_catalog_without_table_properties_still_opens(tmp_path):
         assert again.get_table("DB", "S", "T").next_row_id == 45
     finally:
         again.close()
+
+
+def test_views(catalog):
+    """Views: created, read, listed, replaced (a new uid), dropped; one namespace with
+    tables and streams; a schema holding a view is not empty."""
+    view = catalog.create_view("DB", "S", "V", "SELECT 1 AS A", ("DB", "S"), comment="c")
+    assert (view.full_name, view.query, view.default_schema, view.comment) == (
+        "DB.S.V", "SELECT 1 AS A", "S", "c")  # fmt: skip
+    assert catalog.get_view("DB", "S", "V") == view
+    assert names(catalog.list_schemas("DB")) == ["DB.S"]  # a view names its schema
+    with pytest.raises(ObjectAlreadyExistsError, match="CREATE OR REPLACE VIEW"):
+        catalog.create_view("DB", "S", "V", "SELECT 2", ("DB", "S"))
+    replaced = catalog.create_view("DB", "S", "V", "SELECT 2", ("X", "Y"), replace=True)
+    assert replaced.uid != view.uid and replaced.query == "SELECT 2"
+    assert [v.full_name for v in catalog.list_views()] == ["DB.S.V"]
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    catalog.create_stream("DB", "S", "ST", table.id, "default", 0)
+    for taken in ("T", "ST"):  # a table's or a stream's name, even with OR REPLACE
+        with pytest.raises(ObjectAlreadyExistsError, match="already has this name"):
+            catalog.create_view("DB", "S", taken, "SELECT 1", ("DB", "S"), replace=True)
+    assert catalog.get_view("DB", "S", "T") is None
+    with pytest.raises(ObjectNotEmptyError) as held:
+        catalog.drop_schema("DB", "S")
+    assert held.value.views == ["DB.S.V"] and "view(s) DB.S.V" in str(held.value)
+    assert catalog.drop_view(replaced.id) is True
+    assert catalog.drop_view(replaced.id) is False
+    assert catalog.get_view("DB", "S", "V") is None
+    catalog.create_view("DB", "S2", "V2", "SELECT 1", ("DB", "S2"))
+    catalog.drop_schema("DB", "S2", cascade=True)
+    assert catalog.get_view("DB", "S2", "V2") is None
