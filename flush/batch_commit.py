@@ -32,9 +32,10 @@ from pathlib import Path
 
 import orjson
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable, Transaction
 
 from flush.change_commit import commit_conflict_retries
+from flush.commit_clock import stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, fsync_dir, write_parquet_file
 from flush.tables import INGEST_DIR, live_files
@@ -135,13 +136,9 @@ def commit_batch(
     if finals:
         fsync_dir(folder)
     failpoint("sink_before_commit")
-    properties = CommitProperties(
-        custom_metadata={
-            BATCH_METADATA_KEY: orjson.dumps({"writer": writer_id, "batch": batch_id}).decode()
-        },
-        app_transactions=[Transaction(writer_id, batch_id)] if once else None,
-    )
-    for attempt_ in commit_conflict_retries():  # refused after a concurrent merge: again
+    custom = {BATCH_METADATA_KEY: orjson.dumps({"writer": writer_id, "batch": batch_id}).decode()}
+    txns = [Transaction(writer_id, batch_id)] if once else None
+    for attempt_ in commit_conflict_retries():  # refused after a concurrent commit: again
         with attempt_:
             table = DeltaTable(table_uri)
             if once and _landed(table, writer_id, batch_id):
@@ -150,7 +147,7 @@ def commit_batch(
                 [written.add_action() for written in finals if written.rows],
                 "append",
                 table.schema(),
-                commit_properties=properties,
+                commit_properties=stamped(table, custom, txns),
             )
     failpoint("sink_after_commit")
     discard_staged(table_uri, writer_id)  # files of failed tasks

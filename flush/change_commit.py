@@ -24,6 +24,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
+from flush.commit_clock import commit_info, stamped, table_folder
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import ROW_ID_COLUMN
 
@@ -90,32 +91,30 @@ def commit_conflict_retries() -> Retrying:
 
 
 def landed_version(table: DeltaTable, commit_app: str, after_version: int) -> int | None:
-    """The version that holds pipeline commit ``commit_app`` (its app transaction),
-    searched in ``(after_version, table.version()]``; None if it never landed (a replay
-    must not apply it twice).
+    """The version that holds pipeline commit ``commit_app``, searched in
+    ``(after_version, table.version()]``; None if it never landed (a replay must not
+    apply it twice).
 
-    Whether a commit landed is read from the snapshot's app transactions, not from the
-    history: delta-rs 1.6 numbers ``history()`` entries from the version the handle was
-    loaded at, so a commit landing meanwhile shifts every label. The app transaction
-    stays in every later snapshot, so its version is found by bisection. If the log of
-    the versions in between is already cleaned up, the newest version is returned (at or
-    after the commit, which is all a replay needs).
+    Read from each version's commit metadata (the commit's app id is there), not only
+    from the snapshot's app transactions: those expire after
+    ``delta.setTransactionRetentionDuration``, and a commit held up longer than that
+    (damage waiting for an operator) must still be known as landed. delta-rs'
+    ``history()`` is not used: it labels entries from the loaded version, so a commit
+    landing meanwhile shifts them. A version whose commit file log cleanup removed is
+    unreadable; then the app transaction decides (the newest version if present).
     """
     newest = table.version()
-    if newest <= after_version or table.transaction_version(commit_app) is None:
+    if newest <= after_version:
         return None
-    low, high = after_version + 1, newest  # the commit is in (low - 1, high]
-    try:
-        while low < high:
-            middle = (low + high) // 2
-            older = DeltaTable(table.table_uri, version=middle)
-            if older.transaction_version(commit_app) is None:
-                low = middle + 1
-            else:
-                high = middle
-    except Exception:  # an old version whose log was cleaned up
-        return newest
-    return high
+    uri = table_folder(table)
+    for version in range(after_version + 1, newest + 1):
+        info = commit_info(uri, version)
+        if info is None:  # cleaned up: the snapshot's app transaction is all there is
+            return newest if table.transaction_version(commit_app) is not None else None
+        metadata = info.get(PIPELINE_METADATA_KEY)
+        if metadata and orjson.loads(metadata).get("app_id") == commit_app:
+            return version
+    return None
 
 
 def changed_row_ids(table_uri: str, after_version: int, to_version: int) -> pa.Array:
@@ -271,23 +270,23 @@ def commit_staged(
         TxnVersionError: an app transaction would move backwards.
     """
     now = int(time.time() * 1000)  # they expire after flush.tables.TXN_RETENTION
-    properties = CommitProperties(
-        custom_metadata={
-            PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "app_id": commit_app}).decode()
-        },
-        app_transactions=[
-            Transaction(app, version, now) for app, version in app_transactions.items()
-        ]
-        + [Transaction(commit_app, 1, now)],
-    )
+    custom = {PIPELINE_METADATA_KEY: orjson.dumps({**metadata, "app_id": commit_app}).decode()}
+    txns = [Transaction(app, version, now) for app, version in app_transactions.items()]
+    txns.append(Transaction(commit_app, 1, now))
     # A merge conflicts with every append that lands while it runs (delta-rs checks
     # blind appends too), so under steady ingestion it retries for a while, not a count.
+    # Each attempt is stamped for the version it commits on (flush.commit_clock).
     for attempt in commit_conflict_retries():
         with attempt:
             table = DeltaTable(table_uri)
             if (landed := landed_version(table, commit_app, base_version)) is not None:
                 return landed
             _check_txns(table, app_transactions)
+            # Flushes may have landed while the log was read: commit on the newest
+            # version, so that only a commit landing in the next moment makes this
+            # attempt go again (the stamp is for the next version only).
+            table.update_incremental()
+            properties = stamped(table, custom, txns)
             if staged is None or staged.kind == "append":
                 actions: list[AddAction | RemoveAction] = []
                 if staged is not None and staged.rows:

@@ -15,11 +15,12 @@ from dataclasses import asdict
 
 import orjson
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from catalog.records import ChannelProgress, CommitRecord
 from flush.change_commit import commit_conflict_retries
+from flush.commit_clock import stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import write_parquet_file
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
@@ -174,23 +175,21 @@ class TableWriter:
             file_bytes = written.size
         failpoint("after_parquet_write")
         # Step 3
-        properties = CommitProperties(
-            custom_metadata={COMMIT_METADATA_KEY: _metadata(channels, next_row_id, rows)},
-            app_transactions=[
-                Transaction(app_id(c.channel), pack_txn_version(c.generation, c.batch_seq))
-                for c in channels
-            ],
-        )
+        metadata = {COMMIT_METADATA_KEY: _metadata(channels, next_row_id, rows)}
+        txns = [Transaction(app_id(c.channel), pack_txn_version(c.generation, c.batch_seq))
+                for c in channels]  # fmt: skip
         failpoint("before_delta_commit")
-        # delta-rs may refuse an append once after a concurrent merge (DML, a pipeline
-        # commit) removed files: nothing landed then, so it goes again on the newest.
+        # A concurrent commit (compaction, DML, a pipeline commit, another flush) makes
+        # delta-rs refuse this one (the stamp is for the next version only, see
+        # flush.commit_clock): nothing landed, so it goes again on the newest version.
         for attempt in commit_conflict_retries():
             with attempt:
                 if attempt.retry_state.attempt_number > 1:
                     self._table.update_incremental()
                 self._table.create_write_transaction(
-                    actions, "append", self.arrow_schema, commit_properties=properties
-                )
+                    actions, "append", self.arrow_schema,
+                    commit_properties=stamped(self._table, metadata, txns),
+                )  # fmt: skip
         failpoint("after_delta_commit")
         # The handle does not see its own commit until refreshed. With a concurrent
         # writer (compaction) the version read here may be a later one; recovery only

@@ -44,11 +44,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable
+from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
 from flush.bin_rewrite import BinTask, KeyRange, range_boundaries, rewrite_bin
 from flush.change_commit import commit_conflict_retries
+from flush.commit_clock import stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, file_stats, fsync_dir
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
@@ -354,10 +355,10 @@ def compact_table(
 def _commit(table_uri: str, inputs: list[dict], outputs: list[WrittenFile], run: str) -> int:
     """Remove the inputs and add the outputs in one commit (``dataChange=false``).
 
-    A concurrent flush append does not conflict; delta-rs refuses the commit when a
-    concurrent commit removed an input ("deleted data this operation read": a DELETE,
-    UPDATE or MERGE, or another compaction), and then the run is abandoned. A refusal
-    for another reason is retried on the newest version, inputs checked again.
+    Any concurrent commit makes delta-rs refuse this one (it is stamped for the next
+    version only, see flush.commit_clock); it is retried on the newest version with its
+    inputs checked again, and abandoned when a concurrent commit removed an input (a
+    DELETE, UPDATE or MERGE, or another compaction).
     """
     for attempt in commit_conflict_retries():
         with attempt:
@@ -375,7 +376,7 @@ def _commit(table_uri: str, inputs: list[dict], outputs: list[WrittenFile], run:
                 actions,
                 "append",
                 latest.schema(),
-                commit_properties=CommitProperties(custom_metadata={"ingest.compaction": run}),
+                commit_properties=stamped(latest, {"ingest.compaction": run}),
             )
             latest.update_incremental()
             return latest.version()

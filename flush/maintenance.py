@@ -25,7 +25,9 @@ from deltalake import DeltaTable
 
 from catalog import Catalog, TableInfo
 from flush.batch_commit import BATCH_METADATA_KEY
+from flush.change_commit import commit_conflict_retries
 from flush.commit import COMMIT_METADATA_KEY
+from flush.commit_clock import stamped
 from flush.tables import INGEST_DIR, TXN_RETENTION, TXN_RETENTION_KEY, commit_history, live_files
 
 __all__ = [
@@ -151,7 +153,11 @@ def maintain_table(
     transactions expired gets its retention (:data:`flush.tables.TXN_RETENTION`)."""
     table = DeltaTable(table_uri)
     if TXN_RETENTION_KEY not in table.metadata().configuration:  # made by an older version
-        table.alter.set_table_properties({TXN_RETENTION_KEY: TXN_RETENTION})
+        for attempt in commit_conflict_retries():  # a concurrent commit: on the newest
+            with attempt:
+                table = DeltaTable(table_uri)
+                table.alter.set_table_properties({TXN_RETENTION_KEY: TXN_RETENTION},
+                                                 commit_properties=stamped(table))  # fmt: skip
     table.create_checkpoint()
     table.cleanup_metadata()
     deleted = vacuum_data_folders(

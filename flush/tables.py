@@ -64,7 +64,14 @@ def create_table(uri: str, schema: TableSchema) -> None:
     if any(column.name.upper() == ROW_ID_COLUMN for column in schema):
         raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id')
     Path(uri).mkdir(parents=True, exist_ok=True)
-    DeltaTable.create(uri, delta_schema(schema), mode="error", configuration=TABLE_CONFIGURATION)
+    from deltalake import CommitProperties
+
+    from flush.commit_clock import COMMIT_TS_KEY, clock  # it reads this module's log helpers
+
+    DeltaTable.create(
+        uri, delta_schema(schema), mode="error", configuration=TABLE_CONFIGURATION,
+        commit_properties=CommitProperties(custom_metadata={COMMIT_TS_KEY: str(clock())}),
+    )  # fmt: skip
 
 
 def table_schema_of(table: DeltaTable) -> TableSchema:

@@ -19,7 +19,8 @@ from deltalake import DeltaTable
 from sqlglot import exp
 
 from catalog import Catalog, SqliteCatalog, StreamRecord, TableBusyError, TableInfo
-from flush.tables import commit_history, logged_versions
+from flush.commit_clock import version_at
+from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines import ddl, dml
 from pipelines.binding import Binder, parse
@@ -302,7 +303,7 @@ class Session:
         return version
 
     def _version_at(self, info: TableInfo, text: str, strictly_before: bool) -> int:
-        from datetime import datetime
+        from datetime import UTC, datetime, timedelta
 
         try:
             moment = datetime.fromisoformat(text)
@@ -310,15 +311,10 @@ class Session:
             raise SqlError(f"cannot read the timestamp {text!r}; write 'YYYY-MM-DD HH:MM:SS'",
                            "SQL_COMPILATION_ERROR") from None  # fmt: skip
         if moment.tzinfo is None:
-            from datetime import UTC
-
             moment = moment.replace(tzinfo=UTC)
-        millis = moment.timestamp() * 1000
-        found = None
-        for entry in commit_history(info.uri)[1]:
-            stamp = entry.get("timestamp", 0)
-            if stamp < millis or (stamp == millis and not strictly_before):
-                found = max(found or 0, int(entry["version"]))
+        # The commits' monotonic stamps (flush.commit_clock), not the writers' clocks.
+        micros = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        found = version_at(info.uri, micros, strictly_before)
         if found is None:
             raise SqlError(f"{info.full_name} has no version at or before {text}",
                            "SQL_COMPILATION_ERROR")  # fmt: skip

@@ -103,7 +103,7 @@ _HEADERS: list[tuple[str, str]] = [
         r"(?:\s+(?P<mode>CASCADE|RESTRICT))?",
     ),
     ("show_pending_commits", r"SHOW\s+PENDING\s+COMMITS"),
-    ("abandon_commit", r"ABANDON\s+COMMIT\s+(?P<id>\d{1,18})"),
+    ("abandon_commit", r"ABANDON\s+COMMIT\s+(?P<id>[0-9]{1,18})"),
     ("explain", r"EXPLAIN(?:\s+(?P<mode>EXTENDED|FORMATTED|COST))?\s+(?P<query>\S.*)"),
 ]
 _COMPILED = [(kind, re.compile(rf"\s*{p}\s*;?\s*", re.I | re.S)) for kind, p in _HEADERS]
