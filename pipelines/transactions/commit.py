@@ -59,8 +59,8 @@ from flush.change_commit import (
     stage_change_set,
 )
 from flush.failpoints import failpoint
-from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
 from pipelines.errors import SqlError, StreamConflictError, TransactionConflictError
+from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner, owner_alive
 
 __all__ = [
     "TableWrites",

@@ -21,15 +21,15 @@ from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
-from pipelines.changes import ChangeMode, read_changes
-from pipelines.commit import (
+from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
+from pipelines.streams.changes import ChangeMode, read_changes
+from pipelines.transactions.commit import (
     TableWrites,
     commit_consumer,
     recover_pending,
     stream_app_id,
     when_free,
 )
-from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
