@@ -162,7 +162,7 @@ class _Bench:
 
     def events(self, stream: str) -> int:
         """How many change data feed events the stream's range holds (what is read)."""
-        from pipelines.changes import change_events
+        from pipelines.streams.changes import change_events
 
         record = self.session.require_stream(stream)
         info = self.session.catalog.get_table_by_id(record.table_id)
@@ -180,9 +180,9 @@ def _phases(session: Session) -> Iterator[dict[str, float]]:
     parts do not nest: ``spark_create_dataframe`` is the change events (or a DML's
     result row) sent to Spark, ``spark_to_arrow`` a query run into Arrow.
     """
-    import pipelines.changes
-    import pipelines.commit
-    import pipelines.dml
+    import pipelines.sql.dml
+    import pipelines.streams.changes
+    import pipelines.transactions.commit
 
     spent: dict[str, float] = {}
 
@@ -198,12 +198,12 @@ def _phases(session: Session) -> Iterator[dict[str, float]]:
 
     frame_class = type(session.spark.range(1))  # pyspark's classic DataFrame
     targets: list[tuple[Any, str, str]] = [
-        (pipelines.changes, "change_events", "cdf_read_delta_rs"),
-        (pipelines.changes, "net_changes", "netting_arrow"),
-        (pipelines.dml, "check_arrow_batch", "conversion_checks"),
-        (pipelines.commit, "stage_change_set", "stage_parquet"),
-        (pipelines.commit, "commit_staged", "delta_commit"),
-        (pipelines.commit, "check_unchanged", "validate_rows_unchanged"),
+        (pipelines.streams.changes, "change_events", "cdf_read_delta_rs"),
+        (pipelines.streams.changes, "net_changes", "netting_arrow"),
+        (pipelines.sql.dml, "check_arrow_batch", "conversion_checks"),
+        (pipelines.transactions.commit, "stage_change_set", "stage_parquet"),
+        (pipelines.transactions.commit, "commit_staged", "delta_commit"),
+        (pipelines.transactions.commit, "check_unchanged", "validate_rows_unchanged"),
         (session.catalog, "reserve_commit", "catalog_reserve_commit"),
         (session.catalog, "decide_commit", "catalog_decide_commit"),
         (session.catalog, "finish_commit", "catalog_finish_commit"),
@@ -448,7 +448,7 @@ def run_plan_guard(scale: float | None = None) -> dict[str, Any]:
     one of the binder's views, through the guard (two plans walked as JSON) and through
     plain ``spark.sql`` (what statements paid before the guard), interleaved; the
     difference against the statement floor (``SELECT 1`` through a session)."""
-    from pipelines.plan_guard import guarded_frame
+    from pipelines.sql.plan_guard import guarded_frame
 
     scale = default_scale() if scale is None else scale
     bench = _Bench("plan-guard")

@@ -14,7 +14,7 @@ from channel_server import sql_api  # noqa: F401 - registers POST /v1/sql on rou
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService
-from pipelines.commit import recover_pending
+from pipelines.transactions.commit import recover_pending
 
 __all__ = ["create_app"]
 

@@ -39,7 +39,7 @@ from ingest_sdk.errors import (
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
-from pipelines.commit import busy_message
+from pipelines.transactions.commit import busy_message
 
 __all__ = ["IngestService", "InsertOutcome"]
 
@@ -148,7 +148,7 @@ class IngestService:
     def _compaction_command(self) -> list[str]:
         trigger = self.config.compaction
         return [
-            sys.executable, "-m", "pipelines.worker", "--serve",
+            sys.executable, "-m", "pipelines.sql.worker", "--serve",
             "--warehouse", str(self.config.warehouse),
             "--catalog", str(self.config.catalog_file),
             "--target-file-mb", str(trigger.target_file_mb),

@@ -36,7 +36,7 @@ from channel_server.sql_sessions import (
 )
 from ingest_sdk.errors import SqlStatementError
 from pipelines.errors import SqlError
-from pipelines.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA, classify
+from pipelines.sql.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA, classify
 
 __all__ = ["SqlAnswer", "SqlService"]
 

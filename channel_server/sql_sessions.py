@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ingest_sdk.errors import SqlStatementError
-from pipelines.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA
+from pipelines.sql.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA
 
 __all__ = [
     "SqlBusyError",

@@ -61,7 +61,7 @@ def spark_session(
         # Write timestamps as Delta expects them (INT64 micros), never legacy INT96.
         .config("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
         .config("spark.sql.parquet.datetimeRebaseModeInWrite", "CORRECTED")
-        # Spark's own walls under the SQL boundary (pipelines.plan_guard is the first):
+        # Spark's own walls under the SQL boundary (pipelines.sql.plan_guard is the first):
         # no files read by path in SQL, no reflection or script transforms, no SQL scripts.
         .config("spark.sql.runSQLOnFiles", "false")
         .config("spark.sql.restrictedMode.enabled", "true")  # Spark >= 4.3; ignored before

@@ -5,13 +5,17 @@ row id, and streams with exactly-once consumption.
     with Session(warehouse="warehouse") as session:
         session.sql("CREATE STREAM s ON TABLE t")
         session.sql("INSERT INTO t2 SELECT a FROM s")   # consumes s when it commits
+
+Inside: ``sql`` (the session, statement handlers, binder, plan guard and the service's
+worker), ``transactions`` (transactions and the consumer commit), ``streams`` (change
+sets between table versions), ``spark_sources`` (the PySpark data sources); ``errors``
+is shared by all, and ``python -m pipelines`` is the command line.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipelines.changes import ChangeMode
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -21,11 +25,12 @@ from pipelines.errors import (
     UnsupportedStatementError,
     evaluation_errors,
 )
+from pipelines.streams.changes import ChangeMode
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipelines.session import Session
+    from pipelines.sql.session import Session
 
 __all__ = [
     "ChangeMode",
@@ -41,14 +46,14 @@ __all__ = [
     "source_errors",
 ]
 
-from pipelines.source_options import source_errors
+from pipelines.spark_sources.source_options import source_errors
 
 
 def __getattr__(name: str) -> object:
     """``Session`` is imported on first use: the CLI's ``--url`` mode and the service's
     HTTP side import this package without needing the session (and its imports)."""
     if name == "Session":
-        from pipelines.session import Session
+        from pipelines.sql.session import Session
 
         return Session
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
@@ -57,8 +62,8 @@ def __getattr__(name: str) -> object:
 def register_data_sources(spark: SparkSession) -> None:
     """Make ``format("ingest-changes")`` (change rows, batch and streaming) and
     ``format("ingest")`` (append, batch and streaming) known to ``spark``."""
-    from pipelines.change_source import ChangesDataSource
-    from pipelines.table_sink import TableSinkDataSource
+    from pipelines.spark_sources.change_source import ChangesDataSource
+    from pipelines.spark_sources.table_sink import TableSinkDataSource
 
     spark.dataSource.register(ChangesDataSource)
     spark.dataSource.register(TableSinkDataSource)

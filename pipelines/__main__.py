@@ -27,11 +27,11 @@ import orjson
 
 from ingest_sdk.process_exit import run_entry_point
 from pipelines.errors import SqlError, evaluation_errors
-from pipelines.source_options import CATALOG_FILE, is_warehouse
-from pipelines.statements import classify
+from pipelines.spark_sources.source_options import CATALOG_FILE, is_warehouse
+from pipelines.sql.statements import classify
 
 if TYPE_CHECKING:
-    from pipelines.session import Session
+    from pipelines.sql.session import Session
 
 PROMPT = "sql> "
 MAX_ROWS = 10_000
@@ -177,7 +177,7 @@ class LocalRunner:
     """A :class:`Session` on the warehouse folder, with Spark in this process."""
 
     def __init__(self, warehouse: Path, session: Session | None = None) -> None:
-        from pipelines.session import Session
+        from pipelines.sql.session import Session
 
         self.where = f"warehouse {warehouse}"
         self.session: Session = session or Session(warehouse)

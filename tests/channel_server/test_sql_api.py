@@ -189,7 +189,7 @@ def test_a_wait_for_another_commit_ends_with_the_statements_timeout(sql_server, 
     import subprocess
 
     from catalog import ROWS_INTENT, CommitIntent
-    from pipelines.commit_owner import process_identity
+    from pipelines.transactions.commit_owner import process_identity
 
     client.sql("CREATE TABLE held_t (a INT)")
     client.sql("INSERT INTO held_t VALUES (1)")

@@ -27,13 +27,13 @@ import pytest
 
 import flush.change_commit as change_commit
 import flush.failpoints as failpoints
-import pipelines.commit as pipeline_commit
-import pipelines.commit_admin as commit_admin
+import pipelines.transactions.commit as pipeline_commit
+import pipelines.transactions.commit_admin as commit_admin
 from flush import read_table
 from flush.compaction import CompactionPolicy, compact_table
 from pipelines import Session, SqlError
-from pipelines.statement_deadline import statement_deadline
-from pipelines.statements import classify
+from pipelines.sql.statements import classify
+from pipelines.transactions.statement_deadline import statement_deadline
 from tests.pipelines.conftest import rows
 from tests.pipelines.test_multi_table_commit import (
     SOURCE,
@@ -178,7 +178,7 @@ def test_a_commit_stuck_past_the_app_transaction_retention_lands_once(
 def test_a_decided_commit_past_its_timeout_is_reported_pending(
     session_factory, monkeypatch
 ):
-    from pipelines.worker import SessionPool, StatementClock, answer_statement
+    from pipelines.sql.worker import SessionPool, StatementClock, answer_statement
 
     s = session_factory()
     s.sql("CREATE TABLE t3 (id NUMBER, v VARCHAR)")
@@ -218,7 +218,7 @@ def test_abandon_racing_a_recovery_process_while_the_damage_is_mended(
     even with the staged file back); T1 holds S's rows once; S offers nothing twice."""
     b, commit_id, staged = damaged(session_factory, monkeypatch)
     recovery = child(b.warehouse, f"""
-        from pipelines.commit import recover_pending
+        from pipelines.transactions.commit import recover_pending
         end = time.monotonic() + 8
         while time.monotonic() < end:
             recover_pending(catalog, only={{{commit_id}}})
@@ -276,7 +276,7 @@ def test_sigkill_during_abandon_after_the_take_over(session_factory, monkeypatch
     another session ends it."""
     b, commit_id, staged = damaged(session_factory, monkeypatch)
     killed = child(b.warehouse, f"""
-        import pipelines.commit_admin as admin
+        import pipelines.transactions.commit_admin as admin
         def die(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGKILL)
         catalog.finish_commit = die

@@ -37,8 +37,8 @@ from pipelines import (
     StreamStaleError,
     UnsupportedStatementError,
 )
-from pipelines.changes import change_events
 from pipelines.errors import evaluation_errors
+from pipelines.streams.changes import change_events
 from tests.pipelines.conftest import rows
 
 # The world every test starts from: T has versions 0 (create), 1 and 2 (inserts); stream
@@ -477,7 +477,7 @@ def test_query_runtime_error_surfaces_where_the_query_runs(shared, capsys):
     from pyspark.errors import PySparkException
 
     from pipelines.__main__ import LocalRunner, run_one
-    from pipelines.worker import SessionPool, StatementClock, answer_statement
+    from pipelines.sql.worker import SessionPool, StatementClock, answer_statement
 
     frame = shared.sql("SELECT 1/0 AS x")
     with pytest.raises(PySparkException):

@@ -1,6 +1,6 @@
 """Stream consumption under crashes and races: all or nothing, and exactly once.
 
-A consuming transaction commits through ``pipelines.commit``: stage the change sets,
+A consuming transaction commits through ``pipelines.transactions.commit``: stage the change sets,
 decide in the catalog (record a pending commit and claim the streams: the first
 consumer wins), one Delta commit per target table, finish in the catalog. These tests
 run consumers in child processes, each with its own local Spark, so that one can be
@@ -31,13 +31,13 @@ import pytest
 from deltalake import DeltaTable
 
 import flush.failpoints as failpoints
-import pipelines.commit as pipeline_commit
+import pipelines.transactions.commit as pipeline_commit
 from catalog import PendingCommit, SqliteCatalog, StreamRecord
 from flush import read_table
 from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.maintenance import maintain_catalog_table, vacuum_data_folders
 from pipelines import Session, SqlError, StreamConflictError
-from pipelines.commit import recover_pending, stream_app_id
+from pipelines.transactions.commit import recover_pending, stream_app_id
 from tests.pipelines.conftest import rows
 
 ROOT = Path(__file__).resolve().parents[2]

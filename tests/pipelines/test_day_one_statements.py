@@ -25,9 +25,9 @@ from flush.compaction import compact_table
 from flush.tables import ROW_ID_COLUMN
 from ingest_sdk import convert_rows
 from pipelines import ObjectNotFoundError, SqlError, StreamStaleError, UnsupportedStatementError
-from pipelines.commit import recover_pending
 from pipelines.errors import evaluation_errors
-from pipelines.statements import classify
+from pipelines.sql.statements import classify
+from pipelines.transactions.commit import recover_pending
 
 
 # Helpers

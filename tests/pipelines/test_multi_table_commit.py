@@ -26,7 +26,7 @@ import pytest
 from deltalake import DeltaTable
 
 import flush.failpoints as failpoints
-import pipelines.commit as pipeline_commit
+import pipelines.transactions.commit as pipeline_commit
 from catalog import ChannelProgress, IntentConflict
 from flush import TableWriter, read_table
 from flush.change_commit import landed_version
@@ -35,7 +35,7 @@ from flush.maintenance import vacuum_data_folders
 from flush.tables import TXN_RETENTION
 from ingest_sdk import convert_rows
 from pipelines import Session, SqlError, TransactionConflictError
-from pipelines.commit_owner import process_identity
+from pipelines.transactions.commit_owner import process_identity
 from tests.pipelines.conftest import rows
 
 SOURCE = [(10, "a"), (11, "b"), (12, "c")]

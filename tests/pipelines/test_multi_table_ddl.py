@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelines import Session, SqlError, TransactionConflictError
-from pipelines.commit_owner import owner_alive, process_identity
+from pipelines.transactions.commit_owner import owner_alive, process_identity
 from tests.pipelines.test_multi_table_commit import (
     SOURCE,
     decided_and_left,
@@ -134,7 +134,7 @@ def test_a_commit_whose_completion_fails_is_reported_at_once(
     TABLE_BUSY saying so, instead of trying for INTENT_WAIT_SECONDS; a query alone
     reads the last committed version meanwhile. Once the cause is gone, the next
     statement completes it."""
-    import pipelines.commit as pipeline_commit
+    import pipelines.transactions.commit as pipeline_commit
 
     a = session_factory()
     setup(a)
@@ -161,7 +161,7 @@ def test_a_commit_whose_completion_fails_is_reported_at_once(
 
 FORKED_CHILD = """
 import os, signal, sys, time
-from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
+from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner, owner_alive
 read, write = os.pipe()
 parent = os.fork()
 if parent == 0:  # the owner: one of its threads rolls a commit forward, then it forks

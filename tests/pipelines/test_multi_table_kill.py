@@ -2,7 +2,7 @@
 
 Transaction A consumes stream S into T1 and updates a row of T2 (``BEGIN; INSERT INTO
 T1 SELECT ... FROM S; UPDATE T2 ...; COMMIT``); its process is SIGKILLed at each
-failpoint of ``pipelines.commit.commit_consumer``. Then writer B, in a Session opened
+failpoint of ``pipelines.transactions.commit.commit_consumer``. Then writer B, in a Session opened
 before the kill (so its open-time recovery never saw A's pending commit), writes one
 of A's tables: B itself must roll A forward (decided) or abandon it (still preparing)
 and then succeed. Afterwards A's commit is all or nothing (T1 holds the consumed rows

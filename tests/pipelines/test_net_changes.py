@@ -1,4 +1,4 @@
-"""Netting change events (``pipelines.changes.net_changes``) agrees with comparing snapshots.
+"""Netting change events (``pipelines.streams.changes.net_changes``) agrees with comparing snapshots.
 
 Hypothesis writes random histories of a keyed table (inserts, updates that may change
 nothing, deletes; several rows per commit), turns them into change data feed events
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flush.tables import ROW_ID_COLUMN
-from pipelines.changes import ACTION, ISUPDATE, ROW_ID, ChangeMode, net_changes
+from pipelines.streams.changes import ACTION, ISUPDATE, ROW_ID, ChangeMode, net_changes
 
 VALUES = st.one_of(st.none(), st.integers(-3, 3))  # few values: updates often change nothing
 

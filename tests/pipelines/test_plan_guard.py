@@ -1,4 +1,4 @@
-"""The SQL boundary (pipelines.plan_guard): statements reach the warehouse's objects only.
+"""The SQL boundary (pipelines.sql.plan_guard): statements reach the warehouse's objects only.
 
 Each hostile statement is refused with a SqlError whose message names the construct,
 and nothing outside the warehouse is read, created or changed (a secret file and a
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines import Session, SqlError
-from pipelines.binding import parse
-from pipelines.plan_guard import DENIED_FUNCTIONS, RefusedStatementError, check_analyzed
+from pipelines.sql.binding import parse
+from pipelines.sql.plan_guard import DENIED_FUNCTIONS, RefusedStatementError, check_analyzed
 
 SECRET = "s3cr3t-do-not-read"
 REFUSED_CODES = {"STATEMENT_NOT_ALLOWED", "OBJECT_NOT_FOUND", "SQL_COMPILATION_ERROR",
@@ -169,7 +169,7 @@ def _registry(spark):
 
 def test_every_allowed_builtin_passes_with_its_documented_example(world, spark):
     """The allowlist is complete for this Spark: no built-in is refused by accident."""
-    from pipelines.plan_guard import guarded_frame
+    from pipelines.sql.plan_guard import guarded_frame
 
     refused = {}
     for name, example in _registry(spark).items():
@@ -185,7 +185,7 @@ def test_every_allowed_builtin_passes_with_its_documented_example(world, spark):
 
 
 def test_every_denied_builtin_is_refused(world, spark):
-    from pipelines.plan_guard import guarded_frame
+    from pipelines.sql.plan_guard import guarded_frame
 
     examples = _registry(spark)
     checked = 0
@@ -206,7 +206,7 @@ def test_every_denied_builtin_is_refused(world, spark):
 def test_a_class_the_allowlist_does_not_know_is_refused(world, spark, monkeypatch):
     """Fail closed: a class off the list is refused wherever the walk meets it: a plan
     node, an expression, an expression inside a lambda, a subquery's plan."""
-    from pipelines import plan_guard
+    from pipelines.sql import plan_guard
 
     with pytest.raises(RefusedStatementError, match="SomethingNew"):
         check_analyzed(iter(["org.apache.spark.sql.catalyst.plans.logical.Project",
@@ -229,7 +229,7 @@ def test_a_class_the_allowlist_does_not_know_is_refused(world, spark, monkeypatc
 
 
 def test_only_this_statements_own_views_are_readable(world, spark):
-    from pipelines.plan_guard import guarded_frame
+    from pipelines.sql.plan_guard import guarded_frame
 
     spark.range(3).createOrReplaceTempView("ingest_v999999")
     spark.range(3).createOrReplaceGlobalTempView("ingest_v999998")
@@ -252,7 +252,7 @@ def test_only_this_statements_own_views_are_readable(world, spark):
 
 
 def test_the_walk_stops_at_our_views_and_sees_everything_else(world, spark):
-    from pipelines.plan_guard import plan_classes
+    from pipelines.sql.plan_guard import plan_classes
 
     session, _ = world
     frame = session.sql("SELECT id, upper(v) FROM t WHERE id IN (SELECT id FROM u)")

@@ -39,8 +39,8 @@ from pyspark.sql.types import (
 
 from flush import read_table
 from pipelines import Session, SqlError
-from pipelines.change_source import ChangesDataSource
-from pipelines.table_sink import ROWS_PER_FILE
+from pipelines.spark_sources.change_source import ChangesDataSource
+from pipelines.spark_sources.table_sink import ROWS_PER_FILE
 from tests.pipelines.conftest import rows as rows_of
 
 CHANGES, SINK = "ingest-changes", "ingest"
@@ -904,8 +904,8 @@ def test_a_table_with_a_change_column_name_is_refused(spark, session):
 def test_first_batch_after_log_cleanup_is_stale(session):
     """Spark logged the first batch's end (the table as of version N-1) and the query
     died; log cleanup then removed version N-1: the replay says stale, no raw error."""
-    from pipelines.change_source import _plan
     from pipelines.errors import StreamStaleError
+    from pipelines.spark_sources.change_source import _plan
 
     session.sql("CREATE TABLE L (ID NUMBER(10,0))")
     for n in range(3):
@@ -977,7 +977,7 @@ def test_spark_buries_our_message_under_its_error_and_a_traceback(spark, unchang
 
 def test_source_errors_puts_our_message_first(spark, unchanged, tmp_path):
     from pipelines.errors import InvalidOptionError, ObjectNotFoundError
-    from pipelines.source_options import source_errors
+    from pipelines.spark_sources.source_options import source_errors
 
     kinds = {"InvalidOptionError": InvalidOptionError, "ObjectNotFoundError": ObjectNotFoundError}
     for case, action, kind, message in _refusals(spark, unchanged.warehouse, tmp_path):
@@ -996,7 +996,7 @@ def test_source_errors_puts_our_message_first(spark, unchanged, tmp_path):
 def test_source_errors_passes_other_errors_unchanged(spark, unchanged):
     from pyspark.errors import AnalysisException
 
-    from pipelines.source_options import source_errors
+    from pipelines.spark_sources.source_options import source_errors
 
     with pytest.raises(AnalysisException, match="TABLE_OR_VIEW_NOT_FOUND"), source_errors():
         spark.sql("SELECT * FROM no_such_view_anywhere").collect()

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines import SqlError
-from pipelines.statements import MAX_NESTING, check_nesting, classify, spark_sql_text
+from pipelines.sql.statements import MAX_NESTING, check_nesting, classify, spark_sql_text
 
 PIECES = [
     "ALTER TABLE t SET ", "A=A=,", "A=", ",", "=", " ", "'", "''", '"', '""', "`", "(", ")",
@@ -30,7 +30,7 @@ PIECES = [
 # Texts of 10,000 to 200,000 characters, each a header's pieces repeated.
 ADVERSARIAL = textwrap.dedent(
     """
-    from pipelines.statements import classify, spark_sql_text, check_nesting
+    from pipelines.sql.statements import classify, spark_sql_text, check_nesting
     from pipelines.errors import SqlError
     texts = []
     for n in (2_000, 20_000):

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import pipelines.commit as pipeline_commit
+import pipelines.transactions.commit as pipeline_commit
 from pipelines import Session, SqlError
-from pipelines.statement_deadline import statement_deadline
+from pipelines.transactions.statement_deadline import statement_deadline
 from tests.pipelines.conftest import rows
 from tests.pipelines.test_multi_table_commit import (
     SOURCE,

@@ -19,9 +19,9 @@ from deltalake import DeltaTable
 
 from catalog import Catalog, PendingCommit
 from flush.change_commit import landed_version
-from pipelines.commit import commit_app_id, recover_pending
-from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.transactions.commit import commit_app_id, recover_pending
+from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner, owner_alive
 
 __all__ = ["CommitStatus", "abandon_commit", "pending_status"]
 

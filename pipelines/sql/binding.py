@@ -19,15 +19,15 @@ from sqlglot.errors import SqlglotError
 from catalog import TableInfo, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
-from pipelines.changes import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.history import data_changed
-from pipelines.plan_guard import check_tree
-from pipelines.statements import NAME, spark_sql_text, split_name
-from pipelines.transaction import Transaction
+from pipelines.sql.history import data_changed
+from pipelines.sql.plan_guard import check_tree
+from pipelines.sql.statements import NAME, spark_sql_text, split_name
+from pipelines.streams.changes import ChangeMode
+from pipelines.transactions.transaction import Transaction
 
 if TYPE_CHECKING:
-    from pipelines.session import Session
+    from pipelines.sql.context import StatementContext
 
 __all__ = ["Binder", "parse"]
 
@@ -103,7 +103,7 @@ def _part(identifier: exp.Identifier | None) -> str | None:
 class Binder:
     """Binds the names of one statement in one transaction."""
 
-    def __init__(self, session: Session, txn: Transaction) -> None:
+    def __init__(self, session: StatementContext, txn: Transaction) -> None:
         self.session = session
         self.txn = txn
         self.streams: list[int] = []
@@ -156,7 +156,7 @@ class Binder:
         """``SYSTEM$STREAM_HAS_DATA('name')``: TRUE when a commit after the stream's offset,
         up to the version this transaction reads, added or removed rows (an empty net
         change may answer TRUE, as in the reference system; see
-        :func:`pipelines.history.data_changed`). Reading it pins the stream in the
+        :func:`pipelines.sql.history.data_changed`). Reading it pins the stream in the
         transaction like a read, but consumes nothing."""
         arguments = call.expressions
         if len(arguments) != 1 or not (
@@ -231,7 +231,7 @@ class Binder:
         )
 
     def _changes(self, table: exp.Table, changes: exp.Changes) -> object:
-        from pipelines.changes import read_changes
+        from pipelines.streams.changes import read_changes
 
         info = self.table(table)
         information = changes.args.get("information")

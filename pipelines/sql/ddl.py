@@ -3,9 +3,9 @@
 
 Each handler takes the session and the classified statement and returns a DataFrame
 (a status row, or the rows of SHOW/DESCRIBE), as the reference system answers. Handlers
-of databases and schemas live in :mod:`pipelines.ddl_schemas`, of statements that run a
-query or change rows in :mod:`pipelines.ddl_queries`, of a table's log in
-:mod:`pipelines.history`.
+of databases and schemas live in :mod:`pipelines.sql.ddl_schemas`, of statements that run a
+query or change rows in :mod:`pipelines.sql.ddl_queries`, of a table's log in
+:mod:`pipelines.sql.history`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from catalog import ObjectAlreadyExistsError, StreamRecord, full_name
 from flush import create_catalog_table
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
-from pipelines.changes import ChangeMode
-from pipelines.ddl_commits import abandon_commit_statement, show_pending_commits
-from pipelines.ddl_common import (
+from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
+from pipelines.sql.ddl_common import (
     drop_table_info,
     like,
     literal,
@@ -31,22 +31,22 @@ from pipelines.ddl_common import (
     table_schema,
     utc,
 )
-from pipelines.ddl_queries import create_table_as, explain, truncate
-from pipelines.ddl_schemas import (
+from pipelines.sql.ddl_queries import create_table_as, explain, truncate
+from pipelines.sql.ddl_schemas import (
     create_database,
     drop_database,
     show_columns,
     show_databases,
     show_schemas,
 )
-from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.history import describe_history
-from pipelines.statements import Statement, split_name
+from pipelines.sql.history import describe_history
+from pipelines.sql.statements import Statement, split_name
+from pipelines.streams.changes import ChangeMode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipelines.session import Session
+    from pipelines.sql.context import StatementContext
 
 __all__ = ["HANDLERS", "status_frame"]
 
@@ -59,7 +59,7 @@ _STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
                  "TRUE": ChangeMode.APPEND_ONLY, "FINAL": ChangeMode.APPEND_ONLY_FINAL}  # fmt: skip
 
 
-def create_table(session: Session, statement: Statement) -> DataFrame:
+def create_table(session: StatementContext, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = new_table_name(session, parts)
     schema = table_schema(parts["columns"] or "")
@@ -82,7 +82,7 @@ def create_table(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, f"Table {info.name} successfully created.")
 
 
-def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
+def drop_table_statement(session: StatementContext, statement: Statement) -> DataFrame:
     database, schema_name, name = session.qualify(statement.parts["name"] or "")
     info = session.find_table(database, schema_name, name)
     if info is None:
@@ -95,7 +95,7 @@ def drop_table_statement(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, f"{info.name} successfully dropped.")
 
 
-def rename_table(session: Session, statement: Statement) -> DataFrame:
+def rename_table(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     database, schema_name, name = session.qualify(statement.parts["new"] or "")
     check_object_name(name, "the table name")
@@ -109,7 +109,7 @@ def rename_table(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, "Statement executed successfully.")
 
 
-def alter_table_set(session: Session, statement: Statement) -> DataFrame:
+def alter_table_set(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     properties: dict[str, Any] = {}
     for key, value in re.findall(
@@ -133,7 +133,7 @@ def alter_table_set(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, "Statement executed successfully.")
 
 
-def show_tables(session: Session, statement: Statement) -> DataFrame:
+def show_tables(session: StatementContext, statement: Statement) -> DataFrame:
     pattern = like(statement.parts.get("like"))
     rows = [
         (utc(t.created_at), t.name, t.database, t.schema_name, "TABLE",
@@ -146,13 +146,13 @@ def show_tables(session: Session, statement: Statement) -> DataFrame:
     return session.spark.createDataFrame(rows, schema)
 
 
-def describe_table(session: Session, statement: Statement) -> DataFrame:
+def describe_table(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
     return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
 
 
-def create_stream(session: Session, statement: Statement) -> DataFrame:
+def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = session.qualify(parts["name"] or "")
     check_object_name(name, "the stream name")
@@ -184,7 +184,7 @@ def create_stream(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, f"Stream {name} successfully created.")
 
 
-def drop_stream(session: Session, statement: Statement) -> DataFrame:
+def drop_stream(session: StatementContext, statement: Statement) -> DataFrame:
     database, schema_name, name = session.qualify(statement.parts["name"] or "")
     stream = session.catalog.get_stream(database, schema_name, name)
     if stream is None:
@@ -204,7 +204,7 @@ _STREAM_SCHEMA = (
 )
 
 
-def _stream_row(session: Session, stream: StreamRecord) -> tuple[Any, ...]:
+def _stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, ...]:
     table = session.catalog.get_table_by_id(stream.table_id)
     stale, stale_after = session.staleness(stream, table)
     return (utc(stream.created_at), stream.name, stream.database, stream.schema_name,
@@ -212,18 +212,18 @@ def _stream_row(session: Session, stream: StreamRecord) -> tuple[Any, ...]:
             utc(stale_after), stream.offset_version)  # fmt: skip
 
 
-def show_streams(session: Session, statement: Statement) -> DataFrame:
+def show_streams(session: StatementContext, statement: Statement) -> DataFrame:
     pattern = like(statement.parts.get("like"))
     rows = [_stream_row(session, s) for s in session.catalog.list_streams() if pattern(s.name)]
     return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
 
 
-def describe_stream(session: Session, statement: Statement) -> DataFrame:
+def describe_stream(session: StatementContext, statement: Statement) -> DataFrame:
     stream = session.require_stream(statement.parts["name"] or "")
     return session.spark.createDataFrame([_stream_row(session, stream)], _STREAM_SCHEMA)
 
 
-def use(session: Session, statement: Statement) -> DataFrame:
+def use(session: StatementContext, statement: Statement) -> DataFrame:
     parts = split_name(statement.parts["name"] or "")
     what = (statement.parts["what"] or ("SCHEMA" if len(parts) == 2 else "DATABASE")).upper()
     for part in parts:
@@ -240,7 +240,7 @@ def use(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, "Statement executed successfully.")
 
 
-HANDLERS: dict[str, Callable[[Session, Statement], DataFrame]] = {
+HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {
     "create_table": create_table,
     "drop_table": drop_table_statement,
     "rename_table": rename_table,

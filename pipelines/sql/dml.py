@@ -21,14 +21,14 @@ from flush.change_commit import ChangeSet
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import Column, quote_identifier
-from pipelines.binding import Binder
 from pipelines.errors import SqlError
+from pipelines.sql.binding import Binder
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipelines.session import Session
-    from pipelines.transaction import Transaction
+    from pipelines.sql.context import StatementContext
+    from pipelines.transactions.transaction import Transaction
 
 __all__ = ["run_delete", "run_insert", "run_merge", "run_update"]
 
@@ -56,7 +56,9 @@ def _column(info: TableInfo, identifier: exp.Expression) -> Column:
     return column
 
 
-def _rows(session: Session, info: TableInfo, data: pa.Table, new: bool = False) -> pa.Table:
+def _rows(
+    session: StatementContext, info: TableInfo, data: pa.Table, new: bool = False
+) -> pa.Table:
     """A result (the table's columns in order, then the row id unless ``new``) as the
     table's rows, checked by the ingest conversion rules. New rows get ids from the
     table's sequence, reserved in the catalog."""
@@ -75,7 +77,7 @@ def _rows(session: Session, info: TableInfo, data: pa.Table, new: bool = False) 
     return checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
 
 
-def _result(session: Session, **counts: int) -> DataFrame:
+def _result(session: StatementContext, **counts: int) -> DataFrame:
     # Snowflake's column names: "number of rows updated", "number of multi-joined ...".
     names = [name.replace("_", " ").replace("multi joined", "multi-joined") for name in counts]
     schema = ", ".join(f"`{name}` BIGINT" for name in names)
@@ -94,7 +96,7 @@ def _sql(node: exp.Expression | None) -> str:
     return node.sql("spark") if node is not None else ""
 
 
-def run_insert(session: Session, txn: Transaction, tree: exp.Insert) -> DataFrame:
+def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) -> DataFrame:
     binder = Binder(session, txn)
     target = tree.this
     listed = target.expressions if isinstance(target, exp.Schema) else []
@@ -130,7 +132,7 @@ def run_insert(session: Session, txn: Transaction, tree: exp.Insert) -> DataFram
     return _result(session, number_of_rows_inserted=rows.num_rows)
 
 
-def run_update(session: Session, txn: Transaction, tree: exp.Update) -> DataFrame:
+def run_update(session: StatementContext, txn: Transaction, tree: exp.Update) -> DataFrame:
     binder = Binder(session, txn)
     binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
@@ -165,7 +167,7 @@ def run_update(session: Session, txn: Transaction, tree: exp.Update) -> DataFram
                    number_of_multi_joined_rows_updated=multi)  # fmt: skip
 
 
-def run_delete(session: Session, txn: Transaction, tree: exp.Delete) -> DataFrame:
+def run_delete(session: StatementContext, txn: Transaction, tree: exp.Delete) -> DataFrame:
     binder = Binder(session, txn)
     binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
@@ -202,7 +204,7 @@ def _check_deterministic(matched: pa.ChunkedArray, is_update: pa.ChunkedArray) -
         )
 
 
-def run_merge(session: Session, txn: Transaction, tree: exp.Merge) -> DataFrame:
+def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge) -> DataFrame:
     binder = Binder(session, txn)
     binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)

@@ -18,15 +18,15 @@ from catalog import ObjectNotEmptyError
 from flush import drop_table
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
-from pipelines.commit import when_free
-from pipelines.ddl_common import check_parts, like, status_frame, utc
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.ddl_common import check_parts, like, status_frame, utc
+from pipelines.transactions.commit import when_free
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipelines.session import Session
-    from pipelines.statements import Statement
+    from pipelines.sql.context import StatementContext
+    from pipelines.sql.statements import Statement
 
 __all__ = [
     "create_database",
@@ -41,7 +41,7 @@ __all__ = [
 PUBLIC = "PUBLIC"
 
 
-def _database_and_schema(session: Session, statement: Statement) -> tuple[str, str | None]:
+def _database_and_schema(session: StatementContext, statement: Statement) -> tuple[str, str | None]:
     """``(database, schema)`` a CREATE/DROP names; ``schema`` None for a database."""
     name = statement.parts["name"] or ""
     if (statement.parts["what"] or "").upper() == "DATABASE":
@@ -55,7 +55,7 @@ def _shown(database: str, schema: str | None) -> str:
     return ".".join(quote_identifier(p) for p in (database, schema) if p is not None)
 
 
-def create_database(session: Session, statement: Statement) -> DataFrame:
+def create_database(session: StatementContext, statement: Statement) -> DataFrame:
     """``CREATE DATABASE|SCHEMA [IF NOT EXISTS] x``. As in the reference system a new
     database gets the schema PUBLIC, and the session then uses what was created (``USE``);
     an existing one is an error, or with IF NOT EXISTS changes nothing."""
@@ -90,7 +90,7 @@ def create_database(session: Session, statement: Statement) -> DataFrame:
     return status_frame(session, f"{what.capitalize()} {own} successfully created.")
 
 
-def drop_database(session: Session, statement: Statement) -> DataFrame:
+def drop_database(session: StatementContext, statement: Statement) -> DataFrame:
     """``DROP DATABASE|SCHEMA [IF EXISTS] x [CASCADE | RESTRICT]``: RESTRICT (the default)
     refuses one that holds tables or streams, naming them; CASCADE drops them too (each
     table as DROP TABLE drops it: catalog entry, then folder)."""
@@ -130,7 +130,7 @@ def _is_current(value: bool) -> str:
     return "Y" if value else "N"
 
 
-def show_databases(session: Session, statement: Statement) -> DataFrame:
+def show_databases(session: StatementContext, statement: Statement) -> DataFrame:
     """``SHOW DATABASES [LIKE '...']``: ``created_on``, ``name``, ``is_current``, ``kind``."""
     pattern = like(statement.parts.get("like"))
     rows = [
@@ -142,7 +142,7 @@ def show_databases(session: Session, statement: Statement) -> DataFrame:
     )
 
 
-def show_schemas(session: Session, statement: Statement) -> DataFrame:
+def show_schemas(session: StatementContext, statement: Statement) -> DataFrame:
     """``SHOW SCHEMAS [LIKE '...'] [IN ACCOUNT | IN DATABASE [d]]``: the schemas of the
     current database unless IN says otherwise, as the reference system scopes it."""
     pattern = like(statement.parts.get("like"))
@@ -193,7 +193,7 @@ _COLUMNS_SCHEMA = (
 )
 
 
-def show_columns(session: Session, statement: Statement) -> DataFrame:
+def show_columns(session: StatementContext, statement: Statement) -> DataFrame:
     """``SHOW COLUMNS [LIKE '...'] IN [TABLE] t``: one row per column, in table order, with
     the reference system's columns (``data_type`` as its JSON; ``null?`` true/false)."""
     info = session.require_table(statement.parts["name"] or "")

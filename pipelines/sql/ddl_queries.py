@@ -1,12 +1,12 @@
 """Statements that run a query or change rows but are not plain DML: CREATE TABLE ... AS
 SELECT, TRUNCATE TABLE and EXPLAIN.
 
-Each reads through a :class:`~pipelines.transaction.Transaction` and the binder, and hands
-Spark only the text the binder made, through ``session.run_spark`` (the plan guard), as
-every query does. CREATE TABLE ... AS inserts its rows exactly as ``INSERT INTO t SELECT``
-does (ingest conversion rules, row ids from the table's sequence, streams it reads
-consumed at its commit); TRUNCATE deletes exactly as ``DELETE FROM t`` does, so streams
-on the table see the deletes.
+Each reads through a :class:`~pipelines.transactions.transaction.Transaction` and the
+binder, and hands Spark only the text the binder made, through ``session.run_spark`` (the
+plan guard), as every query does. CREATE TABLE ... AS inserts its rows exactly as
+``INSERT INTO t SELECT`` does (ingest conversion rules, row ids from the table's sequence,
+streams it reads consumed at its commit); TRUNCATE deletes exactly as ``DELETE FROM t``
+does, so streams on the table see the deletes.
 """
 
 from __future__ import annotations
@@ -29,16 +29,6 @@ from ingest_sdk import SchemaError, TableSchema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import quote_identifier
-from pipelines import dml
-from pipelines.binding import Binder, parse
-from pipelines.commit import when_free
-from pipelines.ddl_common import (
-    COLUMN_DEFINITION,
-    drop_table_info,
-    new_table_name,
-    split_columns,
-    status_frame,
-)
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -46,19 +36,31 @@ from pipelines.errors import (
     evaluation_errors,
     spark_errors,
 )
-from pipelines.statements import Statement, classify, split_name
-from pipelines.transaction import Transaction, autocommit_attempts
+from pipelines.sql import dml
+from pipelines.sql.binding import Binder, parse
+from pipelines.sql.ddl_common import (
+    COLUMN_DEFINITION,
+    drop_table_info,
+    new_table_name,
+    split_columns,
+    status_frame,
+)
+from pipelines.sql.statements import Statement, classify, split_name
+from pipelines.transactions.commit import when_free
+from pipelines.transactions.transaction import Transaction, autocommit_attempts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructField
 
-    from pipelines.session import Session
+    from pipelines.sql.context import StatementContext
 
 __all__ = ["create_table_as", "explain", "spark_declaration", "truncate"]
 
 
-def _query(session: Session, txn: Transaction, text: str, what: str) -> tuple[Binder, DataFrame]:
+def _query(
+    session: StatementContext, txn: Transaction, text: str, what: str
+) -> tuple[Binder, DataFrame]:
     """The bound query of a statement that holds one (``what`` names the statement), as an
     unevaluated DataFrame that passed the plan guard."""
     text = text.rstrip().removesuffix(";")
@@ -157,7 +159,7 @@ def _ctas_schema(frame: DataFrame, columns: str | None) -> TableSchema:
     return schema
 
 
-def create_table_as(session: Session, statement: Statement) -> DataFrame:
+def create_table_as(session: StatementContext, statement: Statement) -> DataFrame:
     """``CREATE [OR REPLACE] TABLE [IF NOT EXISTS] t [(col [TYPE], ...)] AS <query>``.
 
     Nothing is created or replaced until the query's rows are computed and pass the
@@ -196,7 +198,7 @@ def create_table_as(session: Session, statement: Statement) -> DataFrame:
 
 
 def _insert(
-    session: Session, txn: Transaction, binder: Binder, info: TableInfo, checked: pa.Table,
+    session: StatementContext, txn: Transaction, binder: Binder, info: TableInfo, checked: pa.Table,
     text: str,
 ) -> None:  # fmt: skip
     """Commit the checked rows to the new table with ids from its sequence, consuming the
@@ -213,7 +215,7 @@ def _insert(
 
 
 def _replace_with(
-    session: Session,
+    session: StatementContext,
     existing: TableInfo | None,
     names: tuple[str, str, str],
     schema: TableSchema,
@@ -262,12 +264,12 @@ def _replace_with(
     return info
 
 
-def _decided(session: Session, info: TableInfo) -> bool:
+def _decided(session: StatementContext, info: TableInfo) -> bool:
     """Whether a decided pipeline commit writes to the table (its decision stands)."""
     return bool(session.catalog.commits_holding([info.id], decided_only=True))
 
 
-def _put_back(session: Session, existing: TableInfo, names: tuple[str, str, str]) -> None:
+def _put_back(session: StatementContext, existing: TableInfo, names: tuple[str, str, str]) -> None:
     try:
         session.catalog.rename_table(existing.id, *names)
     except Exception as exc:  # the name was taken meanwhile: say where the old table is
@@ -281,7 +283,7 @@ def _put_back(session: Session, existing: TableInfo, names: tuple[str, str, str]
 
 
 # TRUNCATE TABLE
-def truncate(session: Session, statement: Statement) -> DataFrame:
+def truncate(session: StatementContext, statement: Statement) -> DataFrame:
     """``TRUNCATE [TABLE] [IF EXISTS] t``: every row deleted in one commit, as ``DELETE
     FROM t`` deletes them (streams on the table see one DELETE per row); a statement that
     lost a race with another writer runs again on fresh data, as an autocommit DELETE does.
@@ -333,7 +335,7 @@ def without_paths(plan: str, warehouse: str | Path) -> str:
     return _FILE_URI.sub("<path>", plan)
 
 
-def explain(session: Session, statement: Statement) -> DataFrame:
+def explain(session: StatementContext, statement: Statement) -> DataFrame:
     """``EXPLAIN [EXTENDED | FORMATTED | COST] <query>``: Spark's plan of the query as the
     binder hands it to Spark (the plan guard checked it), one row per line in the column
     ``plan``, without file paths. Tables appear as the views the binder made of them."""

@@ -27,7 +27,7 @@ from catalog import SqliteCatalog, TableInfo
 from ingest_sdk.errors import IngestError
 from pipelines import errors
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, SqlError
-from pipelines.statements import NAME, qualified, split_name
+from pipelines.sql.statements import NAME, qualified, split_name
 
 __all__ = ["SourceOptions", "is_warehouse", "source_errors"]
 

@@ -21,15 +21,15 @@ from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
-from pipelines.changes import ChangeMode, read_changes
-from pipelines.commit import (
+from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
+from pipelines.streams.changes import ChangeMode, read_changes
+from pipelines.transactions.commit import (
     TableWrites,
     commit_consumer,
     recover_pending,
     stream_app_id,
     when_free,
 )
-from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -60,7 +60,7 @@ class Transaction:
         self.catalog = catalog
         self.spark = spark
         #: A query alone: it may read the last committed versions past a decided commit
-        #: that cannot complete (see :func:`pipelines.commit.when_free`).
+        #: that cannot complete (see :func:`pipelines.transactions.commit.when_free`).
         self.read_only = read_only
         self.versions: dict[int, int] = {}
         self.handles: dict[int, DeltaTable] = {}  # each table at its pinned version

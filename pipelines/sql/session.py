@@ -22,9 +22,6 @@ from catalog import Catalog, SqliteCatalog, StreamRecord, TableBusyError, TableI
 from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
-from pipelines import ddl, dml
-from pipelines.binding import Binder, parse
-from pipelines.commit import busy_message, recover_pending
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -32,8 +29,10 @@ from pipelines.errors import (
     UnsupportedStatementError,
     evaluation_errors,
 )
-from pipelines.plan_guard import guarded_frame
-from pipelines.statements import (
+from pipelines.sql import ddl, dml
+from pipelines.sql.binding import Binder, parse
+from pipelines.sql.plan_guard import guarded_frame
+from pipelines.sql.statements import (
     DEFAULT_DATABASE,
     DEFAULT_SCHEMA,
     SUPPORTED,
@@ -42,7 +41,8 @@ from pipelines.statements import (
     qualified,
     split_name,
 )  # fmt: skip
-from pipelines.transaction import Transaction, autocommit_attempts
+from pipelines.transactions.commit import busy_message, recover_pending
+from pipelines.transactions.transaction import Transaction, autocommit_attempts
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -221,7 +221,7 @@ class Session:
         return ddl.status_frame(self, "Statement executed successfully.")
 
     def run_spark(self, text: str) -> DataFrame:
-        """A query's DataFrame, once :mod:`pipelines.plan_guard` has checked that it reads
+        """A query's DataFrame, once :mod:`pipelines.sql.plan_guard` has checked that it reads
         only the views this session's binder made and calls only allowed functions; Spark's
         errors become :class:`SqlError` with Spark's message."""
         try:

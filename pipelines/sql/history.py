@@ -19,13 +19,13 @@ from flush.batch_commit import BATCH_METADATA_KEY
 from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.commit import COMMIT_METADATA_KEY
 from flush.tables import commit_history
-from pipelines.ddl_common import utc
+from pipelines.sql.ddl_common import utc
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipelines.session import Session
-    from pipelines.statements import Statement
+    from pipelines.sql.context import StatementContext
+    from pipelines.sql.statements import Statement
 
 __all__ = ["HISTORY_SCHEMA", "data_changed", "describe_history"]
 
@@ -73,7 +73,7 @@ def _row(entry: dict[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def describe_history(session: Session, statement: Statement) -> DataFrame:
+def describe_history(session: StatementContext, statement: Statement) -> DataFrame:
     """``DESCRIBE HISTORY t``: one row per version still in the table's log, newest first:
     ``version``, ``timestamp`` (UTC, the writer's clock), Delta's ``operation``, our
     ``source`` (``INGEST``, ``SQL``, ``COMPACTION``, ``SPARK_SINK``, or NULL for Delta's

@@ -11,7 +11,7 @@ Spark passes this guard first:
    messages; the next wall does not depend on it.
 2. :func:`guarded_frame` lets Spark parse and analyse the text without running any
    command, then walks the analyzed plan in the JVM: every plan node and expression must
-   be of a class on the allowlist (:mod:`pipelines.plan_classes`, drawn up from Spark's
+   be of a class on the allowlist (:mod:`pipelines.sql.plan_classes`, drawn up from Spark's
    built-in functions and a corpus of queries, less :data:`DENIED_FUNCTIONS`), and the
    only relations it may read are the temporary views our binder made for this
    statement (table snapshots, change sets), whose contents are not walked: they are
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from pipelines.errors import SqlError, spark_errors
-from pipelines.plan_classes import ALLOWED_CLASSES
+from pipelines.sql.plan_classes import ALLOWED_CLASSES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

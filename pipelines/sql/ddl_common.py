@@ -13,14 +13,14 @@ from catalog import TableInfo, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
 from ingest_sdk.schema import check_object_name
-from pipelines.commit import when_free
 from pipelines.errors import SqlError
-from pipelines.statements import split_name
+from pipelines.sql.statements import split_name
+from pipelines.transactions.commit import when_free
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from pipelines.session import Session
+    from pipelines.sql.context import StatementContext
 
 __all__ = [
     "check_parts",
@@ -34,14 +34,14 @@ __all__ = [
 ]
 
 
-def status_frame(session: Session, message: str) -> DataFrame:
+def status_frame(session: StatementContext, message: str) -> DataFrame:
     """The one-row answer of a statement that returns no rows (Snowflake's `status`)."""
     return session.spark.createDataFrame([(message,)], "status STRING")
 
 
-def drop_table_info(session: Session, info: TableInfo) -> None:
+def drop_table_info(session: StatementContext, info: TableInfo) -> None:
     """Drop a table: its catalog entry, then its folder (its streams become stale);
-    once no pending commit writes it (see :func:`pipelines.commit.when_free`)."""
+    once no pending commit writes it (see :func:`pipelines.transactions.commit.when_free`)."""
     when_free(session.catalog, lambda: session.catalog.drop_table(info.id), [info.id])
     drop_table(info.uri, session.warehouse)
 
@@ -67,7 +67,7 @@ def utc(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC).replace(tzinfo=None)
 
 
-def new_table_name(session: Session, parts: dict[str, str | None]) -> tuple[str, str, str]:
+def new_table_name(session: StatementContext, parts: dict[str, str | None]) -> tuple[str, str, str]:
     """The ``DB.SCHEMA.NAME`` a CREATE TABLE names, checked by the name rules, and no
     stream of that name (OR REPLACE and IF NOT EXISTS together refused).
 

@@ -21,7 +21,7 @@ its checkpoint before running it, and the snapshot is read at that end.
 
 Options are checked when Spark creates the source and plans the read, in its Python
 worker; Spark reports a refusal inside its own error, so callers wrap the Spark calls
-in :func:`pipelines.source_options.source_errors` to get ours back.
+in :func:`pipelines.source_errors` to get ours back.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from pyspark.sql.streaming.datasource import (
 from catalog import TableInfo
 from flush.tables import ROW_ID_COLUMN, commit_history, live_paths, logged_versions
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
-from pipelines.source_options import CATALOG_FILE, SourceOptions
+from pipelines.spark_sources.source_options import CATALOG_FILE, SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -13,7 +13,7 @@ once (:mod:`flush.batch_commit`): the batch id is the version of the app transac
 replayed after a crash leaves neither a duplicate row nor an orphan file. The sink only
 appends: overwrite and complete output modes are refused, as are options the sink does
 not know, before any task runs (raised in Spark's Python worker, so Spark reports them
-inside its own error: :func:`pipelines.source_options.source_errors` gives ours back).
+inside its own error: :func:`pipelines.source_errors` gives ours back).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.errors import IngestError
 from pipelines.errors import InvalidOptionError
-from pipelines.source_options import CATALOG_FILE, SourceOptions
+from pipelines.spark_sources.source_options import CATALOG_FILE, SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -60,9 +60,9 @@ from flush.change_commit import (
     stage_change_set,
 )
 from flush.failpoints import failpoint
-from pipelines.commit_owner import IN_FLIGHT, new_owner, owner_alive
 from pipelines.errors import SqlError, StreamConflictError, TransactionConflictError
-from pipelines.statement_deadline import past_deadline
+from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner, owner_alive
+from pipelines.transactions.statement_deadline import past_deadline
 
 __all__ = [
     "TableWrites",
