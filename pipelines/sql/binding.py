@@ -16,7 +16,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from catalog import TableInfo, full_name
+from catalog import TableInfo, ViewRecord, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["Binder", "parse"]
 
 _VIEW_NUMBERS = itertools.count(1)
+#: How deep views may read views (a guard against runaway definitions, far above use).
+MAX_VIEW_DEPTH = 32
 STREAM_HAS_DATA = "SYSTEM$STREAM_HAS_DATA"
 _STREAM_NAME = re.compile(NAME)
 
@@ -101,20 +103,35 @@ def _part(identifier: exp.Identifier | None) -> str | None:
 
 
 class Binder:
-    """Binds the names of one statement in one transaction."""
+    """Binds the names of one statement in one transaction.
 
-    def __init__(self, session: StatementContext, txn: Transaction) -> None:
+    A view's body is bound by a binder of its own (:meth:`_expand`), with the view's
+    defaults for unqualified names and the chain of views being expanded (``within``),
+    so a cycle or a chain deeper than :data:`MAX_VIEW_DEPTH` is refused.
+    """
+
+    def __init__(
+        self,
+        session: StatementContext,
+        txn: Transaction,
+        defaults: tuple[str, str] | None = None,
+        within: tuple[str, ...] = (),
+    ) -> None:
         self.session = session
         self.txn = txn
         self.streams: list[int] = []
+        self.defaults = defaults
+        self.within = within
 
     def names(self, table: exp.Table) -> tuple[str, str, str]:
-        """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE``."""
+        """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE`` (or, in
+        a view's body, from the session that created the view)."""
         name = _part(table.this) if isinstance(table.this, exp.Identifier) else None
         if name is None:
             raise SqlError(f"cannot read from {table.sql('spark')!r}", "SQL_COMPILATION_ERROR")
-        schema = _part(table.args.get("db")) or self.session.schema
-        database = _part(table.args.get("catalog")) or self.session.database
+        database, schema = self.defaults or (self.session.database, self.session.schema)
+        schema = _part(table.args.get("db")) or schema
+        database = _part(table.args.get("catalog")) or database
         return database, schema, name
 
     def table(self, table: exp.Table) -> TableInfo:
@@ -176,8 +193,10 @@ class Binder:
                 "SQL_COMPILATION_ERROR",
             )
         parts = split_name(text)
-        schema = parts[-2] if len(parts) > 1 else self.session.schema
-        database = parts[-3] if len(parts) > 2 else self.session.database
+        default_database, default_schema = self.defaults or (self.session.database,
+                                                             self.session.schema)  # fmt: skip
+        schema = parts[-2] if len(parts) > 1 else default_schema
+        database = parts[-3] if len(parts) > 2 else default_database
         stream = self.session.catalog.get_stream(database, schema, parts[-1])
         if stream is None:
             raise ObjectNotFoundError(
@@ -193,7 +212,7 @@ class Binder:
                               quoted=True)  # fmt: skip
         return answer
 
-    def _frame_for(self, table: exp.Table) -> exp.Table:
+    def _frame_for(self, table: exp.Table) -> exp.Expression:
         changes = table.args.get("changes")
         if changes is not None:
             return self.view(self._changes(table, changes), table)
@@ -201,6 +220,11 @@ class Binder:
         stream = self.session.catalog.get_stream(database, schema, name)
         info = self.session.find_table(database, schema, name)
         when, as_of = table.args.get("when"), table.args.get("version")
+        travel = when is not None or as_of is not None
+        if travel and info is None and self.session.catalog.get_view(database, schema, name):
+            raise SqlError(f"time travel reads a table; {database}.{schema}.{name} is a view: "
+                           "read its tables AT (...) in a query of your own",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
         if when is not None or as_of is not None:
             # Time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...), or Spark's
             # t VERSION | TIMESTAMP AS OF ..., which means AT.
@@ -225,10 +249,40 @@ class Binder:
             self.streams.append(stream.id)
             self.session.check_stream_fresh(stream)
             return self.view(self.txn.stream_frame(stream, ChangeMode(stream.mode)), table)
+        view = self.session.catalog.get_view(database, schema, name)
+        if view is not None:
+            return self._expand(view, table)
         raise ObjectNotFoundError(
-            f"object {database}.{schema}.{name} does not exist: no table or stream of that "
-            "name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
+            f"object {database}.{schema}.{name} does not exist: no table, stream or view of "
+            "that name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
+            + (f"; view {self.within[-1]} reads it" if self.within else "")
         )
+
+    def _expand(self, view: ViewRecord, table: exp.Table) -> exp.Expression:
+        """A view's body, bound, in place of its name (a subquery named as the reference
+        was). A view reading a stream is refused: that read would never be consumed."""
+        if view.full_name in self.within:
+            chain = " -> ".join([*self.within[self.within.index(view.full_name):], view.full_name])
+            raise SqlError(f"views read each other in a cycle ({chain}); a view cannot read "
+                           "itself", "SQL_COMPILATION_ERROR")  # fmt: skip
+        if len(self.within) >= MAX_VIEW_DEPTH:
+            raise SqlError(f"views nest more than {MAX_VIEW_DEPTH} deep ({self.within[0]} -> "
+                           "...); flatten them", "STATEMENT_TOO_COMPLEX")  # fmt: skip
+        inner = Binder(self.session, self.txn, (view.default_database, view.default_schema),
+                       (*self.within, view.full_name))  # fmt: skip
+        body = inner.bind(parse(view.query))
+        if inner.streams:
+            stream = self.session.catalog.get_stream_by_id(inner.streams[0])
+            raise SqlError(
+                f"view {view.full_name} reads stream {stream.full_name if stream else '?'}; a "
+                "view cannot read a stream (its changes would never be consumed): read the "
+                "stream in the statement itself",
+                "SQL_COMPILATION_ERROR",
+            )
+        alias = table.args.get("alias") or exp.TableAlias(
+            this=exp.to_identifier(table.name, quoted=True)
+        )
+        return exp.Subquery(this=body, alias=alias)
 
     def _changes(self, table: exp.Table, changes: exp.Changes) -> object:
         from pipelines.streams.changes import read_changes

@@ -39,6 +39,7 @@ from pipelines.sql.ddl_schemas import (
     show_databases,
     show_schemas,
 )
+from pipelines.sql.ddl_views import create_view, describe_view, drop_view, show_views
 from pipelines.sql.history import describe_history
 from pipelines.sql.statements import Statement, split_name
 from pipelines.streams.changes import ChangeMode
@@ -160,6 +161,9 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     if session.find_table(database, schema_name, name) is not None:
         raise SqlError(f"a table named {database}.{schema_name}.{name} exists; a stream needs "
                        "a name no table has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    if session.catalog.get_view(database, schema_name, name) is not None:
+        raise SqlError(f"a view named {database}.{schema_name}.{name} exists; a stream needs "
+                       "a name no view has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError(
             "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
@@ -263,4 +267,8 @@ HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {
     "describe_history": describe_history,
     "show_pending_commits": show_pending_commits,
     "abandon_commit": abandon_commit_statement,
+    "create_view": create_view,
+    "drop_view": drop_view,
+    "show_views": show_views,
+    "describe_view": describe_view,
 }

@@ -84,6 +84,9 @@ def new_table_name(session: StatementContext, parts: dict[str, str | None]) -> t
     if session.catalog.get_stream(database, schema_name, name) is not None:
         raise SqlError(f"a stream named {full_name(database, schema_name, name)} exists; a "
                        "table needs a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    if session.catalog.get_view(database, schema_name, name) is not None:
+        raise SqlError(f"a view named {full_name(database, schema_name, name)} exists; a "
+                       "table needs a name no view has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
     return database, schema_name, name
 
 

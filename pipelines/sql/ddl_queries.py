@@ -55,14 +55,15 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["create_table_as", "explain", "spark_declaration", "truncate"]
+__all__ = ["create_table_as", "explain", "query_frame", "spark_declaration", "truncate"]
 
 
-def _query(
-    session: StatementContext, txn: Transaction, text: str, what: str
+def query_frame(
+    session: StatementContext, txn: Transaction, text: str, what: str, within: tuple[str, ...] = ()
 ) -> tuple[Binder, DataFrame]:
     """The bound query of a statement that holds one (``what`` names the statement), as an
-    unevaluated DataFrame that passed the plan guard."""
+    unevaluated DataFrame that passed the plan guard (``within``: the view being defined,
+    which its own body may not read)."""
     text = text.rstrip().removesuffix(";")
     try:
         kind = classify(text).kind
@@ -74,7 +75,7 @@ def _query(
     tree = parse(text)
     if not isinstance(tree, exp.Query):
         raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES)", "SQL_COMPILATION_ERROR")
-    binder = Binder(session, txn)
+    binder = Binder(session, txn, within=within)
     return binder, session.run_spark(binder.bind(tree).sql("spark"))
 
 
@@ -182,7 +183,7 @@ def create_table_as(session: StatementContext, statement: Statement) -> DataFram
         )
     txn = Transaction(session.catalog, session.spark)
     try:
-        binder, frame = _query(session, txn, parts["query"] or "", "CREATE TABLE ... AS")
+        binder, frame = query_frame(session, txn, parts["query"] or "", "CREATE TABLE ... AS")
         schema = _ctas_schema(frame, parts["columns"])
         with evaluation_errors():
             data = frame.toArrow()
@@ -290,6 +291,8 @@ def truncate(session: StatementContext, statement: Statement) -> DataFrame:
     """
     database, schema_name, name = session.qualify(statement.parts["name"] or "")
     info = session.find_table(database, schema_name, name)
+    if info is None and not statement.parts["if_exists"]:
+        info = session.table_or_error(database, schema_name, name)  # a view: says so
     if info is None:
         if statement.parts["if_exists"]:
             return status_frame(session, "Statement executed successfully (table did not exist).")
@@ -340,7 +343,7 @@ def explain(session: StatementContext, statement: Statement) -> DataFrame:
     binder hands it to Spark (the plan guard checked it), one row per line in the column
     ``plan``, without file paths. Tables appear as the views the binder made of them."""
     txn = Transaction(session.catalog, session.spark)
-    _, frame = _query(session, txn, statement.parts["query"] or "", "EXPLAIN")
+    _, frame = query_frame(session, txn, statement.parts["query"] or "", "EXPLAIN")
     mode = _EXPLAIN_MODES[(statement.parts["mode"] or "").upper() or None]
     with spark_errors("SQL_COMPILATION_ERROR"):
         utils = session.spark._jvm.PythonSQLUtils  # type: ignore[union-attr]

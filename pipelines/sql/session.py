@@ -255,6 +255,12 @@ class Session:
     def table_or_error(self, database: str, schema: str, table: str) -> TableInfo:
         """The table, or an error that names it and says what to check."""
         info = self.find_table(database, schema, table)
+        if info is None and self.catalog.get_view(database, schema, table) is not None:
+            raise SqlError(
+                f"{database}.{schema}.{table} is a view, and this statement needs a table "
+                "(views are read, never written or time-travelled): name a table",
+                "SQL_COMPILATION_ERROR",
+            )
         if info is None:
             raise ObjectNotFoundError(
                 f"table {database}.{schema}.{table} does not exist; check the name (unquoted "

@@ -70,6 +70,15 @@ _HEADERS: list[tuple[str, str]] = [
         rf"(?:\s+{_POINT})?"
         r"(?:\s+COMMENT\s*=\s*(?P<comment>'(?:[^']|'')*'))?",
     ),
+    (
+        "create_view",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?VIEW\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
+        rf"(?P<name>{NAME})(?:\s+COMMENT\s*=\s*(?P<comment>'(?:[^']|'')*'))?"
+        r"\s+AS(?=[\s(])\s*(?P<query>\S.*)",
+    ),
+    ("drop_view", rf"DROP\s+VIEW\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
+    ("show_views", rf"SHOW\s+(?:TERSE\s+)?VIEWS{_LIKE}"),
+    ("describe_view", rf"(?:DESCRIBE|DESC)\s+VIEW\s+(?P<name>{NAME})"),
     ("drop_stream", rf"DROP\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
     # Before create_table: "CREATE TABLE t (a INT) AS SELECT f(a)" also ends in ")".
     (
@@ -123,7 +132,8 @@ SUPPORTED = (
     "REPLACE] TABLE, CREATE TABLE ... AS SELECT, DROP TABLE, ALTER TABLE ... SET "
     "CHANGE_TRACKING|DATA_RETENTION_TIME_IN_DAYS|MAX_DATA_EXTENSION_TIME_IN_DAYS = ..., ALTER "
     "TABLE ... RENAME TO, SHOW TABLES, SHOW COLUMNS IN, DESCRIBE TABLE, DESCRIBE HISTORY, "
-    "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE|DROP "
+    "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE [OR "
+    "REPLACE] VIEW, DROP VIEW, SHOW VIEWS, DESCRIBE VIEW, CREATE|DROP "
     "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
     "ROLLBACK, SHOW PENDING COMMITS, ABANDON COMMIT <id>"
 )
