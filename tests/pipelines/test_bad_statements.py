@@ -219,7 +219,7 @@ CASES = [
     bad("SELECT 1 /* never closed", S, COMPILE, "compilation error", id="unterminated-comment"),
     bad("INSERT INTO tgt VALUES ('1)", S, COMPILE, "compilation error", id="insert-unterminated-string"),
     # Unknown tables (and streams)
-    bad("SELECT * FROM missing", NF, NOTFOUND, *MISSING, "no table or stream", id="select-missing"),
+    bad("SELECT * FROM missing", NF, NOTFOUND, *MISSING, "no table, stream or view", id="select-missing"),
     bad("SELECT * FROM t JOIN missing m ON m.a = t.a", NF, NOTFOUND, *MISSING, id="join-missing"),
     bad("SELECT * FROM other_db.public.t", NF, NOTFOUND, "OTHER_DB.PUBLIC.T", "does not exist", id="select-other-database"),
     bad("INSERT INTO missing VALUES (1)", NF, NOTFOUND, *MISSING, "create it", id="insert-into-missing"),
