@@ -147,7 +147,9 @@ class Binder:
         alias = table.args.get("alias") or exp.TableAlias(
             this=exp.to_identifier(table.name, quoted=True)
         )
-        return exp.Table(this=exp.to_identifier(view), alias=alias)
+        # TABLESAMPLE belongs to the reference: kept, or the sample would read every row.
+        return exp.Table(this=exp.to_identifier(view), alias=alias,
+                         sample=table.args.get("sample"))  # fmt: skip
 
     def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
         """Replace every table, stream and CHANGES reference in ``tree`` (in place) but

@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
-    "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "check_tree",
-    "guarded_frame", "plan_classes",
+    "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "analyzed_nodes",
+    "check_tree", "guarded_frame", "plan_classes",
 ]  # fmt: skip
 
 _REFLECTION = "calls any Java method of the service's JVM"
@@ -282,6 +282,19 @@ class _Walker:
             and not identifier.database().isDefined()
             and str(identifier.table()).lower() in views
         )
+
+
+def analyzed_nodes(
+    spark: SparkSession, frame: DataFrame, views: Collection[str]
+) -> Iterator[tuple[str, Any, bool]]:
+    """Each node of a guarded frame's analyzed plan, its expressions and the plans of
+    its subqueries, as (short class name, JVM node, is a plan node); the binder's
+    ``views`` are leaves (their insides are the sources, not the query). For readers of
+    the plan's shape, such as the dynamic tables' refresh-mode classifier."""
+    walker = _walker(spark)
+    root = frame._jdf.queryExecution().analyzed()
+    for name, node in walker._walk(root, views):
+        yield _short(name), node, walker._kind(name, node)[0]
 
 
 def _push(stack: list[Any], seq: Any) -> None:

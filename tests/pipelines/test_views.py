@@ -155,3 +155,10 @@ def test_views_in_schemas_drop_with_them(s):
     assert "DB.SC.V" in str(held.value)
     s.sql("DROP SCHEMA sc CASCADE")
     assert s.catalog.get_view("DB", "SC", "V") is None
+
+
+def test_tablesample_is_kept_when_a_table_is_bound(s):
+    """The binder replaces a table by its view; the sample belongs to the reference
+    (it was dropped, so TABLESAMPLE (0 ROWS) read every row)."""
+    assert rows(s.sql("SELECT id FROM t TABLESAMPLE (0 ROWS)")) == []
+    assert len(rows(s.sql("SELECT id FROM t TABLESAMPLE (100 PERCENT)"))) == 3
