@@ -23,6 +23,7 @@ from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
 from pipelines.sql.ddl_common import (
+    drop_named,
     drop_table_info,
     like,
     literal,
@@ -189,16 +190,8 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
 
 
 def drop_stream(session: StatementContext, statement: Statement) -> DataFrame:
-    database, schema_name, name = session.qualify(statement.parts["name"] or "")
-    stream = session.catalog.get_stream(database, schema_name, name)
-    if stream is None:
-        if statement.parts["if_exists"]:
-            return status_frame(
-                session, "Drop statement executed successfully (stream did not exist)."
-            )
-        raise ObjectNotFoundError(f"stream {database}.{schema_name}.{name} does not exist")
-    session.catalog.drop_stream(stream.id)
-    return status_frame(session, f"{name} successfully dropped.")
+    return drop_named(session, statement, "stream", session.catalog.get_stream,
+                      lambda stream: session.catalog.drop_stream(stream.id))  # fmt: skip
 
 
 _STREAM_SCHEMA = (

@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from catalog import TableInfo, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
 from ingest_sdk.schema import check_object_name
-from pipelines.errors import SqlError
+from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import split_name
 from pipelines.transactions.commit import when_free
 
@@ -21,9 +21,13 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from pipelines.sql.context import StatementContext
+    from pipelines.sql.statements import Statement
+
+T = TypeVar("T")
 
 __all__ = [
     "check_parts",
+    "drop_named",
     "drop_table_info",
     "like",
     "literal",
@@ -44,6 +48,27 @@ def drop_table_info(session: StatementContext, info: TableInfo) -> None:
     once no pending commit writes it (see :func:`pipelines.transactions.commit.when_free`)."""
     when_free(session.catalog, lambda: session.catalog.drop_table(info.id), [info.id])
     drop_table(info.uri, session.warehouse)
+
+
+def drop_named(
+    session: StatementContext,
+    statement: Statement,
+    what: str,
+    find: Callable[[str, str, str], T | None],
+    drop: Callable[[T], object],
+) -> DataFrame:
+    """``DROP <what> [IF EXISTS] name`` of a catalog object found by ``find`` (the
+    reference system's answers: dropped, did not exist, or does not exist)."""
+    database, schema_name, name = session.qualify(statement.parts["name"] or "")
+    found = find(database, schema_name, name)
+    if found is None:
+        if statement.parts["if_exists"]:
+            return status_frame(
+                session, f"Drop statement executed successfully ({what} did not exist)."
+            )
+        raise ObjectNotFoundError(f"{what} {full_name(database, schema_name, name)} does not exist")
+    drop(found)
+    return status_frame(session, f"{name} successfully dropped.")
 
 
 def literal(text: str | None) -> str:

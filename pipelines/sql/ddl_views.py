@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from catalog import ObjectAlreadyExistsError, ViewRecord, full_name
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.ddl_common import like, literal, status_frame, utc
+from pipelines.sql.ddl_common import drop_named, like, literal, status_frame, utc
 from pipelines.sql.ddl_queries import query_frame
 from pipelines.transactions.transaction import Transaction
 
@@ -70,16 +70,8 @@ def create_view(session: StatementContext, statement: Statement) -> DataFrame:
 
 
 def drop_view(session: StatementContext, statement: Statement) -> DataFrame:
-    database, schema_name, name = session.qualify(statement.parts["name"] or "")
-    view = session.catalog.get_view(database, schema_name, name)
-    if view is None:
-        if statement.parts["if_exists"]:
-            return status_frame(
-                session, "Drop statement executed successfully (view did not exist)."
-            )
-        raise ObjectNotFoundError(f"view {full_name(database, schema_name, name)} does not exist")
-    session.catalog.drop_view(view.id)
-    return status_frame(session, f"{name} successfully dropped.")
+    return drop_named(session, statement, "view", session.catalog.get_view,
+                      lambda view: session.catalog.drop_view(view.id))  # fmt: skip
 
 
 _VIEW_SCHEMA = (
