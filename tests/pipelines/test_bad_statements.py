@@ -191,7 +191,7 @@ CASES = [
     bad("CREATE TABLE u (a INT); DROP TABLE t", U, UNSUP, *UNSUPPORTED, id="create-then-drop"),
     # Statements this system does not run
     bad("GRANT SELECT ON TABLE t TO ROLE analyst", U, UNSUP, *UNSUPPORTED, id="grant"),
-    bad("CREATE VIEW v AS SELECT * FROM t", U, UNSUP, *UNSUPPORTED, id="create-view"),
+    bad("CREATE MATERIALIZED VIEW v AS SELECT * FROM t", U, UNSUP, *UNSUPPORTED, id="create-materialized-view"),
     bad("COPY INTO t FROM @stage", U, UNSUP, *UNSUPPORTED, id="copy-into"),
     bad("ALTER STREAM st SET COMMENT = 'x'", U, UNSUP, *UNSUPPORTED, id="alter-stream"),
     bad("CREATE TABLE u LIKE t", U, UNSUP, *UNSUPPORTED, id="create-like"),
