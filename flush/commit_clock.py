@@ -139,22 +139,6 @@ def version_at(table_uri: str, moment_us: int, strictly_before: bool = False) ->
     Stamps increase with the version, so this is a bisection over the logged versions
     (versions stamped by older releases use Delta's timestamp and are assumed in order)."""
     versions = sorted(logged_versions(table_uri))
-    stamps: dict[int, int] = {}
-
-    def stamp(index: int) -> int:
-        version = versions[index]
-        if version not in stamps:
-            stamps[version] = commit_ts(table_uri, version) or 0
-        return stamps[version]
-
-    class _Stamps:
-        def __len__(self) -> int:
-            return len(versions)
-
-        def __getitem__(self, index: int) -> int:
-            return stamp(index)
-
-    position = (bisect.bisect_left if strictly_before else bisect.bisect_right)(
-        _Stamps(), moment_us  # type: ignore[arg-type]
-    )
+    search = bisect.bisect_left if strictly_before else bisect.bisect_right
+    position = search(versions, moment_us, key=lambda v: commit_ts(table_uri, v) or 0)
     return versions[position - 1] if position else None

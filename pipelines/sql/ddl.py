@@ -23,6 +23,7 @@ from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
 from pipelines.sql.ddl_common import (
+    check_name_free,
     drop_named,
     drop_table_info,
     like,
@@ -101,12 +102,7 @@ def rename_table(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
     database, schema_name, name = session.qualify(statement.parts["new"] or "")
     check_object_name(name, "the table name")
-    if session.catalog.get_stream(database, schema_name, name) is not None:
-        raise SqlError(
-            f"a stream named {database}.{schema_name}.{name} exists; a table needs a name no "
-            "stream has",
-            "OBJECT_ALREADY_EXISTS",
-        )
+    check_name_free(session, (database, schema_name, name), "table")
     session.catalog.rename_table(info.id, database, schema_name, name)
     return status_frame(session, "Statement executed successfully.")
 
@@ -159,12 +155,7 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     database, schema_name, name = session.qualify(parts["name"] or "")
     check_object_name(name, "the stream name")
     info = session.require_table(parts["table"] or "")
-    if session.find_table(database, schema_name, name) is not None:
-        raise SqlError(f"a table named {database}.{schema_name}.{name} exists; a stream needs "
-                       "a name no table has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
-    if session.catalog.get_view(database, schema_name, name) is not None:
-        raise SqlError(f"a view named {database}.{schema_name}.{name} exists; a stream needs "
-                       "a name no view has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    check_name_free(session, (database, schema_name, name), "stream")
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError(
             "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"

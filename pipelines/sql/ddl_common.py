@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = [
+    "check_name_free",
     "check_parts",
     "drop_named",
     "drop_table_info",
@@ -106,13 +107,23 @@ def new_table_name(session: StatementContext, parts: dict[str, str | None]) -> t
         raise SqlError(
             "OR REPLACE and IF NOT EXISTS cannot be used together", "SQL_COMPILATION_ERROR"
         )
-    if session.catalog.get_stream(database, schema_name, name) is not None:
-        raise SqlError(f"a stream named {full_name(database, schema_name, name)} exists; a "
-                       "table needs a name no stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
-    if session.catalog.get_view(database, schema_name, name) is not None:
-        raise SqlError(f"a view named {full_name(database, schema_name, name)} exists; a "
-                       "table needs a name no view has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    check_name_free(session, (database, schema_name, name), "table")
     return database, schema_name, name
+
+
+def check_name_free(session: StatementContext, key: tuple[str, str, str], kind: str) -> None:
+    """Tables, streams and views share one namespace per schema: refuse a ``kind``
+    (table, stream or view) named like an object of another kind.
+
+    Raises:
+        SqlError: OBJECT_ALREADY_EXISTS, naming the object in the way.
+    """
+    finders = {"table": session.find_table, "stream": session.catalog.get_stream,
+               "view": session.catalog.get_view}  # fmt: skip
+    for other, find in finders.items():
+        if other != kind and find(*key) is not None:
+            raise SqlError(f"a {other} named {full_name(*key)} exists; a {kind} needs a name "
+                           f"no {other} has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
 
 
 def check_parts(name: str, whats: tuple[str, ...]) -> list[str]:

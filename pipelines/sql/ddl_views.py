@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from catalog import ObjectAlreadyExistsError, ViewRecord, full_name
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.ddl_common import drop_named, like, literal, status_frame, utc
+from pipelines.sql.ddl_common import check_name_free, drop_named, like, literal, status_frame, utc
 from pipelines.sql.ddl_queries import query_frame
 from pipelines.transactions.transaction import Transaction
 
@@ -40,11 +40,7 @@ def create_view(session: StatementContext, statement: Statement) -> DataFrame:
     shown = full_name(database, schema_name, name)
     if parts["if_not_exists"] and session.catalog.get_view(database, schema_name, name):
         return status_frame(session, f"{name} already exists, statement succeeded.")
-    for other, found in (("table", session.find_table(database, schema_name, name)),
-                         ("stream", session.catalog.get_stream(database, schema_name, name))):
-        if found is not None:
-            raise SqlError(f"a {other} named {shown} exists; a view needs a name no table or "
-                           "stream has", "OBJECT_ALREADY_EXISTS")  # fmt: skip
+    check_name_free(session, (database, schema_name, name), "view")
     query = (parts["query"] or "").rstrip().removesuffix(";").rstrip()
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:

@@ -94,6 +94,8 @@ def test_create_or_replace_if_not_exists_show_describe_drop(s):
          "SQL_COMPILATION_ERROR", "is a view"),
         ("CREATE STREAM sv ON TABLE big", "SQL_COMPILATION_ERROR", "is a view"),
         ("CREATE TABLE big (a NUMBER)", "OBJECT_ALREADY_EXISTS", "a view named DB.PUBLIC.BIG"),
+        ("ALTER TABLE t2 RENAME TO big", "OBJECT_ALREADY_EXISTS", "a view named DB.PUBLIC.BIG"),
+        ("CREATE STREAM big ON TABLE t", "OBJECT_ALREADY_EXISTS", "a view named DB.PUBLIC.BIG"),
         ("CREATE VIEW t AS SELECT 1 AS one", "OBJECT_ALREADY_EXISTS", "a table named DB.PUBLIC.T"),
         ("CREATE VIEW w AS DELETE FROM t", "SQL_COMPILATION_ERROR", "needs a query"),
         ("CREATE VIEW w AS SELECT * FROM nowhere", "OBJECT_NOT_FOUND", "DB.PUBLIC.NOWHERE"),
