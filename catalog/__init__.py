@@ -1,5 +1,6 @@
-"""The catalog: databases, schemas, tables, channels, row-id sequences, streams, views and
-pending pipeline commits. SQLite by default; nothing here imports a layer above."""
+"""The catalog: databases, schemas, tables, channels, row-id sequences, streams, views,
+dynamic tables and pending pipeline commits. SQLite by default; nothing here imports a
+layer above."""
 
 from catalog.base import (
     Catalog,
@@ -7,19 +8,24 @@ from catalog.base import (
     IntentConflict,
     ObjectAlreadyExistsError,
     ObjectNotEmptyError,
+    RefreshClaimConflict,
     StreamClaimConflict,
     TableBusyError,
     TablesGoneError,
 )
 from catalog.records import (
     APPEND_INTENT,
+    REFRESH_PLAN_KEY,
     ROWS_INTENT,
     ChannelProgress,
     ChannelRecord,
     CommitIntent,
     CommitRecord,
     DatabaseRecord,
+    DynamicSource,
+    DynamicTableRecord,
     PendingCommit,
+    RefreshRecord,
     SchemaRecord,
     StreamClaim,
     StreamRecord,
@@ -31,6 +37,7 @@ from catalog.sqlite import SqliteCatalog
 
 __all__ = [
     "APPEND_INTENT",
+    "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
     "Catalog",
     "ChannelProgress",
@@ -39,10 +46,14 @@ __all__ = [
     "CommitIntent",
     "CommitRecord",
     "DatabaseRecord",
+    "DynamicSource",
+    "DynamicTableRecord",
     "IntentConflict",
     "ObjectAlreadyExistsError",
     "ObjectNotEmptyError",
     "PendingCommit",
+    "RefreshClaimConflict",
+    "RefreshRecord",
     "SchemaRecord",
     "SqliteCatalog",
     "StreamClaim",

@@ -4,7 +4,7 @@ implementations (``tests/catalog/test_catalog_behaviors.py``)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from catalog.records import (
@@ -12,7 +12,10 @@ from catalog.records import (
     CommitIntent,
     CommitRecord,
     DatabaseRecord,
+    DynamicSource,
+    DynamicTableRecord,
     PendingCommit,
+    RefreshRecord,
     SchemaRecord,
     StreamClaim,
     StreamRecord,
@@ -27,6 +30,7 @@ __all__ = [
     "IntentConflict",
     "ObjectAlreadyExistsError",
     "ObjectNotEmptyError",
+    "RefreshClaimConflict",
     "StreamClaimConflict",
     "TableBusyError",
 ]
@@ -68,6 +72,16 @@ class StreamClaimConflict(RuntimeError):
     def __init__(self, stream_ids: list[int]) -> None:
         super().__init__(f"stream(s) {stream_ids} moved or are being consumed")
         self.stream_ids = stream_ids
+
+
+class RefreshClaimConflict(RuntimeError):
+    """A refresh of the dynamic table was applied or claimed by another process since
+    this one read its state (or the table was dropped or replaced): this refresh wrote
+    nothing."""
+
+    def __init__(self, table_id: int) -> None:
+        super().__init__(f"dynamic table {table_id} was refreshed by another process meanwhile")
+        self.table_id = table_id
 
 
 class IntentConflict(RuntimeError):
@@ -334,13 +348,70 @@ class Catalog(ABC):
             raise
 
     @abstractmethod
-    def finish_commit(self, commit_id: int) -> None:
+    def finish_commit(self, commit_id: int, versions: Mapping[int, int] | None = None) -> None:
         """Move the claimed streams to their new offsets and forget the commit and its
-        intents, atomically."""
+        intents, atomically; a refresh's commit (``versions``: each table's new version)
+        also records the refresh."""
 
     @abstractmethod
     def abandon_commit(self, commit_id: int) -> None:
         """Release the claims and intents of a commit that wrote nothing, and forget it."""
+
+    # Dynamic tables (their rows are a table's; see DynamicTableRecord)
+    @abstractmethod
+    def create_dynamic_table(
+        self,
+        names: tuple[str, str, str],
+        uri: str,
+        schema: TableSchema,
+        definition: Mapping[str, Any],
+        sources: Sequence[DynamicSource],
+    ) -> tuple[TableInfo, DynamicTableRecord]:
+        """Record a new dynamic table, INITIALIZING, with its table row and sources.
+
+        Raises:
+            TableAlreadyExistsError: a table has the name; nothing was recorded.
+        """
+
+    @abstractmethod
+    def get_dynamic_table(self, table_id: int) -> DynamicTableRecord | None: ...
+
+    @abstractmethod
+    def list_dynamic_tables(self) -> list[DynamicTableRecord]: ...
+
+    @abstractmethod
+    def set_dynamic_table(self, table_id: int, **values: Any) -> bool:
+        """Set ``target_lag_us``, ``state``, ``state_reason``, ``last_tick_us`` or
+        ``owner``; returns whether the dynamic table is still recorded."""
+
+    @abstractmethod
+    def swap_dynamic_table(self, old_id: int, new_id: int) -> None:
+        """Drop ``old_id`` and give ``new_id`` its name, atomically (CREATE OR REPLACE).
+
+        Raises:
+            TableBusyError: a pending commit writes the old table; nothing changed.
+        """
+
+    @abstractmethod
+    def add_refresh(self, record: Mapping[str, Any]) -> int:
+        """Record a refresh history row; returns its id (old rows past retention go)."""
+
+    @abstractmethod
+    def update_refresh(self, refresh_id: int, **values: Any) -> None: ...
+
+    @abstractmethod
+    def list_refreshes(
+        self, dt_table_id: int | None = None, limit: int = 20_000
+    ) -> list[RefreshRecord]:
+        """The newest refreshes first, of one dynamic table or of all."""
+
+    @abstractmethod
+    def record_no_data(
+        self, table_id: int, expected_seq: int, data_timestamp_us: int,
+        source_versions: Mapping[int, int], refresh_id: int,
+    ) -> bool:  # fmt: skip
+        """Record a refresh that found nothing to change, by compare-and-swap on the
+        table's refresh sequence; False if another refresh came first."""
 
     @abstractmethod
     def take_over_commit(self, commit_id: int, owner: str, new_owner: str) -> bool:

@@ -10,19 +10,28 @@ from ingest_sdk.schema import quote_identifier
 
 __all__ = [
     "APPEND_INTENT",
+    "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
     "ChannelProgress",
     "ChannelRecord",
     "CommitIntent",
     "CommitRecord",
     "DatabaseRecord",
+    "DynamicSource",
+    "DynamicTableRecord",
     "PendingCommit",
+    "RefreshRecord",
     "SchemaRecord",
     "StreamClaim",
     "StreamRecord",
     "TableInfo",
     "full_name",
 ]
+
+#: The key of a pending commit's plan that makes it a dynamic table's refresh: the
+#: catalog claims the table's refresh sequence when it decides the commit and records
+#: the refresh when it finishes it (see :class:`DynamicTableRecord`).
+REFRESH_PLAN_KEY = "refresh"
 
 #: Retention defaults of a table (days), as the reference system names them.
 DEFAULT_PROPERTIES: dict[str, Any] = {
@@ -222,3 +231,91 @@ class PendingCommit:
     @property
     def decided(self) -> bool:
         return self.state == "decided"
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicSource:
+    """What a dynamic table reads, as recorded when it was defined.
+
+    ``kind`` is ``table`` (base or dynamic: ``source_id`` is its table id) or ``view``
+    (``source_id`` its view id). ``marker`` tells a changed source from the one the
+    definition was checked against: a table's column declarations (JSON), a view's uid.
+    ``version`` is the table version the last applied refresh read (None: none yet).
+    """
+
+    source_id: int
+    kind: str
+    name: str
+    marker: str
+    version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicTableRecord:
+    """A dynamic table's definition and refresh state; its rows live in the table
+    ``table_id`` (a row of ``tables`` like any other).
+
+    ``refresh_seq`` counts applied refreshes: a refresh claims the next one by
+    compare-and-swap (``claimed_by`` holds the pending commit applying it), so two
+    refreshes of one table never both apply. ``state`` is INITIALIZING (the initial
+    refresh runs; ``owner`` is its process), ACTIVE or SUSPENDED. ``target_lag_us`` None
+    is DOWNSTREAM. ``row_ids``: PACKED (stateless queries: derived from the source rows'
+    ids) or SEQUENCE (from the table's row-id sequence).
+    """
+
+    table_id: int
+    uid: str
+    query: str
+    default_database: str
+    default_schema: str
+    target_lag_us: int | None
+    refresh_mode: str
+    mode_reason: str
+    row_ids: str
+    initialize: str
+    state: str
+    state_reason: str
+    owner: str
+    data_timestamp_us: int | None
+    data_version: int | None
+    refresh_seq: int
+    claimed_by: int | None
+    last_tick_us: int | None
+    created_at: float
+    comment: str = ""
+    sources: tuple[DynamicSource, ...] = ()
+
+    @property
+    def incremental(self) -> bool:
+        """Whether refreshes after the initial one may be incremental."""
+        return self.refresh_mode != "FULL" and not self.mode_reason
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshRecord:
+    """One row of a dynamic table's refresh history.
+
+    ``action``: INCREMENTAL, FULL, NO_DATA, SKIPPED or FAILED (None while it runs);
+    ``state``: EXECUTING, SUCCEEDED, FAILED or SKIPPED; ``source_versions`` maps each
+    source's name to the versions ``[after, to]`` read.
+    """
+
+    id: int
+    dt_table_id: int
+    name: str
+    refresh_uid: str
+    trigger: str
+    action: str | None
+    state: str
+    reason: str
+    error: str
+    data_timestamp_us: int
+    source_versions: dict[str, Any]
+    rows_inserted: int | None
+    rows_deleted: int | None
+    rows_updated: int | None
+    table_version: int | None
+    started_at: float
+    ended_at: float | None
+    owner: str
+    skipped_ticks: int = 0

@@ -35,6 +35,7 @@ from catalog.records import (
     TableInfo,
 )
 from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
+from catalog.sqlite_dynamic import DynamicTableStore
 from catalog.sqlite_layout import (
     ADDED_COLUMNS,
     CHANNEL_COLUMNS,
@@ -44,6 +45,7 @@ from catalog.sqlite_layout import (
     TABLE_COLUMNS,
     check_not_busy,
     drop_contents,
+    drop_dynamic_rows,
     find_databases,
     find_schemas,
     namespace_statements,
@@ -59,7 +61,7 @@ from ingest_sdk.schema import quote_identifier
 __all__ = ["SqliteCatalog"]
 
 
-class SqliteCatalog(PendingCommitStore, ViewStore, Catalog):
+class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
     """The embedded catalog. Calls are short and serialised by a lock, so the event
     loop and the flush threads can share one connection; other processes wait for
     SQLite's write lock (up to 30 s)."""
@@ -218,6 +220,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, Catalog):
                         "DELETE FROM migrations WHERE table_id=?",
                         "DELETE FROM tables WHERE id=?"):  # fmt: skip
                 db.execute(sql, (table_id,))
+            drop_dynamic_rows(db, table_id)
 
     def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()

@@ -11,13 +11,14 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict, TablesGoneError
 from catalog.records import CommitIntent, PendingCommit, StreamClaim
+from catalog.sqlite_dynamic import claim_refresh, finish_refresh, release_refresh
 from catalog.sqlite_layout import PENDING_COLUMNS, to_pending
 
 if TYPE_CHECKING:
@@ -98,6 +99,7 @@ class PendingCommitStore:
                     lost.append(claim.stream_id)
             if lost:
                 raise StreamClaimConflict(lost)
+            claim_refresh(db, commit_id, orjson.loads(row[2]))
             claims_text = orjson.dumps([(c.stream_id, c.expected, c.new) for c in claims]).decode()
             db.execute(
                 "UPDATE pending_commits SET claims=?, state='decided' WHERE id=?",
@@ -111,13 +113,14 @@ class PendingCommitStore:
         return PendingCommit(pending.id, pending.owner, pending.plan, tuple(claims),
                              pending.created_at, "decided", pending.intents)  # fmt: skip
 
-    def finish_commit(self, commit_id: int) -> None:
+    def finish_commit(self, commit_id: int, versions: Mapping[int, int] | None = None) -> None:
         now = time.time()
         with self._immediate() as db:
-            row = db.execute("SELECT claims FROM pending_commits WHERE id=?", (commit_id,))
+            row = db.execute("SELECT claims, plan FROM pending_commits WHERE id=?", (commit_id,))
             found = row.fetchone()
             if found is None:
                 return  # finished already (recovery and the owner may both try)
+            finish_refresh(db, commit_id, orjson.loads(found[1]), versions or {})
             for stream_id, _expected, new in orjson.loads(found[0]):
                 db.execute(
                     "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"
@@ -129,6 +132,7 @@ class PendingCommitStore:
     def abandon_commit(self, commit_id: int) -> None:
         with self._immediate() as db:
             db.execute("UPDATE streams SET claimed_by=NULL WHERE claimed_by=?", (commit_id,))
+            release_refresh(db, commit_id)
             db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
 
     def take_over_commit(self, commit_id: int, owner: str, new_owner: str) -> bool:

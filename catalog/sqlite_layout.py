@@ -29,12 +29,28 @@ from catalog.records import (
 from ingest_sdk import TableSchema
 
 __all__ = [
-    "ADDED_COLUMNS", "CHANNEL_COLUMNS", "MIGRATION_COLUMNS", "NAMED_DATABASES", "NAMED_SCHEMAS",
+    "ADDED_COLUMNS",
+    "CHANNEL_COLUMNS",
+    "DYNAMIC_COLUMNS",
+    "MIGRATION_COLUMNS",
+    "NAMED_DATABASES",
+    "NAMED_SCHEMAS",
     "PENDING_COLUMNS",
-    "SCHEMA", "STREAM_COLUMNS", "TABLE_COLUMNS", "VIEW_COLUMNS", "check_not_busy",
+    "REFRESH_COLUMNS",
+    "SCHEMA",
+    "STREAM_COLUMNS",
+    "TABLE_COLUMNS",
+    "VIEW_COLUMNS",
+    "check_not_busy",
     "drop_contents",
-    "find_databases", "find_schemas",
-    "namespace_statements", "to_channel", "to_pending", "to_stream", "to_table",
+    "drop_dynamic_rows",
+    "find_databases",
+    "find_schemas",
+    "namespace_statements",
+    "to_channel",
+    "to_pending",
+    "to_stream",
+    "to_table",
 ]  # fmt: skip
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS databases (
@@ -77,6 +93,28 @@ CREATE TABLE IF NOT EXISTS views (
     query TEXT NOT NULL, default_database TEXT NOT NULL, default_schema TEXT NOT NULL,
     created_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '', uid TEXT NOT NULL,
     UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS dynamic_tables (
+    table_id INTEGER PRIMARY KEY, uid TEXT NOT NULL, query TEXT NOT NULL,
+    default_database TEXT NOT NULL, default_schema TEXT NOT NULL, target_lag_us INTEGER,
+    refresh_mode TEXT NOT NULL, mode_reason TEXT NOT NULL, row_ids TEXT NOT NULL,
+    initialize TEXT NOT NULL, state TEXT NOT NULL, state_reason TEXT NOT NULL DEFAULT '',
+    owner TEXT NOT NULL DEFAULT '', data_timestamp_us INTEGER, data_version INTEGER,
+    refresh_seq INTEGER NOT NULL DEFAULT 0, claimed_by INTEGER, last_tick_us INTEGER,
+    created_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS dynamic_table_sources (
+    dt_table_id INTEGER NOT NULL, position INTEGER NOT NULL, source_id INTEGER NOT NULL,
+    kind TEXT NOT NULL, name TEXT NOT NULL, marker TEXT NOT NULL, version INTEGER,
+    PRIMARY KEY (dt_table_id, position));
+CREATE TABLE IF NOT EXISTS dynamic_table_refreshes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, dt_table_id INTEGER NOT NULL, name TEXT NOT NULL,
+    refresh_uid TEXT NOT NULL, trigger TEXT NOT NULL, action TEXT, state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '', error TEXT NOT NULL DEFAULT '',
+    data_timestamp_us INTEGER NOT NULL, source_versions TEXT NOT NULL DEFAULT '{}',
+    rows_inserted INTEGER, rows_deleted INTEGER, rows_updated INTEGER, table_version INTEGER,
+    started_at REAL NOT NULL, ended_at REAL, owner TEXT NOT NULL DEFAULT '',
+    skipped_ticks INTEGER NOT NULL DEFAULT 0);
+CREATE INDEX IF NOT EXISTS dynamic_table_refreshes_by_table
+    ON dynamic_table_refreshes (dt_table_id, id);
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
@@ -99,6 +137,16 @@ PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
 VIEW_COLUMNS = (
     "id, database, schema_name, name, query, default_database, default_schema, created_at,"
     " comment, uid"
+)
+DYNAMIC_COLUMNS = (
+    "table_id, uid, query, default_database, default_schema, target_lag_us, refresh_mode,"
+    " mode_reason, row_ids, initialize, state, state_reason, owner, data_timestamp_us,"
+    " data_version, refresh_seq, claimed_by, last_tick_us, created_at, comment"
+)
+REFRESH_COLUMNS = (
+    "id, dt_table_id, name, refresh_uid, trigger, action, state, reason, error,"
+    " data_timestamp_us, source_versions, rows_inserted, rows_deleted, rows_updated,"
+    " table_version, started_at, ended_at, owner, skipped_ticks"
 )
 MIGRATION_COLUMNS = (
     "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"
@@ -229,6 +277,7 @@ def drop_contents(
     for table in tables:
         db.execute("DELETE FROM channels WHERE table_id=?", (table.id,))
         db.execute("DELETE FROM migrations WHERE table_id=?", (table.id,))
+        drop_dynamic_rows(db, table.id)
     db.execute(f"DELETE FROM tables WHERE {where}", args)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     db.execute(f"DELETE FROM views WHERE {where}", args)
@@ -248,3 +297,11 @@ def check_not_busy(db: sqlite3.Connection, table_ids: list[int]) -> None:
     if holders:
         busy = sorted({i.table_id for p in holders for i in p.intents if i.table_id in wanted})
         raise TableBusyError(busy, [p.id for p in holders])
+
+
+def drop_dynamic_rows(db: sqlite3.Connection, table_id: int) -> None:
+    """Inside a write transaction: forget a dropped table's dynamic-table definition,
+    sources and refresh history (nothing if it was a plain table)."""
+    db.execute("DELETE FROM dynamic_tables WHERE table_id=?", (table_id,))
+    db.execute("DELETE FROM dynamic_table_sources WHERE dt_table_id=?", (table_id,))
+    db.execute("DELETE FROM dynamic_table_refreshes WHERE dt_table_id=?", (table_id,))

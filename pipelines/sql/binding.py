@@ -22,6 +22,8 @@ from flush.tables import ROW_ID_COLUMN
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.history import data_changed
 from pipelines.sql.plan_guard import check_tree
+from pipelines.sql.refresh_history import FUNCTION as HISTORY_FUNCTION
+from pipelines.sql.refresh_history import history_call, history_frame
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
 from pipelines.streams.changes import ChangeMode
 from pipelines.transactions.transaction import Transaction
@@ -29,7 +31,7 @@ from pipelines.transactions.transaction import Transaction
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Binder", "parse"]
+__all__ = ["Binder", "check_writable", "parse"]
 
 _VIEW_NUMBERS = itertools.count(1)
 #: How deep views may read views (a guard against runaway definitions, far above use).
@@ -102,6 +104,32 @@ def _part(identifier: exp.Identifier | None) -> str | None:
     return identifier.name if identifier.quoted else identifier.name.upper()
 
 
+def check_writable(session: StatementContext, info: TableInfo, what: str) -> None:
+    """Refuse to write a dynamic table with ``what`` (a statement's name).
+
+    Raises:
+        SqlError: DYNAMIC_TABLE_READ_ONLY, naming the table and what to do instead.
+    """
+    if session.catalog.get_dynamic_table(info.id) is not None:
+        raise SqlError(
+            f"{info.full_name} is a dynamic table: only its refreshes write it, so {what} "
+            "cannot change it. Change its query with CREATE OR REPLACE DYNAMIC TABLE, refresh "
+            "it with ALTER DYNAMIC TABLE ... REFRESH, or drop it with DROP DYNAMIC TABLE",
+            "DYNAMIC_TABLE_READ_ONLY",
+        )
+
+
+def _check_initialized(session: StatementContext, info: TableInfo) -> None:
+    """A dynamic table is read once its first refresh has given it content."""
+    dynamic = session.catalog.get_dynamic_table(info.id)
+    if dynamic is not None and dynamic.data_timestamp_us is None:
+        raise SqlError(
+            f"dynamic table {info.full_name} is not initialized yet: run ALTER DYNAMIC TABLE "
+            f"{info.full_name} REFRESH, or wait for its first scheduled refresh",
+            "DYNAMIC_TABLE_NOT_INITIALIZED",
+        )
+
+
 class Binder:
     """Binds the names of one statement in one transaction.
 
@@ -120,6 +148,12 @@ class Binder:
         self.session = session
         self.txn = txn
         self.streams: list[int] = []
+        #: The tables read as they are (not time-travelled) and the views expanded, in
+        #: views' bodies too: what a dynamic table's definition depends on.
+        self.tables: list[TableInfo] = []
+        self.expanded: list[ViewRecord] = []
+        #: Whether a read names a fixed point (time travel, CHANGES): never current.
+        self.fixed_reads = False
         self.defaults = defaults
         self.within = within
 
@@ -136,6 +170,13 @@ class Binder:
 
     def table(self, table: exp.Table) -> TableInfo:
         return self.session.table_or_error(*self.names(table))
+
+    def target(self, table: exp.Table, what: str) -> TableInfo:
+        """The table a statement writes (``what``: INSERT, UPDATE, ...); never a dynamic
+        table, which only its refreshes write."""
+        info = self.table(table)
+        check_writable(self.session, info, what)
+        return info
 
     def view(self, frame: object, table: exp.Table) -> exp.Table:
         """Register ``frame`` as a temporary view; the reference that replaces ``table``."""
@@ -164,12 +205,27 @@ class Binder:
             if not identifier.quoted:
                 identifier.set("this", identifier.this.upper())
         for table in list(tree.find_all(exp.Table)):
+            if (history := history_call(table)) is not None:
+                table.replace(self._history(table, history))
+                continue
             if table is skip or not isinstance(table.this, exp.Identifier):
                 continue
             if not table.args.get("db") and _names_a_cte(table):
                 continue
             table.replace(self._frame_for(table))
         return tree
+
+    def _history(self, table: exp.Table, call: exp.Anonymous) -> exp.Table:
+        """``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))`` as a view of its rows."""
+        defaults = self.defaults or (self.session.database, self.session.schema)
+        view = f"ingest_v{next(_VIEW_NUMBERS)}"
+        history_frame(self.session, call, defaults).createOrReplaceTempView(view)
+        self.session.views.append(view)
+        self.session.view_names[view] = HISTORY_FUNCTION
+        alias = table.args.get("alias") or exp.TableAlias(
+            this=exp.to_identifier(HISTORY_FUNCTION, quoted=True)
+        )
+        return exp.Table(this=exp.to_identifier(view), alias=alias)
 
     def _stream_has_data(self, call: exp.Anonymous) -> exp.Expression:
         """``SYSTEM$STREAM_HAS_DATA('name')``: TRUE when a commit after the stream's offset,
@@ -217,6 +273,7 @@ class Binder:
     def _frame_for(self, table: exp.Table) -> exp.Expression:
         changes = table.args.get("changes")
         if changes is not None:
+            self.fixed_reads = True
             return self.view(self._changes(table, changes), table)
         database, schema, name = self.names(table)
         stream = self.session.catalog.get_stream(database, schema, name)
@@ -241,11 +298,14 @@ class Binder:
                 assert as_of is not None
                 at, kind, value = "AT", str(as_of.this).upper(), as_of.expression
             version = self.session.point(info, at, kind, value)
+            self.fixed_reads = True
             frame = read_delta(self.session.spark, info.uri, version).drop(ROW_ID_COLUMN)
             table.set("when", None)
             table.set("version", None)
             return self.view(frame, table)
         if info is not None:
+            _check_initialized(self.session, info)
+            self.tables.append(info)
             return self.view(self.txn.table_frame(info), table)
         if stream is not None:
             self.streams.append(stream.id)
@@ -264,7 +324,7 @@ class Binder:
         """A view's body, bound, in place of its name (a subquery named as the reference
         was). A view reading a stream is refused: that read would never be consumed."""
         if view.full_name in self.within:
-            chain = " -> ".join([*self.within[self.within.index(view.full_name):], view.full_name])
+            chain = " -> ".join([*self.within[self.within.index(view.full_name) :], view.full_name])
             raise SqlError(f"views read each other in a cycle ({chain}); a view cannot read "
                            "itself", "SQL_COMPILATION_ERROR")  # fmt: skip
         if len(self.within) >= MAX_VIEW_DEPTH:
@@ -273,6 +333,9 @@ class Binder:
         inner = Binder(self.session, self.txn, (view.default_database, view.default_schema),
                        (*self.within, view.full_name))  # fmt: skip
         body = inner.bind(parse(view.query))
+        self.tables.extend(inner.tables)
+        self.expanded.extend([view, *inner.expanded])
+        self.fixed_reads |= inner.fixed_reads
         if inner.streams:
             stream = self.session.catalog.get_stream_by_id(inner.streams[0])
             raise SqlError(

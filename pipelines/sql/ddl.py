@@ -21,6 +21,7 @@ from flush import create_catalog_table
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.binding import check_writable
 from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
 from pipelines.sql.ddl_common import (
     check_name_free,
@@ -68,6 +69,7 @@ def create_table(session: StatementContext, statement: Statement) -> DataFrame:
     schema = table_schema(parts["columns"] or "")
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
+        check_writable(session, existing, "CREATE OR REPLACE TABLE")
         drop_table_info(session, existing)
     try:
         info, created = create_catalog_table(
@@ -94,12 +96,14 @@ def drop_table_statement(session: StatementContext, statement: Statement) -> Dat
                 session, "Drop statement executed successfully (table did not exist)."
             )
         raise ObjectNotFoundError(f"table {database}.{schema_name}.{name} does not exist")
+    check_writable(session, info, "DROP TABLE")
     drop_table_info(session, info)
     return status_frame(session, f"{info.name} successfully dropped.")
 
 
 def rename_table(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
+    check_writable(session, info, "ALTER TABLE ... RENAME")
     database, schema_name, name = session.qualify(statement.parts["new"] or "")
     check_object_name(name, "the table name")
     check_name_free(session, (database, schema_name, name), "table")
@@ -133,8 +137,10 @@ def alter_table_set(session: StatementContext, statement: Statement) -> DataFram
 
 def show_tables(session: StatementContext, statement: Statement) -> DataFrame:
     pattern = like(statement.parts.get("like"))
+    dynamic = {dt.table_id for dt in session.catalog.list_dynamic_tables()}
     rows = [
-        (utc(t.created_at), t.name, t.database, t.schema_name, "TABLE",
+        (utc(t.created_at), t.name, t.database, t.schema_name,
+         "DYNAMIC TABLE" if t.id in dynamic else "TABLE",
          "ON" if t.properties["change_tracking"] else "OFF",
          t.properties["data_retention_time_in_days"])
         for t in session.catalog.list_tables() if pattern(t.name)

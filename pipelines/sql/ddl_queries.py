@@ -37,7 +37,7 @@ from pipelines.errors import (
     spark_errors,
 )
 from pipelines.sql import dml
-from pipelines.sql.binding import Binder, parse
+from pipelines.sql.binding import Binder, check_writable, parse
 from pipelines.sql.ddl_common import (
     COLUMN_DEFINITION,
     drop_table_info,
@@ -181,6 +181,8 @@ def create_table_as(session: StatementContext, statement: Statement) -> DataFram
             "CREATE OR REPLACE TABLE to replace it",
             "TABLE_EXISTS",
         )
+    if existing is not None:
+        check_writable(session, existing, "CREATE OR REPLACE TABLE")
     txn = Transaction(session.catalog, session.spark)
     try:
         binder, frame = query_frame(session, txn, parts["query"] or "", "CREATE TABLE ... AS")
@@ -300,6 +302,7 @@ def truncate(session: StatementContext, statement: Statement) -> DataFrame:
             f"table {full_name(database, schema_name, name)} does not exist; check the name "
             "(unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
         )
+    check_writable(session, info, "TRUNCATE")
     for attempt in autocommit_attempts():
         with attempt:
             txn = Transaction(session.catalog, session.spark)

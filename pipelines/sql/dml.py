@@ -86,10 +86,18 @@ def _result(session: StatementContext, **counts: int) -> DataFrame:
 
 def _target(binder: Binder, txn: Transaction, table: exp.Table) -> tuple[TableInfo, str, str]:
     """The DML target, the view of it with row ids, and the alias statements use."""
-    info = binder.table(table)
+    info = binder.target(table, _statement_name(table))
     alias = table.alias or table.name
     view = binder.view(txn.table_frame(info, row_ids=True), table)
     return info, view.name, _q(alias)
+
+
+def _statement_name(table: exp.Table) -> str:
+    """UPDATE, DELETE or MERGE: the statement whose target ``table`` is."""
+    node = table.parent
+    while node is not None and not isinstance(node, exp.Update | exp.Delete | exp.Merge):
+        node = node.parent
+    return type(node).__name__.upper() if node is not None else "this statement"
 
 
 def _sql(node: exp.Expression | None) -> str:
@@ -101,7 +109,7 @@ def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) ->
     target = tree.this
     listed = target.expressions if isinstance(target, exp.Schema) else []
     table = target.this if isinstance(target, exp.Schema) else target
-    info = binder.table(table)
+    info = binder.target(table, "INSERT")
     if tree.expression is None:
         raise SqlError(
             "INSERT needs VALUES (...) or a query after the table", "SQL_COMPILATION_ERROR"

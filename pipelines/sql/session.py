@@ -22,6 +22,7 @@ from catalog import Catalog, SqliteCatalog, StreamRecord, TableBusyError, TableI
 from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
+from pipelines.dynamic_tables import definition as dynamic
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -100,6 +101,7 @@ class Session:
         for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
         recover_pending(self.catalog)
+        dynamic.recover_dynamic_tables(self)
 
     # The public face
     def sql(self, text: str) -> DataFrame:
@@ -165,7 +167,7 @@ class Session:
     def _run(self, statement: Statement) -> DataFrame:
         if statement.kind in _TRANSACTION_KINDS:
             return self._transaction_control(statement)
-        handler = ddl.HANDLERS.get(statement.kind)
+        handler = ddl.HANDLERS.get(statement.kind) or dynamic.HANDLERS.get(statement.kind)
         if handler is not None:
             if self._transaction is not None:
                 raise SqlError(

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pipelines.errors import SqlError, UnsupportedStatementError
 
 __all__ = [
-    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "MAX_NESTING", "NAME", "Statement", "check_nesting",
-    "classify", "qualified", "spark_sql_text", "split_name",
+    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "MAX_NESTING", "NAME", "OPTION", "Statement",
+    "check_nesting", "classify", "qualified", "spark_sql_text", "split_name",
 ]  # fmt: skip
 
 _PART = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'
@@ -35,6 +35,8 @@ _POINT = (
     r"(?P<point>'(?:[^']|'')*'|[^)\s]+(?:\s+[^)\s]+)*)\s*\)"
 )
 
+#: One ``KEY = value`` option of a CREATE DYNAMIC TABLE header: a quoted string or a word.
+_OPTION = r"[A-Za-z_]+\s*=\s*(?:'(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)"
 _LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
 #: A column list of CREATE TABLE ... AS: definitions whose parentheses nest one level
 #: (``NUMBER(10,2)``), unrolled so that every character has one place to go.
@@ -76,6 +78,23 @@ _HEADERS: list[tuple[str, str]] = [
         rf"(?P<name>{NAME})(?:\s+COMMENT\s*=\s*(?P<comment>'(?:[^']|'')*'))?"
         r"\s+AS(?=[\s(])\s*(?P<query>\S.*)",
     ),
+    (
+        "create_dynamic_table",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?DYNAMIC\s+TABLE\s+"
+        rf"(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?(?P<name>{NAME})"
+        rf"(?P<options>(?:\s+{_OPTION})*)\s+AS(?=[\s(])\s*(?P<query>\S.*)",
+    ),
+    (
+        "alter_dynamic_table",
+        rf"ALTER\s+DYNAMIC\s+TABLE\s+(?P<name>{NAME})\s+(?P<action>REFRESH|SUSPEND|RESUME|"
+        rf"SET\s+TARGET_LAG\s*=\s*(?P<lag>'(?:[^']|'')*'|[A-Za-z]+))",
+    ),
+    (
+        "drop_dynamic_table",
+        rf"DROP\s+DYNAMIC\s+TABLE\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})",
+    ),
+    ("show_dynamic_tables", rf"SHOW\s+(?:TERSE\s+)?DYNAMIC\s+TABLES{_LIKE}"),
+    ("describe_dynamic_table", rf"(?:DESCRIBE|DESC)\s+DYNAMIC\s+TABLE\s+(?P<name>{NAME})"),
     ("drop_view", rf"DROP\s+VIEW\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
     ("show_views", rf"SHOW\s+(?:TERSE\s+)?VIEWS{_LIKE}"),
     ("describe_view", rf"(?:DESCRIBE|DESC)\s+VIEW\s+(?P<name>{NAME})"),
@@ -133,7 +152,9 @@ SUPPORTED = (
     "CHANGE_TRACKING|DATA_RETENTION_TIME_IN_DAYS|MAX_DATA_EXTENSION_TIME_IN_DAYS = ..., ALTER "
     "TABLE ... RENAME TO, SHOW TABLES, SHOW COLUMNS IN, DESCRIBE TABLE, DESCRIBE HISTORY, "
     "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE [OR "
-    "REPLACE] VIEW, DROP VIEW, SHOW VIEWS, DESCRIBE VIEW, CREATE|DROP "
+    "REPLACE] VIEW, DROP VIEW, SHOW VIEWS, DESCRIBE VIEW, CREATE [OR REPLACE] DYNAMIC TABLE, "
+    "ALTER DYNAMIC TABLE ... REFRESH|SUSPEND|RESUME|SET TARGET_LAG, DROP DYNAMIC TABLE, SHOW "
+    "DYNAMIC TABLES, DESCRIBE DYNAMIC TABLE, CREATE|DROP "
     "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
     "ROLLBACK, SHOW PENDING COMMITS, ABANDON COMMIT <id>"
 )
@@ -275,3 +296,7 @@ def qualified(
     """``DB.SCHEMA.NAME`` of a name's one to three parts, missing ones from the defaults."""
     full = [database, schema][: 3 - len(parts)] + parts
     return full[0], full[1], full[2]
+
+
+#: One option of a header's option list (``KEY = value``), for reading them one by one.
+OPTION = re.compile(r"([A-Za-z_]+)\s*=\s*('(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)")

@@ -38,6 +38,7 @@ from tenacity.stop import stop_base
 
 from catalog import (
     APPEND_INTENT,
+    REFRESH_PLAN_KEY,
     ROWS_INTENT,
     Catalog,
     CommitGoneError,
@@ -116,11 +117,12 @@ def _roll_forward(catalog: Catalog, pending: PendingCommit) -> dict[int, int]:
             commit_app=commit_app_id(pending),
             base_version=entry["base_version"],
             app_transactions=app_transactions,
-            metadata={"statement": pending.plan.get("statement", "")[:500], "commit": pending.id},
-        )
+            metadata={**pending.plan.get("metadata", {}),
+                      "statement": pending.plan.get("statement", "")[:500], "commit": pending.id},
+        )  # fmt: skip
         failpoint("pipeline_between_tables")
     failpoint("pipeline_before_finish")
-    catalog.finish_commit(pending.id)  # the offsets move, the intents go
+    catalog.finish_commit(pending.id, versions)  # the offsets move, the intents go
     return versions
 
 
@@ -130,9 +132,18 @@ def commit_consumer(
     claims: Sequence[StreamClaim],
     statement: str,
     stream_apps: dict[int, str],
+    *,
+    app_transactions: dict[str, int] | None = None,
+    metadata: dict[str, object] | None = None,
+    refresh: dict[str, object] | None = None,
 ) -> dict[int, int]:
     """Commit a transaction's writes and move the streams it consumed; returns each
     table's new version.
+
+    A dynamic table's refresh passes ``refresh`` (the claim on its next refresh, see
+    :data:`catalog.REFRESH_PLAN_KEY`: decided by compare-and-swap, recorded at the
+    end), ``app_transactions`` (each source version it read, carried by its commit) and
+    ``metadata`` (kept in the commit's metadata).
 
     Steps:
       1. Stage each table's change set as a Parquet file in the table folder (fsync).
@@ -170,9 +181,13 @@ def commit_consumer(
         "tables": plan_tables,
         "statement": statement[:500],
         "app_id": f"ingest-pipeline-commit:{catalog.catalog_id()}:{uuid.uuid4().hex}",
-        "app_transactions": {stream_apps[c.stream_id]: c.new for c in claims},
+        "app_transactions": {**{stream_apps[c.stream_id]: c.new for c in claims},
+                             **(app_transactions or {})},
         "stream_apps": {str(k): v for k, v in stream_apps.items()},
-    }
+        "metadata": metadata or {},
+    }  # fmt: skip
+    if refresh is not None:
+        plan[REFRESH_PLAN_KEY] = refresh
     owner = new_owner()
     IN_FLIGHT.add(owner)
     try:
@@ -322,6 +337,7 @@ def when_free(
     committed versions, when a commit in the way cannot complete (its roll-forward just
     failed): it reads what any Delta reader reads, instead of nothing until an operator
     mends the damage."""
+
     def attempt_once() -> T:
         if holders := catalog.commits_holding(table_ids, decided_only):
             raise TableBusyError(sorted(table_ids), holders)

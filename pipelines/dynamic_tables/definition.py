@@ -1,0 +1,409 @@
+"""CREATE [OR REPLACE] DYNAMIC TABLE, ALTER DYNAMIC TABLE, DROP DYNAMIC TABLE, SHOW
+DYNAMIC TABLES and DESCRIBE DYNAMIC TABLE.
+
+A definition is checked in full before anything is made: the query is bound and
+analysed by Spark over the objects it names now (tables, views, dynamic tables; no
+stream, no time travel, at least one table), its columns give the table's, its
+analyzed plan gives its refresh class (:mod:`pipelines.dynamic_tables.classify`), and
+the graph of dynamic tables stays acyclic with no lag shorter than an upstream's
+(:func:`pipelines.dynamic_tables.schedule.check_graph`). The initial refresh then runs
+at once (INITIALIZE = ON_CREATE, the default): if it fails, the CREATE fails with its
+error and leaves nothing behind. OR REPLACE builds the new table beside the old one,
+which stays readable (and refreshing) until the new one is ready, then swaps them in
+one catalog transaction.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from catalog import DynamicSource, DynamicTableRecord, TableInfo, full_name
+from flush.tables import create_table, drop_table, new_table_folder
+from ingest_sdk.schema import check_object_name
+from pipelines.dynamic_tables.classify import classify as classify_plan
+from pipelines.dynamic_tables.refresh import INITIAL, MANUAL, RefreshFailed, refresh
+from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
+from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.ddl_common import (
+    check_name_free,
+    drop_table_info,
+    like,
+    literal,
+    status_frame,
+    utc,
+)
+from pipelines.sql.ddl_queries import _ctas_schema, query_frame
+from pipelines.sql.statements import OPTION
+from pipelines.transactions.commit import when_free
+from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner
+from pipelines.transactions.transaction import Transaction
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame
+
+    from pipelines.sql.context import StatementContext
+    from pipelines.sql.statements import Statement
+
+__all__ = ["HANDLERS", "refresh_with_upstreams"]
+
+_MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT")
+_INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
+
+
+def _options(text: str) -> dict[str, str]:
+    """The header's ``KEY = value`` options, keys upper-cased; unknown or repeated keys
+    refused. WAREHOUSE is accepted and ignored (one Spark worker serves all)."""
+    found: dict[str, str] = {}
+    for key, value in OPTION.findall(text):
+        key = key.upper()
+        if key not in ("TARGET_LAG", "REFRESH_MODE", "INITIALIZE", "WAREHOUSE", "COMMENT"):
+            raise SqlError(f"unknown dynamic table option {key}; the options are TARGET_LAG, "
+                           "REFRESH_MODE, INITIALIZE, WAREHOUSE and COMMENT",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        if key in found:
+            raise SqlError(f"{key} is given twice", "SQL_COMPILATION_ERROR")
+        found[key] = value
+    return found
+
+
+def _lag(text: str | None) -> TargetLag:
+    if text is None:
+        raise SqlError("CREATE DYNAMIC TABLE needs TARGET_LAG = '<n> seconds|minutes|hours|"
+                       "days' or TARGET_LAG = DOWNSTREAM", "SQL_COMPILATION_ERROR")  # fmt: skip
+    try:
+        return parse_target_lag(literal(text) if text.startswith("'") else text)
+    except ValueError as exc:
+        raise SqlError(str(exc), "SQL_COMPILATION_ERROR") from None
+
+
+def _choice(options: dict[str, str], key: str, allowed: tuple[str, ...]) -> str:
+    value = options.get(key, allowed[0]).upper()
+    if value not in allowed:
+        raise SqlError(f"{key} must be one of {', '.join(allowed)}, got {value[:40]}",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    return value
+
+
+def dynamic_or_error(session: StatementContext, name: str) -> tuple[TableInfo, DynamicTableRecord]:
+    """The dynamic table a dotted name names, or an error saying what is there instead."""
+    database, schema_name, table = session.qualify(name)
+    info = session.find_table(database, schema_name, table)
+    dt = session.catalog.get_dynamic_table(info.id) if info is not None else None
+    if info is None or dt is None:
+        what = "a table, not a dynamic table" if info is not None else "does not exist"
+        raise ObjectNotFoundError(
+            f"dynamic table {full_name(database, schema_name, table)} {what}; SHOW DYNAMIC "
+            "TABLES lists them"
+        )
+    return info, dt
+
+
+def graph_nodes(session: StatementContext, replace: dict[str, Node] | None = None) -> list[Node]:
+    """Every dynamic table as a scheduling node (``replace``: nodes by name to use
+    instead of, or besides, the recorded ones)."""
+    catalog = session.catalog
+    names = {t.id: t.full_name for t in catalog.list_tables()}
+    dynamic = catalog.list_dynamic_tables()
+    ids = {dt.table_id for dt in dynamic}
+    nodes = {
+        names[dt.table_id]: Node(
+            names[dt.table_id], dt.target_lag_us,
+            tuple(names[s.source_id] for s in dt.sources if s.kind == "table"
+                  and s.source_id in ids and s.source_id in names),
+            dt.state == "ACTIVE",
+        )
+        for dt in dynamic if dt.table_id in names
+    }  # fmt: skip
+    nodes.update(replace or {})
+    return list(nodes.values())
+
+
+def _check_graph(nodes: list[Node]) -> None:
+    try:
+        check_graph(nodes)
+    except ValueError as exc:
+        raise SqlError(str(exc), "DYNAMIC_TABLE_GRAPH") from None
+
+
+def create_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
+    parts = statement.parts
+    database, schema_name, name = session.qualify(parts["name"] or "")
+    for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
+        check_object_name(part, f"the {what} name")
+    if parts["replace"] and parts["if_not_exists"]:
+        raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    options = _options(parts["options"] or "")
+    lag = _lag(options.get("TARGET_LAG"))
+    mode = _choice(options, "REFRESH_MODE", _MODES)
+    initialize = _choice(options, "INITIALIZE", _INITIALIZE)
+    shown = full_name(database, schema_name, name)
+    existing = session.find_table(database, schema_name, name)
+    if existing is not None:
+        if session.catalog.get_dynamic_table(existing.id) is None:
+            raise SqlError(f"{shown} is a table; a dynamic table needs a name no table has "
+                           "(DROP TABLE it first, or choose another name)",
+                           "OBJECT_ALREADY_EXISTS")  # fmt: skip
+        if parts["if_not_exists"]:
+            return status_frame(session, f"{name} already exists, statement succeeded.")
+        if not parts["replace"]:
+            raise SqlError(f"dynamic table {shown} already exists; write CREATE OR REPLACE "
+                           "DYNAMIC TABLE to replace it, or IF NOT EXISTS to keep it",
+                           "TABLE_EXISTS")  # fmt: skip
+    check_name_free(session, (database, schema_name, name), "table")
+    query = (parts["query"] or "").rstrip().removesuffix(";").rstrip()
+    defaults = (session.database, session.schema)
+    txn = Transaction(session.catalog, session.spark, read_only=True)
+    try:
+        binder, frame = query_frame(session, txn, query, "CREATE DYNAMIC TABLE ... AS",
+                                    within=(shown,))  # fmt: skip
+        _check_reads(session, binder, shown, existing)
+        schema = _ctas_schema(frame, None)
+        verdict = classify_plan(session.spark, frame, session.views)
+    finally:
+        session.release_views()
+    if mode in ("INCREMENTAL", "INCREMENTAL_STRICT") and not verdict.incremental:
+        raise SqlError(
+            f"REFRESH_MODE = {mode} needs a query that can be refreshed incrementally; this "
+            f"one cannot ({verdict.reason_text}): use REFRESH_MODE = AUTO or FULL, or change "
+            "the query", "DYNAMIC_TABLE_NOT_INCREMENTAL",
+        )  # fmt: skip
+    tables = {t.id: t for t in binder.tables}
+    upstream = tuple(t.full_name for t in tables.values()
+                     if session.catalog.get_dynamic_table(t.id) is not None)  # fmt: skip
+    _check_graph(graph_nodes(session, {shown: Node(shown, lag.lag_us, upstream)}))
+    sources = [DynamicSource(t.id, "table", t.full_name,
+                             orjson.dumps(t.schema.declarations()).decode())
+               for t in tables.values()]  # fmt: skip
+    views = {v.id: v for v in binder.expanded}
+    sources += [DynamicSource(v.id, "view", v.full_name, v.uid) for v in views.values()]
+    definition: dict[str, Any] = {
+        "query": query, "default_database": defaults[0], "default_schema": defaults[1],
+        "target_lag_us": lag.lag_us, "refresh_mode": mode, "mode_reason": verdict.reason_text,
+        "row_ids": "SEQUENCE", "initialize": initialize, "comment": literal(options.get("COMMENT")),
+    }  # fmt: skip
+    building = name if existing is None else f"{name}$BUILDING${uuid.uuid4().hex[:12]}"
+    info = _build(session, (database, schema_name, building), schema, definition, sources,
+                  initialize)  # fmt: skip
+    if existing is not None:
+        when_free(session.catalog, lambda: session.catalog.swap_dynamic_table(existing.id, info.id),
+                  [existing.id])  # fmt: skip
+        drop_table(existing.uri, session.warehouse)
+    return status_frame(session, f"Dynamic table {name} successfully created.")
+
+
+def _check_reads(
+    session: StatementContext, binder: Any, shown: str, existing: TableInfo | None
+) -> None:
+    """A definition reads at least one table, no stream, nothing at a fixed point, and
+    not the table it defines."""
+    if binder.streams:
+        stream = session.catalog.get_stream_by_id(binder.streams[0])
+        shown = stream.full_name if stream else "?"
+        raise SqlError(f"a dynamic table cannot read a stream ({shown}): it reads tables, views "
+                       "and dynamic tables, and follows their changes itself",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    if binder.fixed_reads:
+        raise SqlError(
+            "a dynamic table's query cannot use time travel or CHANGES: it always "
+            "reads its sources as of its data timestamp",
+            "SQL_COMPILATION_ERROR",
+        )
+    if not binder.tables:
+        raise SqlError("a dynamic table's query must read at least one table (its refreshes "
+                       "follow the tables' changes)", "SQL_COMPILATION_ERROR")  # fmt: skip
+    if existing is not None and any(t.id == existing.id for t in binder.tables):
+        raise SqlError(f"dynamic table {shown} would read itself; a dynamic table cannot be "
+                       "its own source", "DYNAMIC_TABLE_GRAPH")  # fmt: skip
+
+
+def _build(
+    session: StatementContext, names: tuple[str, str, str], schema: Any,
+    definition: dict[str, Any], sources: list[DynamicSource], initialize: str,
+) -> TableInfo:  # fmt: skip
+    """Make the table (INITIALIZING, owned by this process while it is built) and run
+    its initial refresh; on any failure drop it again and raise."""
+    owner = new_owner()
+    IN_FLIGHT.add(owner)
+    folder = new_table_folder(session.warehouse, *names)
+    try:
+        create_table(str(folder), schema)
+        info, _ = session.catalog.create_dynamic_table(
+            names, str(folder), schema, {**definition, "owner": owner}, sources
+        )
+    except BaseException:
+        drop_table(folder, session.warehouse)
+        IN_FLIGHT.discard(owner)
+        raise
+    try:
+        if initialize == "ON_SCHEDULE":
+            session.catalog.set_dynamic_table(info.id, state="ACTIVE", owner="")
+            return info
+        record = refresh_with_upstreams(session, info.id, INITIAL)
+        if record.state != "SUCCEEDED":
+            raise RefreshFailed(
+                f"the initial refresh of {full_name(*names[:2], names[2].split('$')[0])} "
+                f"failed ({record.reason}): {record.error}; nothing was created",
+                record.reason,
+            )
+        return info
+    except BaseException:
+        if not session.catalog.commits_holding([info.id], decided_only=True):
+            drop_table_info(session, info)
+        raise
+    finally:
+        IN_FLIGHT.discard(owner)
+
+
+def refresh_with_upstreams(
+    session: StatementContext, table_id: int, trigger: str, moment: int | None = None
+) -> Any:
+    """Refresh the dynamic table for one data timestamp (now by default), after every
+    active dynamic table upstream of it for the same one (MANUAL), so that it reads them
+    at one snapshot; returns its history row."""
+    from flush.commit_clock import clock
+
+    moment = moment if moment is not None else clock()
+    catalog = session.catalog
+    order: list[int] = []
+
+    def visit(table: int, path: tuple[int, ...]) -> None:
+        dt = catalog.get_dynamic_table(table)
+        if dt is None or table in order or table in path:
+            return
+        for source in dt.sources:
+            if source.kind == "table":
+                visit(source.source_id, (*path, table))
+        order.append(table)
+
+    visit(table_id, ())
+    for upstream in order[:-1]:
+        refresh(session, upstream, MANUAL, moment)
+    return refresh(session, table_id, trigger, moment)
+
+
+def alter_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
+    info, dt = dynamic_or_error(session, statement.parts["name"] or "")
+    action = (statement.parts["action"] or "").split()[0].upper()
+    catalog = session.catalog
+    if action == "REFRESH":
+        if dt.state == "INITIALIZING":
+            raise SqlError(f"{info.full_name} is still being created", "DYNAMIC_TABLE_BUSY")
+        record = refresh_with_upstreams(session, info.id, MANUAL)
+        if record.state == "FAILED":
+            raise RefreshFailed(
+                f"the refresh of {info.full_name} failed ({record.reason}): "
+                f"{record.error}; the table is unchanged",
+                record.reason,
+            )
+        counts = (
+            f"{record.rows_inserted or 0} inserted, {record.rows_deleted or 0} deleted"
+            if record.action in ("FULL", "INCREMENTAL")
+            else record.reason or ""
+        )
+        return status_frame(session, f"Dynamic table {info.name} refreshed: {record.action}"
+                            + (f" ({counts})" if counts else "") + ".")  # fmt: skip
+    if action in ("SUSPEND", "RESUME"):
+        state = "SUSPENDED" if action == "SUSPEND" else "ACTIVE"
+        if dt.state == "INITIALIZING":
+            raise SqlError(f"{info.full_name} is still being created", "DYNAMIC_TABLE_BUSY")
+        catalog.set_dynamic_table(info.id, state=state)
+        return status_frame(session, "Statement executed successfully.")
+    lag = _lag(statement.parts["lag"])
+    upstream = next(n for n in graph_nodes(session) if n.name == info.full_name).upstream
+    node = Node(info.full_name, lag.lag_us, upstream, dt.state == "ACTIVE")
+    _check_graph(graph_nodes(session, {info.full_name: node}))
+    catalog.set_dynamic_table(info.id, target_lag_us=lag.lag_us)
+    return status_frame(session, "Statement executed successfully.")
+
+
+def drop_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
+    database, schema_name, name = session.qualify(statement.parts["name"] or "")
+    info = session.find_table(database, schema_name, name)
+    if info is None and statement.parts["if_exists"]:
+        return status_frame(
+            session, "Drop statement executed successfully (dynamic table did not exist)."
+        )
+    info, _ = dynamic_or_error(session, statement.parts["name"] or "")
+    drop_table_info(session, info)
+    return status_frame(session, f"{info.name} successfully dropped.")
+
+
+_SHOW_SCHEMA = (
+    "created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
+    "target_lag STRING, refresh_mode STRING, refresh_mode_reason STRING, "
+    "scheduling_state STRING, data_timestamp TIMESTAMP, last_refresh_action STRING, "
+    "last_refresh_end TIMESTAMP, current_lag_seconds DOUBLE, text STRING, comment STRING"
+)
+
+
+def show_dynamic_tables(session: StatementContext, statement: Statement) -> DataFrame:
+    from pipelines.dynamic_tables.schedule import format_target_lag
+
+    pattern = like(statement.parts.get("like"))
+    tables = {t.id: t for t in session.catalog.list_tables()}
+    rows = []
+    now = time.time()
+    for dt in session.catalog.list_dynamic_tables():
+        info = tables.get(dt.table_id)
+        if info is None or not pattern(info.name) or "$BUILDING$" in info.name:
+            continue
+        last = next(iter(session.catalog.list_refreshes(dt.table_id, limit=1)), None)
+        stamp = dt.data_timestamp_us / 1e6 if dt.data_timestamp_us is not None else None
+        rows.append((
+            utc(info.created_at), info.name, info.database, info.schema_name,
+            format_target_lag(TargetLag(dt.target_lag_us)), effective_mode(dt),
+            dt.mode_reason if effective_mode(dt) == "FULL" else "", dt.state,
+            utc(stamp) if stamp is not None else None, last.action if last else None,
+            utc(last.ended_at) if last and last.ended_at else None,
+            round(now - stamp, 3) if stamp is not None else None, dt.query, dt.comment,
+        ))  # fmt: skip
+    return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
+
+
+def effective_mode(dt: DynamicTableRecord) -> str:
+    """INCREMENTAL or FULL: what refreshes after the initial one do."""
+    return "FULL"  # incremental refresh is the next step (see docs/design)
+
+
+def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
+    info, _ = dynamic_or_error(session, statement.parts["name"] or "")
+    rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
+    return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
+
+
+HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {
+    "create_dynamic_table": create_dynamic_table,
+    "alter_dynamic_table": alter_dynamic_table,
+    "drop_dynamic_table": drop_dynamic_table,
+    "show_dynamic_tables": show_dynamic_tables,
+    "describe_dynamic_table": describe_dynamic_table,
+}
+
+
+def recover_dynamic_tables(session: StatementContext) -> None:
+    """After a crash: a dynamic table whose creation died before its initial refresh was
+    decided is dropped (it never existed for anyone), and refreshes whose process died
+    are marked FAILED (INTERRUPTED) unless their commit completes them."""
+    from pipelines.transactions.commit_owner import owner_alive
+
+    catalog = session.catalog
+    for dt in catalog.list_dynamic_tables():
+        if dt.state != "INITIALIZING" or owner_alive(dt.owner) or dt.claimed_by is not None:
+            continue
+        info = catalog.get_table_by_id(dt.table_id)
+        if info is not None and not catalog.commits_holding([info.id]):
+            drop_table_info(session, info)
+    for row in catalog.list_refreshes(limit=1000):
+        if row.state == "EXECUTING" and not owner_alive(row.owner):
+            holder = catalog.get_dynamic_table(row.dt_table_id)
+            if holder is None or holder.claimed_by is None:
+                catalog.update_refresh(row.id, state="FAILED", action="FAILED",
+                                       reason="INTERRUPTED", ended_at=time.time(),
+                                       error="the process running the refresh stopped")  # fmt: skip
