@@ -27,6 +27,7 @@ from catalog.records import (
     DynamicTableRecord,
     RefreshRecord,
     TableInfo,
+    full_name,
 )
 from catalog.sqlite_layout import (
     DYNAMIC_COLUMNS,
@@ -36,7 +37,7 @@ from catalog.sqlite_layout import (
     to_table,
 )
 from ingest_sdk import TableSchema
-from ingest_sdk.errors import TableAlreadyExistsError
+from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 
 if TYPE_CHECKING:
     from catalog.sqlite import _Immediate
@@ -250,6 +251,13 @@ class DynamicTableStore:
             ).fetchone()
             if names is None:
                 raise TableAlreadyExistsError("the dynamic table being replaced was dropped")
+            replacing = db.execute(
+                "SELECT 1 FROM dynamic_tables WHERE table_id=?", (new_id,)
+            ).fetchone()
+            if replacing is None:
+                raise TableNotFoundError(
+                    "the dynamic table replacing it was dropped; nothing was replaced"
+                )
             for sql in ("DELETE FROM channels WHERE table_id=?",
                         "DELETE FROM migrations WHERE table_id=?",
                         "DELETE FROM tables WHERE id=?"):  # fmt: skip
@@ -260,7 +268,7 @@ class DynamicTableStore:
             )
             db.execute(
                 "UPDATE dynamic_table_refreshes SET name=? WHERE dt_table_id=?",
-                (".".join(names), new_id),
+                (full_name(*names), new_id),
             )
 
     # Refresh history

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from catalog import Catalog, ChannelRecord, TableInfo
+from catalog import Catalog, ChannelRecord, DynamicTableRecord, TableInfo
 from catalog import TableBusyError as CatalogTableBusy
 from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.config import ServerConfig
@@ -35,17 +35,31 @@ from ingest_sdk.errors import (
     ChannelNotFoundError,
     InvalidRequestError,
     SchemaError,
+    ServiceError,
     TableBusyError,
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name, split_table_name
 from pipelines.transactions.commit import busy_message
 
-__all__ = ["IngestService", "InsertOutcome"]
+__all__ = ["DynamicTableReadOnlyError", "IngestService", "InsertOutcome"]
 
 log = logging.getLogger(__name__)
 
 MAX_CHANNEL_NAME = 512
+
+
+class DynamicTableReadOnlyError(ServiceError):
+    """A channel open or a table drop named a dynamic table (409): only its refreshes
+    write it, and only ``DROP DYNAMIC TABLE`` drops it, as in SQL (``check_writable`` of
+    :mod:`pipelines.sql.binding` answers the same code). Nothing was changed.
+
+    The SDK has no class for this code yet (it belongs in :mod:`ingest_sdk.errors`'
+    ``ERRORS_BY_CODE``); until it does, the SDK raises the 4xx fallback,
+    :class:`InvalidRequestError`, with this message.
+    """
+
+    status, code = 409, "DYNAMIC_TABLE_READ_ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,13 +279,57 @@ class IngestService:
     def list_tables(self) -> list[TableInfo]:
         return self.catalog.list_tables()
 
+    async def _table_to_write(self, name: str) -> tuple[TableInfo, DynamicTableRecord | None]:
+        """The table ``name`` names now, for a call that writes it, with its dynamic-table
+        definition (None: not a dynamic table).
+
+        Resolved in the catalog, not from the cached definitions: SQL run by the worker
+        may have dropped or replaced the table since it was cached. A table is dynamic
+        from its creation on (ids are never reused), so a check by id holds for good. The
+        definition is read in a thread: the catalog's read of it is a write transaction,
+        which waits for other writers.
+
+        Raises:
+            TableNotFoundError: no such table.
+        """
+        cached = self._definitions.pop(name, None)
+        info = self.describe_table(name)
+        if cached is not None and cached.id != info.id:
+            self._definitions.clear()  # replaced behind this service: stale in every spelling
+            self._definitions[name] = info
+        return info, await asyncio.to_thread(self.catalog.get_dynamic_table, info.id)
+
+    def _base_sources(self, dynamic: DynamicTableRecord) -> str:
+        """The tables that are not dynamic among those a dynamic table's query read when it
+        was defined, as ``" (A, B)"``: rows go there, and a refresh brings them over."""
+        names = [
+            source.name
+            for source in dynamic.sources
+            if source.kind == "table" and self.catalog.get_dynamic_table(source.source_id) is None
+        ]
+        return f" ({', '.join(names)})" if names else ""
+
     def _check_not_busy(self, info: TableInfo) -> None:
         if holders := self.catalog.commits_holding([info.id]):
             busy = CatalogTableBusy([info.id], holders)
             raise TableBusyError(busy_message(self.catalog, busy))
 
     async def drop_table(self, name: str) -> TableInfo:
-        info = self.describe_table(name)
+        """Drop a table: its channels, its catalog entry, then its folder.
+
+        Raises:
+            DynamicTableReadOnlyError: a dynamic table: SQL's ``DROP DYNAMIC TABLE`` drops
+                it, as SQL's ``DROP TABLE`` refuses it too.
+            TableBusyError: a pending pipeline commit writes the table.
+        """
+        info, dynamic = await self._table_to_write(name)
+        if dynamic is not None:
+            raise DynamicTableReadOnlyError(
+                f"{info.full_name} is a dynamic table: DELETE /v1/tables refuses it, as SQL's "
+                "DROP TABLE does, and nothing was changed. Drop it with the statement DROP "
+                f"DYNAMIC TABLE {info.full_name} through POST /v1/sql, which also forgets its "
+                "definition and refresh history"
+            )
         self._check_not_busy(info)  # before its channels stop; the catalog checks again
         table = self._tables.pop(info.id, None)
         if table is not None:
@@ -328,9 +386,23 @@ class IngestService:
         default_timezone: str = "America/Los_Angeles",
     ) -> ChannelState:
         """Open or reopen a channel: a new durable generation that invalidates older handles
-        and discards what they had buffered here."""
+        and discards what they had buffered here.
+
+        Raises:
+            DynamicTableReadOnlyError: the table is dynamic (only its refreshes write it).
+        """
         name = _channel_name(channel_name)
-        table = self._table_state(self.describe_table(table_name))
+        info, dynamic = await self._table_to_write(table_name)
+        if dynamic is not None:  # before its table state: no flusher for it either
+            sources = await asyncio.to_thread(self._base_sources, dynamic)
+            raise DynamicTableReadOnlyError(
+                f"{info.full_name} is a dynamic table: only its refreshes write it, so no "
+                "channel can be opened on it, and nothing was changed. Insert the rows into "
+                f"the tables its query reads{sources} and refresh it "
+                f"(ALTER DYNAMIC TABLE {info.full_name} REFRESH through POST /v1/sql), or open "
+                "the channel on a table that is not dynamic"
+            )
+        table = self._table_state(info)
         lag = (
             max_client_lag
             if max_client_lag is not None

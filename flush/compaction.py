@@ -30,7 +30,6 @@ abandoned; a lock file keeps two compactions of one table apart.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import time
@@ -52,6 +51,7 @@ from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, file_stats, fsync_dir
+from flush.table_locks import TableLocked, table_lock
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
 
 if TYPE_CHECKING:
@@ -148,16 +148,15 @@ def plan_bins(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[lis
 
 @contextlib.contextmanager
 def _table_lock(table_uri: str) -> Iterator[None]:
-    """One compaction per table at a time (an advisory lock file in the table folder)."""
-    with open(Path(table_uri) / "_compaction.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as exc:
-            raise CompactionAbandoned("another compaction of this table is running") from exc
-        try:
+    """One compaction per table at a time, never at once with a dynamic table's refresh
+    commit (:func:`flush.table_locks.table_lock`); the second one gives up."""
+    try:
+        with table_lock(table_uri, wait=False):
             yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    except TableLocked as exc:
+        raise CompactionAbandoned(
+            "another compaction or a dynamic table refresh of this table is running"
+        ) from exc
 
 
 def _sorted_ids(paths: list[str]) -> pa.Array:

@@ -162,7 +162,7 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:
         binder, frame = query_frame(session, txn, query, "CREATE DYNAMIC TABLE ... AS",
-                                    within=(shown,))  # fmt: skip
+                                    within=(shown,), analysis=True)  # fmt: skip
         _check_reads(session, binder, shown, existing)
         schema = _ctas_schema(frame, None)
         verdict = classify_plan(session.spark, frame, session.views)
@@ -186,7 +186,8 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     definition: dict[str, Any] = {
         "query": query, "default_database": defaults[0], "default_schema": defaults[1],
         "target_lag_us": lag.lag_us, "refresh_mode": mode, "mode_reason": verdict.reason_text,
-        "row_ids": "SEQUENCE", "initialize": initialize, "comment": literal(options.get("COMMENT")),
+        "row_ids": "PACKED" if verdict.incremental else "SEQUENCE", "initialize": initialize,
+        "comment": literal(options.get("COMMENT")),
     }  # fmt: skip
     building = name if existing is None else f"{name}$BUILDING${uuid.uuid4().hex[:12]}"
     info = _build(session, (database, schema_name, building), schema, definition, sources,
@@ -303,7 +304,8 @@ def alter_dynamic_table(session: StatementContext, statement: Statement) -> Data
                 record.reason,
             )
         counts = (
-            f"{record.rows_inserted or 0} inserted, {record.rows_deleted or 0} deleted"
+            f"{record.rows_inserted or 0} inserted, {record.rows_deleted or 0} deleted, "
+            f"{record.rows_updated or 0} updated"
             if record.action in ("FULL", "INCREMENTAL")
             else record.reason or ""
         )
@@ -368,8 +370,9 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
 
 
 def effective_mode(dt: DynamicTableRecord) -> str:
-    """INCREMENTAL or FULL: what refreshes after the initial one do."""
-    return "FULL"  # incremental refresh is the next step (see docs/design)
+    """INCREMENTAL or FULL: what refreshes after the initial one do (a stateless query's
+    refreshes go FULL once only for a reason its history names)."""
+    return "INCREMENTAL" if dt.row_ids == "PACKED" and dt.refresh_mode != "FULL" else "FULL"
 
 
 def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:

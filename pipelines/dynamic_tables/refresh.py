@@ -17,68 +17,38 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
 from deltalake import DeltaTable
 
 from catalog import (
-    DynamicSource,
     DynamicTableRecord,
     RefreshClaimConflict,
     RefreshRecord,
     TableInfo,
 )
-from flush.change_commit import ChangeSet
 from flush.commit_clock import clock, version_at
-from flush.spark_tables import read_delta
-from flush.tables import ROW_ID_COLUMN, delta_schema
-from ingest_sdk.batch_check import check_arrow_batch
+from flush.table_locks import table_lock
 from ingest_sdk.errors import IngestError
-from ingest_sdk.schema import quote_identifier
-from pipelines.dynamic_tables.diff import UncomparableColumnError, value_diff
+from pipelines.dynamic_tables.refresh_change import (
+    PinnedSource,
+    RefreshFailed,
+    compute,
+    dt_app_id,
+)
 from pipelines.errors import SqlError, evaluation_errors
-from pipelines.sql.binding import Binder, parse
 from pipelines.sql.history import data_changed
 from pipelines.transactions.commit import TableWrites, commit_consumer, recover_pending
 from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner
-from pipelines.transactions.transaction import Transaction
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
     from pipelines.sql.context import StatementContext
 
-__all__ = ["INITIAL", "MANUAL", "SCHEDULED", "RefreshFailed", "dt_app_id", "refresh"]
+__all__ = ["INITIAL", "MANUAL", "SCHEDULED", "RefreshFailed", "check_sources", "refresh"]
 
 log = logging.getLogger(__name__)
 INITIAL, MANUAL, SCHEDULED = "INITIAL", "MANUAL", "SCHEDULED"
-
-
-class RefreshFailed(SqlError):
-    """A refresh failed; its history row says why (``reason``)."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message, "DYNAMIC_TABLE_REFRESH_FAILED")
-        self.reason = reason
-
-
-def dt_app_id(dt: DynamicTableRecord, position: int) -> str:
-    """The app transaction a refresh carries for the dynamic table's ``position``-th
-    source: the source version it read (unique to this definition: ``uid``)."""
-    return f"ingest-dt:{dt.uid}:{position}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Pinned:
-    """A table source at the version this refresh reads."""
-
-    position: int
-    source: DynamicSource
-    info: TableInfo
-    to: int
 
 
 def refresh(
@@ -154,16 +124,17 @@ def _row(session: StatementContext, table_id: int, refresh_id: int) -> RefreshRe
     raise SqlError("the dynamic table was dropped during its refresh", "OBJECT_NOT_FOUND")
 
 
-def check_sources(session: StatementContext, dt: DynamicTableRecord) -> list[_Pinned]:
+def check_sources(session: StatementContext, dt: DynamicTableRecord) -> list[PinnedSource]:
     """The table sources as recorded, each still the table the definition was checked
-    against, with its columns unchanged; views not dropped or replaced.
+    against, with its columns unchanged; views not dropped or replaced. Versions are
+    pinned later (``to`` is -1 here).
 
     Raises:
         RefreshFailed: SOURCE_DROPPED, SOURCE_REPLACED, SOURCE_CHANGED, VIEW_DROPPED or
             VIEW_REPLACED, naming the source and the fix (CREATE OR REPLACE).
     """
     catalog = session.catalog
-    pinned: list[_Pinned] = []
+    pinned: list[PinnedSource] = []
     fix = "; CREATE OR REPLACE DYNAMIC TABLE defines it again over what exists now"
     for position, source in enumerate(dt.sources):
         if source.kind == "view":
@@ -184,7 +155,7 @@ def check_sources(session: StatementContext, dt: DynamicTableRecord) -> list[_Pi
         if orjson.dumps(info.schema.declarations()).decode() != source.marker:
             raise RefreshFailed(f"the columns of {info.full_name}, which the query reads, "
                                 "changed" + fix, "SOURCE_CHANGED")  # fmt: skip
-        pinned.append(_Pinned(position, source, info, -1))
+        pinned.append(PinnedSource(position, info, source.version, -1))
     return pinned
 
 
@@ -195,7 +166,7 @@ def _split(name: str) -> tuple[str, str, str]:
     return database, schema, table
 
 
-def _pin(session: StatementContext, pinned: list[_Pinned], moment: int) -> list[_Pinned]:
+def _pin(session: StatementContext, pinned: list[PinnedSource], moment: int) -> list[PinnedSource]:
     """Each table source at the newest version committed at ``moment``; a dynamic table
     source at the version holding its refresh for ``moment``.
 
@@ -218,18 +189,17 @@ def _pin(session: StatementContext, pinned: list[_Pinned], moment: int) -> list[
                 "timestamp (its refresh was skipped or failed), and reading it at another "
                 "would break snapshot isolation", "UPSTREAM_NOT_REFRESHED",
             )  # fmt: skip
-        result.append(_Pinned(item.position, item.source, item.info, to))
+        result.append(PinnedSource(item.position, item.info, item.after, to))
     return result
 
 
-def _unchanged(dt: DynamicTableRecord, pinned: list[_Pinned]) -> bool:
+def _unchanged(pinned: list[PinnedSource]) -> bool:
     """Whether no source changed data since the versions the last refresh read (no
     Spark job: a look at the commits' actions)."""
     for item in pinned:
-        after = item.source.version
-        if after is None or item.to < after:
+        if item.after is None or item.to < item.after:
             return False
-        if item.to > after and data_changed(item.info.uri, after, item.to):
+        if item.to > item.after and data_changed(item.info.uri, item.after, item.to):
             return False
     return True
 
@@ -240,93 +210,33 @@ def _run(
 ) -> None:  # fmt: skip
     catalog = session.catalog
     pinned = _pin(session, check_sources(session, dt), moment)
-    versions = {item.position: item.to for item in pinned}
-    shown = {item.info.full_name: [item.source.version, item.to] for item in pinned}
+    versions = {str(item.position): item.to for item in pinned}
+    shown = {item.info.full_name: [item.after, item.to] for item in pinned}
     catalog.update_refresh(refresh_id, source_versions=shown)
-    if dt.data_timestamp_us is not None and _unchanged(dt, pinned):
-        if not catalog.record_no_data(info.id, dt.refresh_seq, moment, versions, refresh_id):
+    if dt.data_timestamp_us is not None and _unchanged(pinned):
+        moved = {item.position: item.to for item in pinned}
+        if not catalog.record_no_data(info.id, dt.refresh_seq, moment, moved, refresh_id):
             raise RefreshClaimConflict(info.id)
         return
     handle = DeltaTable(info.uri)
     base = handle.version()
-    txn = Transaction(catalog, session.spark, read_only=True)
-    for item in pinned:
-        txn.versions[item.info.id] = item.to
-    frame = _query(session, dt, txn, info, pinned)
     with evaluation_errors():
-        change, counts = _full_change(session, info, frame, base, handle,
-                                      initial=dt.data_timestamp_us is None)  # fmt: skip
-    action = "FULL"
+        computed = compute(session, dt, info, pinned, base, handle)
+    if computed.reason:
+        catalog.update_refresh(refresh_id, reason=computed.reason)
     metadata: dict[str, object] = {"dynamic_table": {
         "refresh": refresh_id, "seq": dt.refresh_seq + 1, "data_timestamp_us": moment,
-        "action": action, "sources": {str(k): v for k, v in versions.items()},
+        "action": computed.action, "sources": versions,
     }}  # fmt: skip
     claim: dict[str, Any] = {
         "dt": info.id, "uid": dt.uid, "seq": dt.refresh_seq, "history": refresh_id,
-        "data_timestamp_us": moment, "sources": {str(k): v for k, v in versions.items()},
-        "counts": counts, "action": action,
+        "data_timestamp_us": moment, "sources": versions, "counts": computed.counts,
+        "action": computed.action,
     }  # fmt: skip
-    commit_consumer(
-        catalog, [TableWrites(info, base, change)], [], f"refresh of {info.full_name}", {},
-        app_transactions={dt_app_id(dt, k): v for k, v in versions.items()},
-        metadata=metadata, refresh=claim,
-    )  # fmt: skip
-
-
-def _query(
-    session: StatementContext, dt: DynamicTableRecord, txn: Transaction, info: TableInfo,
-    pinned: list[_Pinned],
-) -> DataFrame:  # fmt: skip
-    """The definition's query over the pinned versions, its columns named and typed as
-    the dynamic table's (matched by position)."""
-    binder = Binder(session, txn, (dt.default_database, dt.default_schema), (info.full_name,))
-    frame = session.run_spark(binder.bind(parse(dt.query)).sql("spark"))
-    read = sorted({t.id for t in binder.tables})
-    if read != sorted(item.info.id for item in pinned):
-        raise RefreshFailed("the query now reads other tables than when it was defined (a "
-                            "view it reads was changed); CREATE OR REPLACE DYNAMIC TABLE "
-                            "defines it again", "SOURCE_CHANGED")  # fmt: skip
-    if len(frame.columns) != len(info.schema.names):
-        raise RefreshFailed("the query now gives other columns than the dynamic table has; "
-                            "CREATE OR REPLACE DYNAMIC TABLE defines it again",
-                            "SOURCE_CHANGED")  # fmt: skip
-    return frame
-
-
-def _full_change(
-    session: StatementContext,
-    info: TableInfo,
-    frame: DataFrame,
-    base: int,
-    handle: DeltaTable,
-    initial: bool,
-) -> tuple[ChangeSet, list[int]]:
-    """A full refresh as the change to the table's content: the whole result when the
-    table is empty, else the difference matched by value (unchanged rows keep their ids);
-    with the counts (inserted, deleted, updated)."""
-    from pyspark.sql import functions as F
-
-    names = list(info.schema.names)
-    old = read_delta(session.spark, info.uri, base, loaded=handle)
-    typed = frame.toDF(*[f"c{i}" for i in range(len(names))]).select(
-        *[F.col(f"c{i}").cast(old.schema[name].dataType).alias(name)
-          for i, name in enumerate(names)]
-    )  # fmt: skip
-    deleted = pa.array([], pa.int64())
-    if initial:
-        inserted = typed.toArrow()
-    else:
-        try:
-            diff = value_diff(old, typed, names)
-            inserted, deleted = diff.inserted, diff.deleted
-        except UncomparableColumnError:  # replace everything
-            inserted = typed.toArrow()
-            deleted = old.select(ROW_ID_COLUMN).toArrow().column(0).combine_chunks()
-    checked = check_arrow_batch(
-        info.schema, inserted.rename_columns([quote_identifier(n) for n in names])
-    )
-    first = session.catalog.reserve_row_ids(info.id, checked.num_rows) if checked.num_rows else 0
-    ids = pa.array(range(first, first + checked.num_rows), pa.int64())
-    target = delta_schema(info.schema)
-    rows = checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
-    return ChangeSet(rows, deleted.cast(pa.int64()), ids), [checked.num_rows, len(deleted), 0]
+    with table_lock(info.uri):  # never at once with a compaction of the table
+        commit_consumer(
+            catalog, [TableWrites(info, base, computed.change)], [],
+            f"refresh of {info.full_name}", {},
+            app_transactions={dt_app_id(dt, item.position): item.to for item in pinned},
+            metadata=metadata, refresh=claim,
+        )  # fmt: skip

@@ -12,8 +12,9 @@ once (:mod:`flush.batch_commit`): the batch id is the version of the app transac
 ``txnAppId``, by default the query's Spark id (from its checkpoint), so a batch
 replayed after a crash leaves neither a duplicate row nor an orphan file. The sink only
 appends: overwrite and complete output modes are refused, as are options the sink does
-not know, before any task runs (raised in Spark's Python worker, so Spark reports them
-inside its own error: :func:`pipelines.source_errors` gives ours back).
+not know and a dynamic table (only its refreshes write it), before any task runs
+(raised in Spark's Python worker, so Spark reports them inside its own error:
+:func:`pipelines.source_errors` gives ours back).
 """
 
 from __future__ import annotations
@@ -201,8 +202,17 @@ class TableSinkDataSource(DataSource):
         catalog = options.catalog()
         try:
             info = options.table(catalog)
+            dynamic = catalog.get_dynamic_table(info.id) is not None
         finally:
             catalog.close()
+        if dynamic:  # its id is dynamic for good: the check holds until the commit
+            raise InvalidOptionError(
+                f"{NAME}: {info.full_name} is a dynamic table: only its refreshes write it, "
+                "so the sink cannot append to it, and nothing was written. Write the rows into "
+                "the tables its query reads and refresh it (ALTER DYNAMIC TABLE "
+                f"{info.full_name} REFRESH), or name a table that is not dynamic in the option "
+                "table"
+            )
         _check_columns(info, schema)
         if not streaming:
             return _Target(str(warehouse), info, f"write:{uuid.uuid4()}", once=False)

@@ -29,6 +29,10 @@ from pipelines.streams.changes import ChangeMode
 from pipelines.transactions.transaction import Transaction
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pyspark.sql import DataFrame
+
     from pipelines.sql.context import StatementContext
 
 __all__ = ["Binder", "check_writable", "parse"]
@@ -144,9 +148,18 @@ class Binder:
         txn: Transaction,
         defaults: tuple[str, str] | None = None,
         within: tuple[str, ...] = (),
+        analysis: bool = False,
+        sources: Callable[[TableInfo], DataFrame] | None = None,
     ) -> None:
         self.session = session
         self.txn = txn
+        #: What a table reads as, in place of the transaction's view of it (a dynamic
+        #: table's refresh reads its sources' changes); the views made so, by name.
+        self.sources = sources
+        self.source_views: dict[str, TableInfo] = {}
+        #: Only analysed, never evaluated (a definition being checked): a dynamic table
+        #: not yet initialized may be named.
+        self.analysis = analysis
         self.streams: list[int] = []
         #: The tables read as they are (not time-travelled) and the views expanded, in
         #: views' bodies too: what a dynamic table's definition depends on.
@@ -304,9 +317,14 @@ class Binder:
             table.set("version", None)
             return self.view(frame, table)
         if info is not None:
-            _check_initialized(self.session, info)
+            if not self.analysis:
+                _check_initialized(self.session, info)
             self.tables.append(info)
-            return self.view(self.txn.table_frame(info), table)
+            if self.sources is None:
+                return self.view(self.txn.table_frame(info), table)
+            bound = self.view(self.sources(info), table)
+            self.source_views[bound.name] = info
+            return bound
         if stream is not None:
             self.streams.append(stream.id)
             self.session.check_stream_fresh(stream)
@@ -331,9 +349,10 @@ class Binder:
             raise SqlError(f"views nest more than {MAX_VIEW_DEPTH} deep ({self.within[0]} -> "
                            "...); flatten them", "STATEMENT_TOO_COMPLEX")  # fmt: skip
         inner = Binder(self.session, self.txn, (view.default_database, view.default_schema),
-                       (*self.within, view.full_name))  # fmt: skip
+                       (*self.within, view.full_name), self.analysis, self.sources)  # fmt: skip
         body = inner.bind(parse(view.query))
         self.tables.extend(inner.tables)
+        self.source_views.update(inner.source_views)
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
         if inner.streams:

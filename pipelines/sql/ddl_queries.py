@@ -59,11 +59,16 @@ __all__ = ["create_table_as", "explain", "query_frame", "spark_declaration", "tr
 
 
 def query_frame(
-    session: StatementContext, txn: Transaction, text: str, what: str, within: tuple[str, ...] = ()
+    session: StatementContext,
+    txn: Transaction,
+    text: str,
+    what: str,
+    within: tuple[str, ...] = (),
+    analysis: bool = False,
 ) -> tuple[Binder, DataFrame]:
     """The bound query of a statement that holds one (``what`` names the statement), as an
     unevaluated DataFrame that passed the plan guard (``within``: the view being defined,
-    which its own body may not read)."""
+    which its own body may not read; ``analysis``: a definition checked, not run)."""
     text = text.rstrip().removesuffix(";")
     try:
         kind = classify(text).kind
@@ -75,7 +80,7 @@ def query_frame(
     tree = parse(text)
     if not isinstance(tree, exp.Query):
         raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES)", "SQL_COMPILATION_ERROR")
-    binder = Binder(session, txn, within=within)
+    binder = Binder(session, txn, within=within, analysis=analysis)
     return binder, session.run_spark(binder.bind(tree).sql("spark"))
 
 

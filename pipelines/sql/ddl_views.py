@@ -44,7 +44,8 @@ def create_view(session: StatementContext, statement: Statement) -> DataFrame:
     query = (parts["query"] or "").rstrip().removesuffix(";").rstrip()
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:
-        binder, _ = query_frame(session, txn, query, "CREATE VIEW ... AS", within=(shown,))
+        binder, _ = query_frame(session, txn, query, "CREATE VIEW ... AS", within=(shown,),
+                                analysis=True)  # fmt: skip
         if binder.streams:
             stream = session.catalog.get_stream_by_id(binder.streams[0])
             raise SqlError(

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Any
 from deltalake import DeltaTable
 from sqlglot import exp
 
-from catalog import Catalog, SqliteCatalog, StreamRecord, TableBusyError, TableInfo
+from catalog import (
+    Catalog,
+    RefreshRecord,
+    SqliteCatalog,
+    StreamRecord,
+    TableBusyError,
+    TableInfo,
+)
 from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
@@ -132,6 +139,18 @@ class Session:
                 self.sql("ROLLBACK")
             raise
         self.sql("COMMIT")
+
+    def refresh_due(self, now_us: int | None = None) -> list[RefreshRecord]:
+        """Run the dynamic-table refreshes due now (or at ``now_us``, microseconds since
+        the epoch on the commit clock), as the service's scheduler does; returns their
+        history rows. For embedded use: without the service, nothing refreshes on its own.
+        """
+        from pipelines.dynamic_tables.scheduler import run_due
+
+        if self._transaction is not None:
+            raise SqlError("refresh_due cannot run inside a transaction; COMMIT or ROLLBACK "
+                           "first", "SQL_COMPILATION_ERROR")  # fmt: skip
+        return run_due(self, now_us)
 
     @property
     def in_transaction(self) -> bool:

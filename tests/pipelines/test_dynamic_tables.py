@@ -40,7 +40,7 @@ def test_create_runs_the_initial_refresh_and_reads_like_a_table(base):
     assert [tuple(r) for r in history(base, "D")] == [("INITIAL", "FULL", "SUCCEEDED", None, 2, 0)]
     shown = base.sql("SHOW DYNAMIC TABLES").collect()
     assert [(r.name, r.target_lag, r.scheduling_state, r.refresh_mode) for r in shown] == [
-        ("D", "1 minute", "ACTIVE", "FULL")
+        ("D", "1 minute", "ACTIVE", "INCREMENTAL")
     ]
     assert shown[0].data_timestamp is not None
     described = base.sql("DESCRIBE DYNAMIC TABLE D").collect()
@@ -69,14 +69,21 @@ def test_a_refresh_without_source_changes_is_no_data_and_writes_no_commit(base):
     assert [r.REFRESH_ACTION for r in history(base, "D")] == ["NO_DATA", "FULL"]
 
 
-def test_a_full_refresh_writes_only_the_difference(base):
-    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID, V FROM T")
+@pytest.mark.parametrize("mode", ["AUTO", "FULL"])
+def test_a_refresh_writes_only_the_difference(base, mode):
+    """INCREMENTAL (AUTO on a stateless query) and FULL (the difference by row id) write
+    the same change: a stream on the table sees only real changes."""
+    base.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = {mode} AS "
+             "SELECT ID, V FROM T")  # fmt: skip
     base.sql("CREATE STREAM S ON TABLE D")
     base.sql("UPDATE T SET V = 'z' WHERE ID = 3")
     base.sql("DELETE FROM T WHERE ID = 1")
     base.sql("INSERT INTO T VALUES (4, 'd')")
     message = base.sql("ALTER DYNAMIC TABLE D REFRESH").collect()[0].status
-    assert "FULL (2 inserted, 2 deleted)" in message, message
+    action = "INCREMENTAL" if mode == "AUTO" else "FULL"
+    assert f"{action} (1 inserted, 1 deleted, 1 updated)" in message, message
+    shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
+    assert (shown.refresh_mode, shown.refresh_mode_reason) == (action, "")
     assert ints(base, "SELECT * FROM D") == [(2, "b"), (3, "z"), (4, "d")]
     # The stream shows the real changes only: row 2 is untouched.
     changes = ints(base, 'SELECT ID, V, "METADATA$ACTION" FROM S')
@@ -88,13 +95,18 @@ def test_a_full_refresh_writes_only_the_difference(base):
     ]
 
 
-def test_duplicates_and_nulls_are_counted_by_value(base):
+def test_a_full_only_query_is_diffed_by_value_counting_duplicates_and_nulls(base):
     base.sql("INSERT INTO T VALUES (NULL, NULL), (NULL, NULL), (2, 'b')")
-    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM AS SELECT ID, V FROM T")
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM AS "
+             "SELECT ID, V, count(*) OVER (PARTITION BY ID) AS K FROM T")  # fmt: skip
+    shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
+    assert (shown.refresh_mode, shown.refresh_mode_reason) == ("FULL", "WINDOW")
     assert len(base.sql("SELECT * FROM D").collect()) == 6
     base.sql("DELETE FROM T WHERE ID = 2")  # both copies of (2, 'b')
     base.sql("INSERT INTO T VALUES (NULL, NULL)")
-    assert "1 inserted, 2 deleted" in base.sql("ALTER DYNAMIC TABLE D REFRESH").collect()[0].status
+    # The NULL rows' count goes from 2 to 3: those rows out and in again; (2, 'b') x2 out.
+    status = base.sql("ALTER DYNAMIC TABLE D REFRESH").collect()[0].status
+    assert "FULL (3 inserted, 4 deleted, 0 updated)" in status, status
     assert ints(base, "SELECT count(*) FROM D WHERE ID IS NULL") == [(3,)]
     assert ints(base, "SELECT count(*) FROM D") == [(5,)]
 
@@ -198,7 +210,7 @@ def test_a_manual_refresh_refreshes_upstream_for_the_same_data_timestamp(base):
     assert ints(base, "SELECT * FROM A") == [(20,), (30,), (50,)]
     stamps = {dt.table_id: dt.data_timestamp_us for dt in base.catalog.list_dynamic_tables()}
     assert len(set(stamps.values())) == 1  # one snapshot
-    assert next(tuple(r)[:3] for r in history(base, "B")) == ("MANUAL", "FULL", "SUCCEEDED")
+    assert next(tuple(r)[:3] for r in history(base, "B")) == ("MANUAL", "INCREMENTAL", "SUCCEEDED")
 
 
 def test_on_schedule_tables_are_unreadable_until_their_first_refresh(base):

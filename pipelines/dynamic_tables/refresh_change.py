@@ -1,0 +1,285 @@
+"""What a refresh writes: the change that brings a dynamic table's content to its query's
+result at the pinned source versions, computed INCREMENTALly or FULL.
+
+- **INCREMENTAL** (stateless queries, PACKED row ids): the query rewritten to carry row
+  ids and actions (:mod:`pipelines.dynamic_tables.rewrite`) runs over each source's net
+  changes since the versions the last refresh read; its output is the table's net
+  change. One Spark job; only the changes reach the driver.
+- **FULL**: the query over the snapshots, applied as the difference to the content
+  (:mod:`pipelines.dynamic_tables.diff`): matched by id when ids are PACKED (the
+  rewritten query gives each row its id), by value otherwise (SEQUENCE ids, reserved
+  for the inserted rows). The initial refresh appends the whole result.
+
+A stateless table refreshes FULL instead of INCREMENTAL only with a reason in its
+history: CHANGES_NOT_RETAINED (a source's changes were cleaned up), CATALOG_BEHIND (its
+log holds a refresh the catalog does not remember: a restored catalog); with
+INCREMENTAL_STRICT that fails the refresh instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from catalog import DynamicTableRecord, TableInfo
+from flush.change_commit import ChangeSet
+from flush.spark_tables import read_delta
+from flush.tables import ROW_ID_COLUMN, delta_schema
+from ingest_sdk.batch_check import check_arrow_batch
+from ingest_sdk.schema import quote_identifier
+from pipelines.dynamic_tables.diff import UncomparableColumnError, id_diff, value_diff
+from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
+from pipelines.errors import SqlError, StreamStaleError
+from pipelines.sql.binding import Binder, parse
+from pipelines.streams.changes import ACTION as CHANGE_ACTION
+from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
+from pipelines.streams.changes import read_changes
+from pipelines.transactions.transaction import Transaction
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipelines.sql.context import StatementContext
+
+__all__ = ["Computed", "PinnedSource", "RefreshFailed", "compute", "dt_app_id"]
+
+
+class RefreshFailed(SqlError):
+    """A refresh failed; its history row says why (``reason``)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message, "DYNAMIC_TABLE_REFRESH_FAILED")
+        self.reason = reason
+
+
+def dt_app_id(dt: DynamicTableRecord, position: int) -> str:
+    """The app transaction a refresh carries for the dynamic table's ``position``-th
+    source: the source version it read (unique to this definition: ``uid``)."""
+    return f"ingest-dt:{dt.uid}:{position}"
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedSource:
+    """A table source at the version this refresh reads (``after``: the version the last
+    refresh read, None before the first)."""
+
+    position: int
+    info: TableInfo
+    after: int | None
+    to: int
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """The change to commit, its counts (inserted, deleted, updated), the action
+    (INCREMENTAL or FULL) and, for a FULL refresh of a stateless table, why."""
+
+    change: ChangeSet
+    counts: list[int]
+    action: str
+    reason: str = ""
+
+
+def compute(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
+    pinned: Sequence[PinnedSource], base: int, handle: DeltaTable,
+) -> Computed:  # fmt: skip
+    """The change of one refresh (the table at ``base``, loaded as ``handle``)."""
+    initial = dt.data_timestamp_us is None
+    packed = dt.row_ids == "PACKED"
+    reason = ""
+    if packed and dt.refresh_mode != "FULL" and not initial:
+        reason = _catalog_behind(dt, pinned, handle)
+        if not reason:
+            try:
+                return _incremental(session, dt, info, pinned)
+            except StreamStaleError:
+                reason = "CHANGES_NOT_RETAINED"
+        if dt.refresh_mode == "INCREMENTAL_STRICT":
+            raise RefreshFailed(
+                f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
+                "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
+            )  # fmt: skip
+    txn = _pinned_transaction(session, pinned)
+    if packed:
+        frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
+            txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
+        computed = _full_by_id(session, info, frame, base, handle, initial)
+    else:
+        frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
+        computed = _full_by_value(session, info, frame, base, handle, initial)
+    return Computed(computed.change, computed.counts, "FULL", reason)
+
+
+def _catalog_behind(
+    dt: DynamicTableRecord, pinned: Sequence[PinnedSource], handle: DeltaTable
+) -> str:
+    """CATALOG_BEHIND if the table's log holds a source version past the one the catalog
+    recorded (a catalog restored from an older backup): the changes after the recorded
+    one are already in the table, so only a FULL refresh is right."""
+    for item in pinned:
+        landed = handle.transaction_version(dt_app_id(dt, item.position))
+        if item.after is None or (landed is not None and landed > item.after):
+            return "CATALOG_BEHIND"
+        if item.to < item.after:
+            return "SOURCE_MOVED_BACK"
+    return ""
+
+
+def _pinned_transaction(session: StatementContext, pinned: Sequence[PinnedSource]) -> Transaction:
+    txn = Transaction(session.catalog, session.spark, read_only=True)
+    for item in pinned:
+        txn.versions[item.info.id] = item.to
+    return txn
+
+
+def _with_actions(frame: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return frame.withColumn(ACTION, F.lit("INSERT"))
+
+
+def _bound(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
+    pinned: Sequence[PinnedSource], sources: Callable[[TableInfo], DataFrame], rewritten: bool,
+) -> DataFrame:  # fmt: skip
+    """The definition's query over ``sources`` (rewritten to carry row ids and actions,
+    or as written), its columns named and typed as the table's by position (then
+    ``_INGEST_ROW_ID`` and ``_INGEST_ACTION`` when rewritten)."""
+    from pyspark.sql import functions as F
+
+    binder = Binder(session, Transaction(session.catalog, session.spark, read_only=True),
+                    (dt.default_database, dt.default_schema), (info.full_name,),
+                    sources=sources)  # fmt: skip
+    tree = binder.bind(parse(dt.query))
+    if sorted({t.id for t in binder.tables}) != sorted(item.info.id for item in pinned):
+        raise RefreshFailed("the query now reads other tables than when it was defined (a "
+                            "view it reads was changed); CREATE OR REPLACE DYNAMIC TABLE "
+                            "defines it again", "SOURCE_CHANGED")  # fmt: skip
+    if rewritten:
+        try:
+            tree = rewrite(tree, {view: list(t.schema.names)  # type: ignore[arg-type]
+                                  for view, t in binder.source_views.items()})  # fmt: skip
+        except RewriteError as exc:
+            raise RefreshFailed(str(exc), exc.code) from None
+    frame = session.run_spark(tree.sql("spark"))
+    names = list(info.schema.names)
+    extra = [ROW_ID_COLUMN, ACTION] if rewritten else []
+    if len(frame.columns) != len(names) + len(extra):
+        raise RefreshFailed("the query now gives other columns than the dynamic table has; "
+                            "CREATE OR REPLACE DYNAMIC TABLE defines it again",
+                            "SOURCE_CHANGED")  # fmt: skip
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    types = {f.name: f.dataType for f in from_arrow_schema(delta_schema(info.schema)).fields}
+    positional = frame.toDF(*[f"c{i}" for i in range(len(names))], *extra)
+    return positional.select(
+        *[F.col(f"c{i}").cast(types[name]).alias(name) for i, name in enumerate(names)],
+        *[F.col(column) for column in extra],
+    )  # fmt: skip
+
+
+def _incremental(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
+    pinned: Sequence[PinnedSource],
+) -> Computed:  # fmt: skip
+    from pyspark.sql import functions as F
+
+    by_id = {item.info.id: item for item in pinned}
+
+    def changes(table: TableInfo) -> DataFrame:
+        item = by_id[table.id]
+        after = item.after if item.after is not None else -1
+        frame = read_changes(session.spark, table.uri, table.schema, after, item.to)
+        return frame.select(
+            *[F.col(_spark_name(n)) for n in table.schema.names],
+            F.col(f"`{CHANGE_ROW_ID}`").alias(ROW_ID_COLUMN),
+            F.col(f"`{CHANGE_ACTION}`").alias(ACTION),
+        )  # fmt: skip
+
+    frame = _bound(session, dt, info, pinned, changes, rewritten=True)
+    names = list(info.schema.names)
+    net = net_change(frame.toArrow(), names)
+    rows = _checked(info, net.rows)
+    return Computed(ChangeSet(rows, net.deleted.cast(pa.int64()), net.new_ids.cast(pa.int64())),
+                    [len(net.new_ids), len(net.deleted), net.updated], "INCREMENTAL")  # fmt: skip
+
+
+def _spark_name(name: str) -> str:
+    """A column name as Spark reads it whatever it holds (dots, spaces, backquotes)."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _checked(info: TableInfo, rows: pa.Table) -> pa.Table:
+    """Rows of user columns and row ids, checked by the table's conversion rules and
+    typed as its Delta schema."""
+    names = list(info.schema.names)
+    checked = check_arrow_batch(
+        info.schema, rows.select(names).rename_columns([quote_identifier(n) for n in names])
+    )
+    target = delta_schema(info.schema)
+    ids = rows.column(ROW_ID_COLUMN).cast(pa.int64())
+    return checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
+
+
+def _full_by_id(
+    session: StatementContext, info: TableInfo, frame: DataFrame, base: int,
+    handle: DeltaTable, initial: bool,
+) -> Computed:  # fmt: skip
+    names = list(info.schema.names)
+    new = frame.drop(ACTION)
+    if initial:
+        rows = _checked(info, new.toArrow())
+        ids = rows.column(ROW_ID_COLUMN).combine_chunks()
+        return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
+    old = read_delta(session.spark, info.uri, base, loaded=handle)
+    try:
+        diff = id_diff(old, new, names)
+    except UncomparableColumnError:
+        return _replace_all(session, info, new, old)
+    rows = _checked(info, diff.rows)
+    return Computed(ChangeSet(rows, diff.deleted, diff.new_ids.cast(pa.int64())),
+                    [diff.inserted, len(diff.deleted), diff.updated], "FULL")  # fmt: skip
+
+
+def _replace_all(
+    session: StatementContext, info: TableInfo, new: DataFrame, old: DataFrame
+) -> Computed:
+    """Every old row deleted, every new one inserted (columns no diff can compare)."""
+    deleted = old.select(ROW_ID_COLUMN).toArrow().column(0).combine_chunks().cast(pa.int64())
+    if ROW_ID_COLUMN in new.columns:
+        rows = _checked(info, new.toArrow())
+    else:
+        rows = _with_new_ids(session, info, new.toArrow())
+    ids = rows.column(ROW_ID_COLUMN).combine_chunks()
+    return Computed(ChangeSet(rows, deleted, ids), [rows.num_rows, len(deleted), 0], "FULL")
+
+
+def _with_new_ids(session: StatementContext, info: TableInfo, inserted: pa.Table) -> pa.Table:
+    first = session.catalog.reserve_row_ids(info.id, inserted.num_rows) if inserted.num_rows else 0
+    ids = pa.array(range(first, first + inserted.num_rows), pa.int64())
+    return _checked(info, inserted.append_column(ROW_ID_COLUMN, ids))
+
+
+def _full_by_value(
+    session: StatementContext, info: TableInfo, frame: DataFrame, base: int,
+    handle: DeltaTable, initial: bool,
+) -> Computed:  # fmt: skip
+    names = list(info.schema.names)
+    if initial:
+        rows = _with_new_ids(session, info, frame.toArrow())
+        ids = rows.column(ROW_ID_COLUMN).combine_chunks()
+        return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
+    old = read_delta(session.spark, info.uri, base, loaded=handle)
+    try:
+        diff = value_diff(old, frame, names)
+    except UncomparableColumnError:
+        return _replace_all(session, info, frame, old)
+    rows = _with_new_ids(session, info, diff.inserted)
+    ids = rows.column(ROW_ID_COLUMN).combine_chunks()
+    return Computed(ChangeSet(rows, diff.deleted.cast(pa.int64()), ids),
+                    [rows.num_rows, len(diff.deleted), 0], "FULL")  # fmt: skip

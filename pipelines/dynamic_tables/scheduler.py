@@ -1,0 +1,161 @@
+"""Running what the schedule says is due: ``session.refresh_due()`` for embedded use, and
+the loop the service's worker runs on a thread of its own.
+
+:func:`pipelines.dynamic_tables.schedule.due` says which table refreshes for which
+aligned tick (pure, any clock); :func:`run_due` runs them in that order (by tick,
+upstream first) and records what it did. The last tick a table handled is kept in the
+catalog (``last_tick_us``), so a restarted scheduler goes on where the last one
+stopped: ticks missed meanwhile become one SKIPPED row (SCHEDULE_OVERRUN), never a
+backlog. A table whose upstream has no refresh for the tick (failed, skipped or
+suspended) skips it too, naming the upstream: it never reads two snapshots.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from catalog import DynamicTableRecord, RefreshRecord
+from flush.commit_clock import clock
+from pipelines.dynamic_tables.definition import graph_nodes
+from pipelines.dynamic_tables.refresh import SCHEDULED, refresh
+from pipelines.dynamic_tables.schedule import Refresh, due, effective_periods
+
+if TYPE_CHECKING:
+    from pipelines.sql.context import StatementContext
+
+__all__ = ["RefreshLoop", "next_tick", "run_due"]
+
+log = logging.getLogger(__name__)
+
+
+def _tables(session: StatementContext) -> dict[str, tuple[int, DynamicTableRecord]]:
+    names = {t.id: t.full_name for t in session.catalog.list_tables()}
+    return {names[dt.table_id]: (dt.table_id, dt)
+            for dt in session.catalog.list_dynamic_tables() if dt.table_id in names}  # fmt: skip
+
+
+def _handled(dt: DynamicTableRecord) -> int | None:
+    """The last tick the table handled: scheduled, skipped, or passed by a manual or
+    initial refresh of a later data timestamp."""
+    known = [t for t in (dt.last_tick_us, dt.data_timestamp_us) if t is not None]
+    return max(known) if known else None
+
+
+def run_due(session: StatementContext, now_us: int | None = None) -> list[RefreshRecord]:
+    """Run every refresh due at ``now_us`` (the commit clock's now by default); returns
+    their history rows, skipped ones included, in the order they ran."""
+    now = now_us if now_us is not None else clock()
+    tables = _tables(session)
+    nodes = graph_nodes(session)
+    runnable = [n for n in nodes if n.name in tables and tables[n.name][1].state != "INITIALIZING"]
+    last = {name: _handled(dt) for name, (_, dt) in tables.items()}
+    done: list[RefreshRecord] = []
+    for item in due(runnable, last, now):
+        table_id, _ = tables[item.name]
+        dt = session.catalog.get_dynamic_table(table_id)
+        if dt is None:  # dropped meanwhile
+            continue
+        if item.skipped_ticks:
+            done.append(_skip(session, table_id, item.name, item.last_skipped_us or item.tick_us,
+                              "SCHEDULE_OVERRUN", item.skipped_ticks))  # fmt: skip
+        blocked = _upstream_missing(session, dt, item)
+        if blocked:
+            done.append(_skip(session, table_id, item.name, item.tick_us, blocked, 1))
+        else:
+            done.append(refresh(session, table_id, SCHEDULED, item.tick_us))
+        session.catalog.set_dynamic_table(table_id, last_tick_us=item.tick_us)
+    return done
+
+
+def _upstream_missing(session: StatementContext, dt: DynamicTableRecord, item: Refresh) -> str:
+    """Why the table cannot refresh for this tick ('' if it can): an upstream dynamic
+    table without a refresh for it."""
+    for source in dt.sources:
+        upstream = session.catalog.get_dynamic_table(source.source_id)
+        if source.kind != "table" or upstream is None:
+            continue
+        if upstream.data_timestamp_us == item.tick_us:
+            continue
+        if upstream.state == "SUSPENDED":
+            return f"UPSTREAM_SUSPENDED:{source.name}"
+        last = next(iter(session.catalog.list_refreshes(source.source_id, limit=1)), None)
+        failed = last is not None and last.state == "FAILED"
+        return f"UPSTREAM_{'FAILED' if failed else 'SKIPPED'}:{source.name}"
+    return ""
+
+
+def _skip(
+    session: StatementContext, table_id: int, name: str, tick: int, reason: str, ticks: int
+) -> RefreshRecord:
+    import uuid
+
+    now = time.time()
+    refresh_id = session.catalog.add_refresh({
+        "dt_table_id": table_id, "name": name, "refresh_uid": uuid.uuid4().hex,
+        "trigger": SCHEDULED, "action": "SKIPPED", "state": "SKIPPED", "reason": reason,
+        "data_timestamp_us": tick, "started_at": now, "ended_at": now, "skipped_ticks": ticks,
+    })  # fmt: skip
+    return next(r for r in session.catalog.list_refreshes(table_id, limit=5) if r.id == refresh_id)
+
+
+def next_tick(session: StatementContext, now_us: int) -> int | None:
+    """The next aligned tick after ``now_us`` of any scheduled table (None: none is)."""
+    tables = _tables(session)
+    nodes = [n for n in graph_nodes(session) if n.name in tables]
+    periods = [p for p in effective_periods(nodes).values() if p is not None]
+    return min((now_us // p + 1) * p for p in periods) if periods else None
+
+
+class RefreshLoop:
+    """Runs :func:`run_due` whenever a tick comes, on a thread of its own, until stopped.
+
+    Args:
+        session_factory: makes the session the loop refreshes with (on its thread).
+        poll_seconds: how often it looks for new or changed tables between ticks.
+        before: called on the loop's thread before it starts (e.g. to choose the Spark
+            scheduler pool its jobs run in).
+    """
+
+    def __init__(
+        self,
+        session_factory: Callable[[], StatementContext],
+        poll_seconds: float = 1.0,
+        before: Callable[[], None] | None = None,
+    ) -> None:
+        self._factory = session_factory
+        self._poll = poll_seconds
+        self._before = before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dynamic-table-refresh",
+                                        daemon=True)  # fmt: skip
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        if self._before is not None:
+            self._before()
+        session = self._factory()
+        try:
+            while not self._stop.is_set():
+                wait = self._poll
+                try:
+                    run_due(session)
+                    upcoming = next_tick(session, clock())
+                    if upcoming is not None:
+                        wait = min(wait, max(0.0, (upcoming - clock()) / 1e6))
+                except Exception:  # one failing round never ends the loop
+                    log.exception("a round of dynamic table refreshes failed")
+                self._stop.wait(wait)
+        finally:
+            close = getattr(session, "close", None)
+            if close is not None:
+                close()
