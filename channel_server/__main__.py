@@ -108,6 +108,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="a SQL session unused this long ends, its transaction rolled back (default 1 hour)",
     )  # fmt: skip
     parser.add_argument(
+        "--refresh-scheduler", action=argparse.BooleanOptionalAction, default=True,
+        help="refresh dynamic tables on their schedule in the Spark worker (default on)",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("INGEST_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO (default), WARNING or ERROR; logs are JSON lines on stderr",
@@ -144,6 +148,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             max_transactions=args.sql_max_transactions,
             idle_seconds=parse_duration(args.sql_session_idle, "SQL session idle time"),
         ),
+        refresh_scheduler=args.refresh_scheduler,
     )
 
 

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 CONFIG = web.AppKey("config", ServerConfig)
 #: How often the service looks for pipeline commits left by a dead owner.
 PIPELINE_RECOVERY_SECONDS = 10.0
+#: How often the service checks that the worker refreshing dynamic tables runs.
+REFRESH_WORKER_CHECK_SECONDS = 2.0
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -36,6 +38,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(_retention_loop(service), name="channel retention"),
         asyncio.create_task(_sql_session_loop(service), name="SQL session expiry"),
         asyncio.create_task(_pipeline_recovery_loop(service), name="pipeline commit recovery"),
+        asyncio.create_task(_refresh_worker_loop(service), name="dynamic table refreshes"),
     ]
     try:
         yield
@@ -85,6 +88,16 @@ async def _pipeline_recovery_loop(service: IngestService) -> None:
         except Exception:
             log.exception("pipeline commit recovery failed")
         await asyncio.sleep(PIPELINE_RECOVERY_SECONDS)
+
+
+async def _refresh_worker_loop(service: IngestService) -> None:
+    """Keep the worker that refreshes dynamic tables running while any has a schedule."""
+    while True:
+        try:
+            await service.keep_refreshing()
+        except Exception:
+            log.exception("starting the dynamic table refresh worker failed")
+        await asyncio.sleep(REFRESH_WORKER_CHECK_SECONDS)
 
 
 def create_app(config: ServerConfig | None = None) -> web.Application:

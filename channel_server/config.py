@@ -67,6 +67,9 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     compaction: CompactionTrigger = field(default_factory=CompactionTrigger)
     sql: SqlLimits = field(default_factory=SqlLimits)
+    #: Dynamic tables refresh on their schedule in the Spark worker, which then stays up
+    #: while any table has a schedule.
+    refresh_scheduler: bool = True
 
     def __post_init__(self) -> None:
         if self.limits.max_buffer_bytes <= 0:

@@ -121,6 +121,8 @@ class IngestService:
         #: ``POST /v1/sql``: sessions, and statements run in the same worker.
         journal = Path(config.warehouse) / "_service" / "sql_transactions.json"
         self.sql = SqlService(self.compaction_worker, config.sql, self.metrics, journal)
+        sql_keeps_alive = self.compaction_worker.keep_alive
+        self.compaction_worker.keep_alive = lambda: sql_keeps_alive() or self.has_schedules()
         self.started_at = time.time()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -139,6 +141,21 @@ class IngestService:
                 log.info("recovered commit %d of %s", record.version, info.full_name,
                          extra={"table": info.full_name, "version": record.version})  # fmt: skip
         return replayed
+
+    # -- dynamic tables ------------------------------------------------------------------
+
+    def has_schedules(self) -> bool:
+        """Whether a dynamic table refreshes on a schedule (the worker's refresh loop must
+        run): one active, with a time lag or initialized on schedule."""
+        if not self.config.refresh_scheduler:
+            return False
+        return any(dt.state == "ACTIVE" for dt in self.catalog.list_dynamic_tables())
+
+    async def keep_refreshing(self) -> None:
+        """Start the worker (and with it the refresh loop) if dynamic tables need it and
+        it is not running: after a restart of the service, or the worker's death."""
+        if self.compaction_worker.pid is None and await asyncio.to_thread(self.has_schedules):
+            await self.compaction_worker.request({"ping": True})
 
     # -- compaction ----------------------------------------------------------------------
 
@@ -167,6 +184,7 @@ class IngestService:
             "--catalog", str(self.config.catalog_file),
             "--target-file-mb", str(trigger.target_file_mb),
             *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
+            *(["--refresh-scheduler"] if self.config.refresh_scheduler else []),
             *trigger.extra_args,
         ]  # fmt: skip
 

@@ -14,6 +14,11 @@ answer. Requests:
   but does not (this worker restarted since) answers ``TRANSACTION_ABORTED`` rather than
   running the statement outside it. An ephemeral session is closed after its statement.
 - ``{"close_session": key}``: roll back and forget a session.
+- ``{"ping": true}``: answered ``{"pong": true}`` (the service starts the worker so).
+
+With ``--refresh-scheduler`` the worker also refreshes dynamic tables on their schedule,
+on a thread of its own whose Spark jobs run in the FAIR scheduler pool ``refresh``: a
+long statement or compaction shares the cores with them instead of holding them back.
 
 Every answer to a statement carries the session's state (``database``, ``schema``,
 ``transaction``). A statement past its timeout has its Spark jobs cancelled (its job
@@ -47,6 +52,8 @@ __all__ = ["SessionPool", "StatementClock", "answer_statement", "main", "write_f
 
 log = logging.getLogger("pipelines.sql.worker")
 
+#: The Spark scheduler pool of dynamic-table refreshes (FAIR against the default pool).
+REFRESH_POOL = "refresh"
 #: The message of any failure that is not the statement's own (its details go to the log).
 INTERNAL = (
     "the statement failed inside the service; nothing was changed by it unless it was a "
@@ -230,6 +237,8 @@ def serve(
     """
     pool = SessionPool(Path(args.warehouse), spark, catalog)
     clock = StatementClock(spark)
+    refreshes = _refresh_loop(spark, catalog, args) if getattr(args, "refresh_scheduler",
+                                                               False) else None  # fmt: skip
     try:
         for line in requests:
             if not line.strip():
@@ -243,6 +252,8 @@ def serve(
                     header, payload = answer_statement(pool, clock, request)
                 elif "close_session" in request:
                     header, payload = {"closed": pool.close(str(request["close_session"]))}, b""
+                elif "ping" in request:
+                    header, payload = {"pong": True}, b""
                 else:
                     header, payload = answer_compaction(spark, catalog, args, request), b""
             except Exception as exc:
@@ -256,11 +267,31 @@ def serve(
                 continue
             write_frame(replies, header, payload)
     finally:
+        if refreshes is not None:
+            refreshes.stop(timeout=60)
         pool.close_all()
 
 
+def _refresh_loop(spark: Any, catalog: Any, args: argparse.Namespace) -> Any:
+    """Start the dynamic-table scheduler on its own thread and Spark pool."""
+    from pipelines.dynamic_tables.scheduler import RefreshLoop
+
+    def in_refresh_pool() -> None:
+        spark.sparkContext.setLocalProperty("spark.scheduler.pool", REFRESH_POOL)
+
+    loop = RefreshLoop(lambda: Session(Path(args.warehouse), spark=spark, catalog=catalog),
+                       before=in_refresh_pool)  # fmt: skip
+    loop.start()
+    return loop
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(["--serve", *(argv if argv is not None else sys.argv[1:])])
+    own = argparse.ArgumentParser(add_help=False)
+    own.add_argument("--refresh-scheduler", action="store_true",
+                     help="refresh dynamic tables on their schedule")  # fmt: skip
+    known, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
+    args = parse_args(["--serve", *rest])
+    args.refresh_scheduler = known.refresh_scheduler
     from catalog import SqliteCatalog
     from flush.spark_tables import spark_session
 
@@ -270,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
-    config = {}
+    config = {"spark.scheduler.mode": "FAIR"}  # statements, compaction and refreshes share
     if args.spark_driver_memory:
         config["spark.driver.memory"] = args.spark_driver_memory
     spark = spark_session(args.spark_master, app_name="streaming-ingest-worker", **config)
