@@ -26,6 +26,7 @@ from pipelines.sql.refresh_history import FUNCTION as HISTORY_FUNCTION
 from pipelines.sql.refresh_history import history_call, history_frame
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
 from pipelines.streams.changes import ChangeMode
+from pipelines.transactions.snapshot_pins import consistent_pins
 from pipelines.transactions.transaction import Transaction
 
 if TYPE_CHECKING:
@@ -204,6 +205,24 @@ class Binder:
         # TABLESAMPLE belongs to the reference: kept, or the sample would read every row.
         return exp.Table(this=exp.to_identifier(view), alias=alias,
                          sample=table.args.get("sample"))  # fmt: skip
+
+    def bind_query(self, tree: exp.Expression) -> exp.Expression:
+        """:meth:`bind` a query so that the dynamic tables of one graph it reads are read
+        at one data timestamp: if they stand at different ones, those first read by this
+        query are pinned (:func:`consistent_pins`) and the query is bound again."""
+        original = tree.copy()
+        pinned_before = set(self.txn.versions)
+        bound = self.bind(tree)
+        pins = consistent_pins(self.session.catalog,
+                               [t.id for t in self.tables if t.id not in pinned_before])  # fmt: skip
+        if not pins:
+            return bound
+        for table_id, version in pins.items():
+            self.txn.versions[table_id] = version
+            self.txn.handles.pop(table_id, None)
+        self.tables, self.expanded, self.streams = [], [], []
+        self.source_views = {}
+        return self.bind(original)
 
     def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
         """Replace every table, stream and CHANGES reference in ``tree`` (in place) but

@@ -81,7 +81,7 @@ def query_frame(
     if not isinstance(tree, exp.Query):
         raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES)", "SQL_COMPILATION_ERROR")
     binder = Binder(session, txn, within=within, analysis=analysis)
-    return binder, session.run_spark(binder.bind(tree).sql("spark"))
+    return binder, session.run_spark(binder.bind_query(tree).sql("spark"))
 
 
 # CREATE TABLE ... AS SELECT

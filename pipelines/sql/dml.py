@@ -114,7 +114,7 @@ def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) ->
         raise SqlError(
             "INSERT needs VALUES (...) or a query after the table", "SQL_COMPILATION_ERROR"
         )
-    query = binder.bind(tree.expression)
+    query = binder.bind_query(tree.expression)
     frame = session.run_spark(_sql(query))
     columns = [_column(info, c) for c in listed] if listed else list(info.schema.columns)
     if len(frame.columns) != len(columns):

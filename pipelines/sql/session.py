@@ -227,7 +227,7 @@ class Session:
                 f"unsupported statement {statement.text.strip()[:60]!r}; supported: {SUPPORTED}"
             )
         binder = Binder(self, txn)
-        return self.run_spark(binder.bind(tree).sql("spark"))
+        return self.run_spark(binder.bind_query(tree).sql("spark"))
 
     def _transaction_control(self, statement: Statement) -> DataFrame:
         if statement.kind == "begin":

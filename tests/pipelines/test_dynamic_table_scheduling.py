@@ -133,3 +133,18 @@ def test_a_new_session_goes_on_from_the_catalog(base, session_factory):
     other = session_factory()  # same warehouse: as after a restart of the service
     assert ran(other.refresh_due(at(0, 50))) == []
     assert ran(other.refresh_due(at(1, 36))) == [("B", "NO_DATA")]
+
+
+def test_a_query_reads_the_tables_of_one_graph_at_one_data_timestamp(base):
+    create(base, "B", "'1 minute'", "SELECT ID, V FROM T")
+    create(base, "A", "'2 minutes'", "SELECT ID FROM B")
+    base.refresh_due(at(0))
+    base.sql("INSERT INTO T VALUES (3, 'c')")
+    assert ran(base.refresh_due(at(0, 48))) == [("B", "INCREMENTAL")]  # A still at 0:00
+    assert rows(base.sql("SELECT ID FROM B")) == [(1,), (2,), (3,)]  # alone: its newest
+    together = "SELECT B.ID, A.ID FROM B FULL OUTER JOIN A ON A.ID = B.ID"
+    assert rows(base.sql(together)) == [(1, 1), (2, 2)]  # both as of 0:00
+    base.sql("CREATE TABLE SNAP AS " + together.replace("B.ID, A.ID", "B.ID AS X, A.ID AS Y"))
+    assert rows(base.sql("SELECT X, Y FROM SNAP")) == [(1, 1), (2, 2)]
+    base.refresh_due(at(1, 36))
+    assert rows(base.sql(together)) == [(1, 1), (2, 2), (3, 3)]
