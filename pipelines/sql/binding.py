@@ -213,8 +213,8 @@ class Binder:
         original = tree.copy()
         pinned_before = set(self.txn.versions)
         bound = self.bind(tree)
-        pins = consistent_pins(self.session.catalog,
-                               [t.id for t in self.tables if t.id not in pinned_before])  # fmt: skip
+        first_read = [t.id for t in self.tables if t.id not in pinned_before]
+        pins = consistent_pins(self.session.catalog, first_read)
         if not pins:
             return bound
         for table_id, version in pins.items():
