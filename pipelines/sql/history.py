@@ -52,9 +52,12 @@ def _metadata(entry: dict[str, Any]) -> tuple[str | None, Any]:
         if key == _COMPACTION_KEY:
             return source, {"run": value}
         try:
-            return source, json.loads(value) if isinstance(value, str) else value
+            decoded = json.loads(value) if isinstance(value, str) else value
         except ValueError:
             return source, value
+        if isinstance(decoded, dict) and "dynamic_table" in decoded:
+            return "DYNAMIC_TABLE", decoded  # a refresh (its commit goes the SQL way)
+        return source, decoded
     return None, None
 
 

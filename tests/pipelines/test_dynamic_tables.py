@@ -313,3 +313,25 @@ def test_a_refresh_of_a_dropped_definition_changes_nothing(base):
     with pytest.raises(SqlError):
         refresh(base, dt_id, MANUAL)
     assert ints(base, "SELECT * FROM D") == [(1,), (2,), (3,), (7,)]
+
+
+def test_no_data_runs_no_spark_job_and_history_names_the_refresh(base):
+    from pipelines.dynamic_tables.refresh import MANUAL, refresh
+
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T WHERE ID > 1")
+    table_id = base.require_table("D").id
+    tracker = base.spark.sparkContext.statusTracker()
+    base.spark.sparkContext.setJobGroup("dt-no-data", "NO_DATA refreshes")
+    try:
+        for _ in range(3):
+            assert refresh(base, table_id, MANUAL).action == "NO_DATA"
+        base.spark.sparkContext.setJobGroup("dt-control", "a job, to show one would be seen")
+        base.spark.range(3).count()
+    finally:
+        base.spark.sparkContext.setJobGroup("other", "after")
+    assert tracker.getJobIdsForGroup("dt-no-data") == []
+    assert tracker.getJobIdsForGroup("dt-control") != []
+    base.sql("INSERT INTO T VALUES (9, 'i')")
+    assert refresh(base, table_id, MANUAL).action == "INCREMENTAL"
+    sources = [r.source for r in base.sql("DESCRIBE HISTORY D").collect()]
+    assert sources.count("DYNAMIC_TABLE") == 2  # the initial refresh and this one

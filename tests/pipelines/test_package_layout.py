@@ -44,3 +44,17 @@ def test_lower_sub_packages_do_not_import_higher_ones(package, never):
     for path in (PACKAGE / package).glob("*.py"):
         wrong = {n for n in imported(path) if n.startswith(never)}
         assert not wrong, f"{path.name} imports {sorted(wrong)}"
+
+
+def test_only_the_session_and_the_worker_reach_the_dynamic_table_handlers():
+    """``dynamic_tables`` builds on ``sql``'s binder and helpers; in ``sql`` only the
+    session (which dispatches statements) and the worker (which runs the refresh loop)
+    import it back."""
+    importers = {
+        path.name
+        for path in (PACKAGE / "sql").glob("*.py")
+        if any(name.startswith("pipelines.dynamic_tables") for name in imported(path))
+    }
+    assert importers <= {"session.py", "worker.py"}, importers
+    for path in (PACKAGE / "dynamic_tables").glob("*.py"):
+        assert SESSION not in imported(path), path.name
