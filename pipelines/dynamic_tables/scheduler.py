@@ -94,6 +94,12 @@ def _skip(
     import uuid
 
     now = time.time()
+    last = next(iter(session.catalog.list_refreshes(table_id, limit=1)), None)
+    if last is not None and last.state == "SKIPPED" and last.reason == reason:
+        # The same reason again (an upstream failing tick after tick): one row counts them.
+        session.catalog.update_refresh(last.id, skipped_ticks=last.skipped_ticks + ticks,
+                                       data_timestamp_us=tick, ended_at=now)  # fmt: skip
+        return next(r for r in session.catalog.list_refreshes(table_id, limit=1))
     refresh_id = session.catalog.add_refresh({
         "dt_table_id": table_id, "name": name, "refresh_uid": uuid.uuid4().hex,
         "trigger": SCHEDULED, "action": "SKIPPED", "state": "SKIPPED", "reason": reason,
