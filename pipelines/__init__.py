@@ -14,6 +14,7 @@ is shared by all, and ``python -m pipelines`` is the command line.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from pipelines.errors import (
@@ -59,11 +60,15 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 
+_REGISTERING = threading.Lock()
+
+
 def register_data_sources(spark: SparkSession) -> None:
     """Make ``format("ingest-changes")`` (change rows, batch and streaming) and
     ``format("ingest")`` (append, batch and streaming) known to ``spark``."""
     from pipelines.spark_sources.change_source import ChangesDataSource
     from pipelines.spark_sources.table_sink import TableSinkDataSource
 
-    spark.dataSource.register(ChangesDataSource)
-    spark.dataSource.register(TableSinkDataSource)
+    with _REGISTERING:  # two at once (sessions opened on two threads) make Spark refuse one
+        spark.dataSource.register(ChangesDataSource)
+        spark.dataSource.register(TableSinkDataSource)
