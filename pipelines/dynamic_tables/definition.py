@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from catalog import DynamicSource, DynamicTableRecord, TableInfo, full_name
+from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
+from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
 from pipelines.dynamic_tables.classify import classify as classify_plan
 from pipelines.dynamic_tables.refresh import INITIAL, MANUAL, RefreshFailed, refresh
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["HANDLERS", "refresh_with_upstreams"]
 
 _MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT")
+#: In the names of the tables CREATE OR REPLACE builds beside the ones they replace.
+BUILDING = "$BUILDING$"
 _INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 
 
@@ -136,6 +140,10 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     database, schema_name, name = session.qualify(parts["name"] or "")
     for part, what in ((database, "database"), (schema_name, "schema"), (name, "table")):
         check_object_name(part, f"the {what} name")
+    if BUILDING in name.upper():
+        raise SqlError(f"a dynamic table's name may not hold {BUILDING!r}, which names the "
+                       "tables CREATE OR REPLACE builds; choose another name",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
                        "SQL_COMPILATION_ERROR")  # fmt: skip
@@ -162,7 +170,7 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:
         binder, frame = query_frame(session, txn, query, "CREATE DYNAMIC TABLE ... AS",
-                                    within=(shown,), analysis=True)  # fmt: skip
+                                    analysis=True)  # fmt: skip
         _check_reads(session, binder, shown, existing)
         schema = _ctas_schema(frame, None)
         verdict = classify_plan(session.spark, frame, session.views)
@@ -186,17 +194,32 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     definition: dict[str, Any] = {
         "query": query, "default_database": defaults[0], "default_schema": defaults[1],
         "target_lag_us": lag.lag_us, "refresh_mode": mode, "mode_reason": verdict.reason_text,
-        "row_ids": "PACKED" if verdict.incremental else "SEQUENCE", "initialize": initialize,
+        "row_ids": "PACKED" if verdict.incremental and mode != "FULL" else "SEQUENCE",
+        "initialize": initialize,
         "comment": literal(options.get("COMMENT")),
     }  # fmt: skip
-    building = name if existing is None else f"{name}$BUILDING${uuid.uuid4().hex[:12]}"
+    building = name if existing is None else f"{name}{BUILDING}{uuid.uuid4().hex[:12]}"
     info = _build(session, (database, schema_name, building), schema, definition, sources,
                   initialize)  # fmt: skip
     if existing is not None:
-        when_free(session.catalog, lambda: session.catalog.swap_dynamic_table(existing.id, info.id),
-                  [existing.id])  # fmt: skip
-        drop_table(existing.uri, session.warehouse)
+        _swap(session, existing, info, shown)
     return status_frame(session, f"Dynamic table {name} successfully created.")
+
+
+def _swap(session: StatementContext, existing: TableInfo, built: TableInfo, shown: str) -> None:
+    """Put the table built beside ``existing`` in its place; if that cannot be (another
+    client dropped or replaced it meanwhile), drop the built one and say so."""
+    catalog = session.catalog
+    try:
+        with table_lock(existing.uri):  # not while a refresh of the old one commits
+            when_free(catalog, lambda: catalog.swap_dynamic_table(existing.id, built.id),
+                      [existing.id])  # fmt: skip
+    except (TableNotFoundError, TableAlreadyExistsError, FileNotFoundError):
+        drop_table_info(session, built)
+        raise SqlError(f"dynamic table {shown} was dropped or replaced by another client while "
+                       "this CREATE OR REPLACE ran; nothing was created: run it again",
+                       "TRANSACTION_CONFLICT") from None  # fmt: skip
+    drop_table(existing.uri, session.warehouse)
 
 
 def _check_reads(
@@ -284,6 +307,13 @@ def refresh_with_upstreams(
         order.append(table)
 
     visit(table_id, ())
+    # One moment for all, later than any data timestamp they have (none goes back).
+    stamps = [
+        dt.data_timestamp_us
+        for key in order
+        if (dt := catalog.get_dynamic_table(key)) and dt.data_timestamp_us is not None
+    ]
+    moment = max([moment, *(stamp + 1 for stamp in stamps)])
     for upstream in order[:-1]:
         refresh(session, upstream, MANUAL, moment)
     return refresh(session, table_id, trigger, moment)
@@ -333,7 +363,11 @@ def drop_dynamic_table(session: StatementContext, statement: Statement) -> DataF
             session, "Drop statement executed successfully (dynamic table did not exist)."
         )
     info, _ = dynamic_or_error(session, statement.parts["name"] or "")
-    drop_table_info(session, info)
+    try:
+        with table_lock(info.uri):  # not while a refresh commits: it finishes first
+            drop_table_info(session, info)
+    except FileNotFoundError:  # dropped by another client meanwhile
+        raise ObjectNotFoundError(f"dynamic table {info.full_name} was dropped meanwhile") from None
     return status_frame(session, f"{info.name} successfully dropped.")
 
 
@@ -354,7 +388,7 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
     now = time.time()
     for dt in session.catalog.list_dynamic_tables():
         info = tables.get(dt.table_id)
-        if info is None or not pattern(info.name) or "$BUILDING$" in info.name:
+        if info is None or not pattern(info.name) or BUILDING in info.name:
             continue
         last = next(iter(session.catalog.list_refreshes(dt.table_id, limit=1)), None)
         stamp = dt.data_timestamp_us / 1e6 if dt.data_timestamp_us is not None else None
@@ -372,7 +406,7 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
 def effective_mode(dt: DynamicTableRecord) -> str:
     """INCREMENTAL or FULL: what refreshes after the initial one do (a stateless query's
     refreshes go FULL once only for a reason its history names)."""
-    return "INCREMENTAL" if dt.row_ids == "PACKED" and dt.refresh_mode != "FULL" else "FULL"
+    return "INCREMENTAL" if dt.row_ids == "PACKED" else "FULL"
 
 
 def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:

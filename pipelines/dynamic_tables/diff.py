@@ -132,6 +132,8 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
         UncomparableColumnError: a column of a type Spark cannot group by (VARIANT).
     """
     _check(old, columns, (T.VariantType,), "GROUP_EXPRESSION_TYPE_IS_NOT_ORDERABLE")
+    named, columns = columns, _positions(columns)
+    old, new = _positional(old, named), _positional(new, named)
     keys = [F.col(_q(name)) for name in columns]
     both = old.select(*keys, F.col(ROW_ID_COLUMN), F.lit(0).alias(_NEW)).unionByName(
         new.select(*keys, F.lit(None).cast("bigint").alias(ROW_ID_COLUMN), F.lit(1).alias(_NEW))
@@ -158,7 +160,7 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
     # One list of copies[i] slots per group: its parent indices repeat each group's index.
     slots = pa.ListArray.from_arrays(offsets, pa.nulls(offsets[-1].as_py()))
     inserted = changed.select(list(columns)).take(pc.list_parent_indices(slots))
-    return ValueDiff(deleted=deleted, inserted=inserted)
+    return ValueDiff(deleted=deleted, inserted=inserted.rename_columns(list(named)))
 
 
 def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
@@ -177,6 +179,8 @@ def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
         UncomparableColumnError: a column of a type Spark cannot compare (MAP, VARIANT).
     """
     _check(old, columns, (T.MapType, T.VariantType), "DATATYPE_MISMATCH.INVALID_ORDERING_TYPE")
+    named, columns = columns, _positions(columns)
+    old, new = _positional(old, named), _positional(new, named)
     keys = [F.col(_q(name)) for name in columns]
     n = new.select(*keys, F.col(ROW_ID_COLUMN), F.lit(True).alias(_NEW)).alias("n")
     o = old.select(*keys, F.col(ROW_ID_COLUMN), F.lit(True).alias(_OLD)).alias("o")
@@ -199,7 +203,7 @@ def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
             .toArrow()
         )
     kinds = changed.column(_KIND)
-    rows = changed.select([*columns, ROW_ID_COLUMN])
+    rows = changed.select([*columns, ROW_ID_COLUMN]).rename_columns([*named, ROW_ID_COLUMN])
     inserts = rows.filter(pc.equal(kinds, _INSERT))
     updates = rows.filter(pc.equal(kinds, _UPDATE))
     gone = changed.column(ROW_ID_COLUMN).filter(pc.equal(kinds, _DELETE))
@@ -209,6 +213,20 @@ def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
         inserted=inserts.num_rows,
         updated=updates.num_rows,
     )
+
+
+def _positions(columns: Sequence[str]) -> list[str]:
+    """The names the diff gives the user columns inside its plans: by position, so no
+    user column can meet a working column of the same name."""
+    return [f"__DIFF_C{i}" for i in range(len(columns))]
+
+
+def _positional(frame: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """``frame`` with its user ``columns`` renamed by :func:`_positions` (the row id, when
+    there, kept)."""
+    renamed = [F.col(_q(c)).alias(p) for c, p in zip(columns, _positions(columns), strict=True)]
+    extra = [F.col(ROW_ID_COLUMN)] if ROW_ID_COLUMN in frame.columns else []
+    return frame.select(*renamed, *extra)
 
 
 def _q(name: str) -> str:

@@ -41,6 +41,7 @@ from pipelines.errors import SqlError, evaluation_errors
 from pipelines.sql.history import data_changed
 from pipelines.transactions.commit import TableWrites, commit_consumer, recover_pending
 from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner
+from pipelines.transactions.snapshot_pins import refreshed_versions
 
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
@@ -63,6 +64,8 @@ def refresh(
     catalog = session.catalog
     dt = _current(session, table_id)
     moment = data_timestamp_us if data_timestamp_us is not None else clock()
+    if dt.data_timestamp_us is not None and data_timestamp_us is None:
+        moment = max(moment, dt.data_timestamp_us + 1)  # "now" never goes back (clock steps)
     if dt.data_timestamp_us is None:
         trigger = INITIAL
     info = catalog.get_table_by_id(table_id)
@@ -82,19 +85,51 @@ def refresh(
         else:
             _run(session, dt, info, moment, refresh_id)
     except RefreshClaimConflict:
-        catalog.update_refresh(refresh_id, state="SKIPPED", action="SKIPPED",
-                               reason="CONCURRENT_REFRESH", ended_at=time.time())  # fmt: skip
+        _concurrent(session, refresh_id)
     except RefreshFailed as exc:
         _failed(session, refresh_id, exc.reason, str(exc))
     except SqlError as exc:
-        if exc.code != "COMMIT_PENDING":  # decided: recovery completes and records it
-            _failed(session, refresh_id, exc.code, session_text(session, str(exc)))
+        if _refreshed_meanwhile(session, dt):  # it lost a race to another refresh's commit
+            _concurrent(session, refresh_id)
+        elif exc.code != "COMMIT_PENDING":  # decided: recovery completes and records it
+            _failed(session, refresh_id, *_reason(session, exc))
     except IngestError as exc:
         _failed(session, refresh_id, getattr(exc, "code", "CONVERSION"), str(exc))
+    except OSError:  # the table's folder went with a DROP meanwhile
+        if catalog.get_dynamic_table(table_id) is not None:
+            raise
+        raise SqlError(
+            f"dynamic table {info.full_name if info else table_id} was dropped "
+            "during its refresh; nothing was written",
+            "OBJECT_NOT_FOUND",
+        ) from None
     finally:
         IN_FLIGHT.discard(owner)
         session.release_views()
     return _row(session, table_id, refresh_id)
+
+
+def _refreshed_meanwhile(session: StatementContext, dt: DynamicTableRecord) -> bool:
+    """Whether another refresh was applied (or claimed) since this one read the table."""
+    now = session.catalog.get_dynamic_table(dt.table_id)
+    return now is not None and (now.refresh_seq != dt.refresh_seq or now.claimed_by is not None)
+
+
+def _concurrent(session: StatementContext, refresh_id: int) -> None:
+    session.catalog.update_refresh(refresh_id, state="SKIPPED", action="SKIPPED",
+                                   reason="CONCURRENT_REFRESH", ended_at=time.time())  # fmt: skip
+
+
+def _reason(session: StatementContext, exc: SqlError) -> tuple[str, str]:
+    """The reason code and message of a failed refresh: ROW_ID_SPACE for a row id packed
+    past 64 bits (Spark's advice to turn ANSI off does not apply), else the error's."""
+    if "ARITHMETIC_OVERFLOW" in str(exc):
+        return "ROW_ID_SPACE", (
+            "a row id of this dynamic table would pass 64 bits (each UNION ALL doubles its "
+            "sources' row ids); nothing was written. CREATE OR REPLACE it with REFRESH_MODE "
+            "= FULL, whose row ids come from its own sequence"
+        )
+    return exc.code, session_text(session, str(exc))
 
 
 def session_text(session: StatementContext, text: str) -> str:
@@ -180,9 +215,10 @@ def _pin(session: StatementContext, pinned: list[PinnedSource], moment: int) -> 
         if upstream is None:
             found = version_at(item.info.uri, moment)
             to = found if found is not None else 0
-        elif upstream.data_timestamp_us == moment:
-            held = upstream.data_version  # None: ended by ABANDON COMMIT, which knew no version
-            to = held if held is not None else DeltaTable(item.info.uri).version()
+        elif upstream.data_timestamp_us == moment and upstream.data_version is None:
+            to = DeltaTable(item.info.uri).version()  # ended by ABANDON COMMIT: no version known
+        elif moment in (held := refreshed_versions(session.catalog, upstream)):
+            to = held[moment]  # also when the upstream has refreshed again since
         else:
             raise RefreshFailed(
                 f"upstream dynamic table {item.info.full_name} has no refresh for this data "
@@ -233,7 +269,9 @@ def _run(
         "data_timestamp_us": moment, "sources": versions, "counts": computed.counts,
         "action": computed.action,
     }  # fmt: skip
-    with table_lock(info.uri):  # never at once with a compaction of the table
+    with table_lock(info.uri):  # never at once with a compaction or a drop of the table
+        if catalog.get_dynamic_table(info.id) is None:  # dropped before this took the lock
+            raise FileNotFoundError(info.uri)
         commit_consumer(
             catalog, [TableWrites(info, base, computed.change)], [],
             f"refresh of {info.full_name}", {},

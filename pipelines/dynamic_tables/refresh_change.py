@@ -153,8 +153,7 @@ def _bound(
     from pyspark.sql import functions as F
 
     binder = Binder(session, Transaction(session.catalog, session.spark, read_only=True),
-                    (dt.default_database, dt.default_schema), (info.full_name,),
-                    sources=sources)  # fmt: skip
+                    (dt.default_database, dt.default_schema), sources=sources)  # fmt: skip
     tree = binder.bind(parse(dt.query))
     if sorted({t.id for t in binder.tables}) != sorted(item.info.id for item in pinned):
         raise RefreshFailed("the query now reads other tables than when it was defined (a "

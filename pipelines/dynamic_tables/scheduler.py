@@ -23,6 +23,7 @@ from flush.commit_clock import clock
 from pipelines.dynamic_tables.definition import graph_nodes
 from pipelines.dynamic_tables.refresh import SCHEDULED, refresh
 from pipelines.dynamic_tables.schedule import Refresh, due, effective_periods
+from pipelines.transactions.snapshot_pins import refreshed_versions
 
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
@@ -78,8 +79,8 @@ def _upstream_missing(session: StatementContext, dt: DynamicTableRecord, item: R
         upstream = session.catalog.get_dynamic_table(source.source_id)
         if source.kind != "table" or upstream is None:
             continue
-        if upstream.data_timestamp_us == item.tick_us:
-            continue
+        if item.tick_us in refreshed_versions(session.catalog, upstream):
+            continue  # refreshed for the tick (and maybe again since)
         if upstream.state == "SUSPENDED":
             return f"UPSTREAM_SUSPENDED:{source.name}"
         last = next(iter(session.catalog.list_refreshes(source.source_id, limit=1)), None)

@@ -169,6 +169,10 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     existing = session.catalog.get_stream(database, schema_name, name)
     if existing is not None and parts["if_not_exists"]:
         return status_frame(session, f"{name} already exists, statement succeeded.")
+    if (parts["initial"] or "").upper() == "TRUE":
+        raise SqlError("SHOW_INITIAL_ROWS = TRUE is not supported: a stream starts at the "
+                       "table's current version; read the rows it holds with a SELECT",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
     mode = _STREAM_MODES[(parts["append_only"] or "").upper() or None]
     offset = DeltaTable(info.uri).version()
     if parts["at_kind"]:
