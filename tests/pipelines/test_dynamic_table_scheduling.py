@@ -2,8 +2,9 @@
 the reference's aligned examples, DOWNSTREAM chains, skipping after a stall, failing and
 suspended upstreams, and a restart (a new session goes on from the catalog).
 
-Times are offsets from an origin ``O`` in the near future that is a multiple of every
-period used (3072 s), so the reference's times (0:00, 0:48, 1:36, ...) come out exactly;
+Times are offsets from an origin ``O`` in the near future (set for each test) that is a
+multiple of every period used (3072 s), so the reference's times (0:00, 0:48, 1:36, ...)
+come out exactly;
 the tables are created ON_SCHEDULE, so their first tick is their initial refresh.
 """
 
@@ -16,7 +17,15 @@ import pytest
 from tests.pipelines.conftest import rows
 
 S = 1_000_000  # µs
-ORIGIN = (int(time.time()) // 3072 + 1) * 3072 * S
+ORIGIN = 0  # set for each test: module import can be an hour before the test runs
+
+
+@pytest.fixture(autouse=True)
+def origin():
+    """A multiple of 3072 s at least 10 minutes ahead: every tick a test names is in the
+    future, so each refresh reads its sources' newest versions as it runs."""
+    global ORIGIN
+    ORIGIN = ((int(time.time()) + 600) // 3072 + 1) * 3072 * S
 
 
 def at(minutes: int, seconds: int = 0) -> int:
