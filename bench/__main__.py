@@ -7,7 +7,7 @@ import sys
 
 import orjson
 
-from bench import backpressure, compaction, conversion, ingest, pipelines
+from bench import backpressure, compaction, conversion, dynamic_tables, ingest, pipelines
 from ingest_sdk.process_exit import run_entry_point
 
 BENCHMARKS = {
@@ -19,6 +19,10 @@ BENCHMARKS = {
     "stream_read_vs_scan": pipelines.run_stream_read,
     "append_only_growth": pipelines.run_append_only_growth,
     "consuming_insert": pipelines.run_consuming_insert,
+    "dt_no_data": dynamic_tables.run_no_data,
+    "dt_incremental_vs_full": dynamic_tables.run_incremental_vs_full,
+    "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
+    "dt_freshness": dynamic_tables.run_freshness,
 }
 
 
