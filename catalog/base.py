@@ -409,6 +409,7 @@ class Catalog(ABC):
     def record_no_data(
         self, table_id: int, expected_seq: int, data_timestamp_us: int,
         source_versions: Mapping[int, int], refresh_id: int,
+        shown: Mapping[str, Any] | None = None,
     ) -> bool:  # fmt: skip
         """Record a refresh that found nothing to change, by compare-and-swap on the
         table's refresh sequence; False if another refresh came first."""

@@ -323,10 +323,12 @@ class DynamicTableStore:
     def record_no_data(
         self, table_id: int, expected_seq: int, data_timestamp_us: int,
         source_versions: Mapping[int, int], refresh_id: int,
+        shown: Mapping[str, Any] | None = None,
     ) -> bool:  # fmt: skip
         """A refresh that found no change in its sources: move the data timestamp and
-        the sources' versions, and close its history row as NO_DATA, if no other refresh
-        was applied or claimed meanwhile (compare-and-swap on ``refresh_seq``)."""
+        the sources' versions, and close its history row as NO_DATA (``shown``: its
+        ``source_versions``), if no other refresh was applied or claimed meanwhile
+        (compare-and-swap on ``refresh_seq``). One catalog write."""
         with self._immediate() as db:
             moved = db.execute(
                 "UPDATE dynamic_tables SET refresh_seq=refresh_seq+1, data_timestamp_us=?"
@@ -343,7 +345,9 @@ class DynamicTableStore:
             db.execute(
                 "UPDATE dynamic_table_refreshes SET state='SUCCEEDED', action='NO_DATA',"
                 " rows_inserted=0, rows_deleted=0, rows_updated=0, ended_at=?, table_version="
-                "(SELECT data_version FROM dynamic_tables WHERE table_id=?) WHERE id=?",
-                (time.time(), table_id, refresh_id),
+                "(SELECT data_version FROM dynamic_tables WHERE table_id=?),"
+                " source_versions=COALESCE(?, source_versions) WHERE id=?",
+                (time.time(), table_id,
+                 orjson.dumps(shown).decode() if shown is not None else None, refresh_id),
             )
         return True

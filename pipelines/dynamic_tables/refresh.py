@@ -248,12 +248,12 @@ def _run(
     pinned = _pin(session, check_sources(session, dt), moment)
     versions = {str(item.position): item.to for item in pinned}
     shown = {item.info.full_name: [item.after, item.to] for item in pinned}
-    catalog.update_refresh(refresh_id, source_versions=shown)
     if dt.data_timestamp_us is not None and _unchanged(pinned):
         moved = {item.position: item.to for item in pinned}
-        if not catalog.record_no_data(info.id, dt.refresh_seq, moment, moved, refresh_id):
+        if not catalog.record_no_data(info.id, dt.refresh_seq, moment, moved, refresh_id, shown):
             raise RefreshClaimConflict(info.id)
         return
+    catalog.update_refresh(refresh_id, source_versions=shown)
     handle = DeltaTable(info.uri)
     base = handle.version()
     with evaluation_errors():
