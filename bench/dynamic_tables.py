@@ -68,7 +68,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bench.ingest import _percentile, _Server
-from bench.pipelines import _Bench, _ms, _rows, _timed
+from bench.pipelines import _Bench, _ms, _rows, _timed, cli
 from flush import TableWriter
 from flush.commit_clock import clock
 
@@ -908,21 +908,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
 
 
 def main() -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.dynamic_tables",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
-    parser.add_argument("--scale", type=float, default=None, help="sizes x SCALE (default 1)")
-    args = parser.parse_args()
-    unknown = [name for name in args.names if name not in BENCHMARKS]
-    if unknown:
-        parser.error(f"unknown benchmark(s) {', '.join(unknown)}")
-    for name in args.names or list(BENCHMARKS):
-        print(orjson.dumps(BENCHMARKS[name](args.scale)).decode(), flush=True)
+    cli("python -m bench.dynamic_tables", __doc__, BENCHMARKS)
 
 
 if __name__ == "__main__":

@@ -497,22 +497,25 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
-def main() -> None:
+def cli(prog: str, doc: str | None, benchmarks: dict[str, Callable[..., dict[str, Any]]]) -> None:
+    """``python -m <prog> [names] [--scale S]``: run benchmarks, print each one's JSON."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m bench.pipelines",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("names", nargs="*", help=f"any of {', '.join(BENCHMARKS)} (default: all)")
-    parser.add_argument("--scale", type=float, default=None, help="row counts x SCALE (default 1)")
+    parser.add_argument("names", nargs="*", help=f"any of {', '.join(benchmarks)} (default: all)")
+    parser.add_argument("--scale", type=float, default=None, help="sizes x SCALE (default 1)")
     args = parser.parse_args()
-    unknown = [name for name in args.names if name not in BENCHMARKS]
+    unknown = [name for name in args.names if name not in benchmarks]
     if unknown:
         parser.error(f"unknown benchmark(s) {', '.join(unknown)}")
-    for name in args.names or list(BENCHMARKS):
-        print(orjson.dumps(BENCHMARKS[name](args.scale)).decode(), flush=True)
+    for name in args.names or list(benchmarks):
+        print(orjson.dumps(benchmarks[name](args.scale)).decode(), flush=True)
+
+
+def main() -> None:
+    cli("python -m bench.pipelines", __doc__, BENCHMARKS)
 
 
 if __name__ == "__main__":

@@ -232,9 +232,7 @@ def _full_by_id(
     names = list(info.schema.names)
     new = frame.drop(ACTION)
     if initial:
-        rows = _checked(info, new.toArrow())
-        ids = rows.column(ROW_ID_COLUMN).combine_chunks()
-        return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
+        return _all_new(_checked(info, new.toArrow()))
     old = read_delta(session.spark, info.uri, base, loaded=handle)
     try:
         diff = id_diff(old, new, names)
@@ -243,6 +241,12 @@ def _full_by_id(
     rows = _checked(info, diff.rows)
     return Computed(ChangeSet(rows, diff.deleted, diff.new_ids.cast(pa.int64())),
                     [diff.inserted, len(diff.deleted), diff.updated], "FULL")  # fmt: skip
+
+
+def _all_new(rows: pa.Table) -> Computed:
+    """An initial refresh: every row of the result inserted."""
+    ids = rows.column(ROW_ID_COLUMN).combine_chunks()
+    return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
 
 
 def _replace_all(
@@ -270,9 +274,7 @@ def _full_by_value(
 ) -> Computed:  # fmt: skip
     names = list(info.schema.names)
     if initial:
-        rows = _with_new_ids(session, info, frame.toArrow())
-        ids = rows.column(ROW_ID_COLUMN).combine_chunks()
-        return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
+        return _all_new(_with_new_ids(session, info, frame.toArrow()))
     old = read_delta(session.spark, info.uri, base, loaded=handle)
     try:
         diff = value_diff(old, frame, names)
