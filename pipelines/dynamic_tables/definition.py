@@ -327,6 +327,10 @@ def alter_dynamic_table(session: StatementContext, statement: Statement) -> Data
         if dt.state == "INITIALIZING":
             raise SqlError(f"{info.full_name} is still being created", "DYNAMIC_TABLE_BUSY")
         record = refresh_with_upstreams(session, info.id, MANUAL)
+        if record.state == "EXECUTING":  # its commit is decided; recovery completes it
+            return status_frame(session, f"Dynamic table {info.name}: the refresh is decided and "
+                                "its completion pending; the next session or the service's "
+                                "recovery completes it.")  # fmt: skip
         if record.state == "FAILED":
             raise RefreshFailed(
                 f"the refresh of {info.full_name} failed ({record.reason}): "

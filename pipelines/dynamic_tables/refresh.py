@@ -89,9 +89,11 @@ def refresh(
     except RefreshFailed as exc:
         _failed(session, refresh_id, exc.reason, str(exc))
     except SqlError as exc:
-        if _refreshed_meanwhile(session, dt):  # it lost a race to another refresh's commit
+        if exc.code == "COMMIT_PENDING":
+            pass  # decided: recovery completes it and records it (the row stays EXECUTING)
+        elif _refreshed_meanwhile(session, dt):  # it lost a race to another refresh's commit
             _concurrent(session, refresh_id)
-        elif exc.code != "COMMIT_PENDING":  # decided: recovery completes and records it
+        else:
             _failed(session, refresh_id, *_reason(session, exc))
     except IngestError as exc:
         _failed(session, refresh_id, getattr(exc, "code", "CONVERSION"), str(exc))
