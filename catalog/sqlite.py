@@ -45,9 +45,9 @@ from catalog.sqlite_layout import (
     TABLE_COLUMNS,
     check_not_busy,
     drop_contents,
-    drop_dynamic_rows,
     find_databases,
     find_schemas,
+    forget_table,
     namespace_statements,
     to_channel,
     to_stream,
@@ -216,11 +216,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
         # Streams stay: a stream on a dropped table is stale until replaced or dropped.
         with self._immediate() as db:
             check_not_busy(db, [table_id])
-            for sql in ("DELETE FROM channels WHERE table_id=?",
-                        "DELETE FROM migrations WHERE table_id=?",
-                        "DELETE FROM tables WHERE id=?"):  # fmt: skip
-                db.execute(sql, (table_id,))
-            drop_dynamic_rows(db, table_id)
+            forget_table(db, table_id)
 
     def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()

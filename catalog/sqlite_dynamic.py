@@ -242,7 +242,7 @@ class DynamicTableStore:
         Raises:
             TableBusyError: a pending commit writes the old table; nothing changed.
         """
-        from catalog.sqlite_layout import check_not_busy, drop_dynamic_rows
+        from catalog.sqlite_layout import check_not_busy, forget_table
 
         with self._immediate() as db:
             check_not_busy(db, [old_id])
@@ -258,11 +258,7 @@ class DynamicTableStore:
                 raise TableNotFoundError(
                     "the dynamic table replacing it was dropped; nothing was replaced"
                 )
-            for sql in ("DELETE FROM channels WHERE table_id=?",
-                        "DELETE FROM migrations WHERE table_id=?",
-                        "DELETE FROM tables WHERE id=?"):  # fmt: skip
-                db.execute(sql, (old_id,))
-            drop_dynamic_rows(db, old_id)
+            forget_table(db, old_id)
             db.execute(
                 "UPDATE tables SET database=?, schema_name=?, name=? WHERE id=?", (*names, new_id)
             )
@@ -347,7 +343,11 @@ class DynamicTableStore:
                 " rows_inserted=0, rows_deleted=0, rows_updated=0, ended_at=?, table_version="
                 "(SELECT data_version FROM dynamic_tables WHERE table_id=?),"
                 " source_versions=COALESCE(?, source_versions) WHERE id=?",
-                (time.time(), table_id,
-                 orjson.dumps(shown).decode() if shown is not None else None, refresh_id),
+                (
+                    time.time(),
+                    table_id,
+                    orjson.dumps(shown).decode() if shown is not None else None,
+                    refresh_id,
+                ),
             )
         return True

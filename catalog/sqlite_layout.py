@@ -46,6 +46,7 @@ __all__ = [
     "drop_dynamic_rows",
     "find_databases",
     "find_schemas",
+    "forget_table",
     "namespace_statements",
     "to_channel",
     "to_pending",
@@ -275,10 +276,7 @@ def drop_contents(
         raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams, views)
     check_not_busy(db, [t.id for t in tables])
     for table in tables:
-        db.execute("DELETE FROM channels WHERE table_id=?", (table.id,))
-        db.execute("DELETE FROM migrations WHERE table_id=?", (table.id,))
-        drop_dynamic_rows(db, table.id)
-    db.execute(f"DELETE FROM tables WHERE {where}", args)
+        forget_table(db, table.id)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     db.execute(f"DELETE FROM views WHERE {where}", args)
     return tables
@@ -297,6 +295,15 @@ def check_not_busy(db: sqlite3.Connection, table_ids: list[int]) -> None:
     if holders:
         busy = sorted({i.table_id for p in holders for i in p.intents if i.table_id in wanted})
         raise TableBusyError(busy, [p.id for p in holders])
+
+
+def forget_table(db: sqlite3.Connection, table_id: int) -> None:
+    """Inside a write transaction: delete a table's row with its channels, compaction
+    history and dynamic-table rows (its streams stay: stale until replaced or dropped)."""
+    db.execute("DELETE FROM tables WHERE id=?", (table_id,))
+    db.execute("DELETE FROM channels WHERE table_id=?", (table_id,))
+    db.execute("DELETE FROM migrations WHERE table_id=?", (table_id,))
+    drop_dynamic_rows(db, table_id)
 
 
 def drop_dynamic_rows(db: sqlite3.Connection, table_id: int) -> None:
