@@ -108,18 +108,23 @@ def finish_refresh(
 ) -> None:
     """Inside :meth:`finish_commit`'s transaction: record the refresh the commit applied
     (next ``refresh_seq``, data timestamp, the table version holding it, the sources'
-    versions, the history row), and make an initializing table active."""
+    versions, the history row), and make an initializing table active, unless the
+    claim says ``"activate": False``: a table ``CREATE OR REPLACE`` builds becomes
+    active only when :meth:`swap_dynamic_table` gives it its name, and stays its
+    creator's until then (a creator that died leaves it to be dropped)."""
     refresh = plan.get(REFRESH_PLAN_KEY)
     if not refresh:
         return
     dt = refresh["dt"]
     version = versions.get(dt)
+    activate = bool(refresh.get("activate", True))
     updated = db.execute(
         "UPDATE dynamic_tables SET refresh_seq=refresh_seq+1, claimed_by=NULL,"
-        " data_timestamp_us=?, data_version=?, owner='',"
-        " state=CASE WHEN state='INITIALIZING' THEN 'ACTIVE' ELSE state END"
+        " data_timestamp_us=?, data_version=?,"
+        " owner=CASE WHEN state='INITIALIZING' AND NOT ? THEN owner ELSE '' END,"
+        " state=CASE WHEN state='INITIALIZING' AND ? THEN 'ACTIVE' ELSE state END"
         " WHERE table_id=? AND claimed_by=?",
-        (refresh["data_timestamp_us"], version, dt, commit_id),
+        (refresh["data_timestamp_us"], version, activate, activate, dt, commit_id),
     ).rowcount
     if not updated:
         return  # finished already (recovery and the owner may both try)
@@ -237,7 +242,7 @@ class DynamicTableStore:
 
     def swap_dynamic_table(self, old_id: int, new_id: int) -> None:
         """``CREATE OR REPLACE``'s last step, atomically: drop the old table (its rows,
-        definition and history) and give the new one its name.
+        definition and history), give the new one its name and make it active.
 
         Raises:
             TableBusyError: a pending commit writes the old table; nothing changed.
@@ -261,6 +266,11 @@ class DynamicTableStore:
             forget_table(db, old_id)
             db.execute(
                 "UPDATE tables SET database=?, schema_name=?, name=? WHERE id=?", (*names, new_id)
+            )
+            db.execute(
+                "UPDATE dynamic_tables SET state='ACTIVE', owner='' WHERE table_id=?"
+                " AND state='INITIALIZING'",
+                (new_id,),
             )
             db.execute(
                 "UPDATE dynamic_table_refreshes SET name=? WHERE dt_table_id=?",

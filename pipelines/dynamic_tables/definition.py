@@ -27,7 +27,7 @@ from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
 from pipelines.dynamic_tables.classify import classify as classify_plan
-from pipelines.dynamic_tables.refresh import INITIAL, MANUAL, RefreshFailed, refresh
+from pipelines.dynamic_tables.refresh import BUILDING, INITIAL, MANUAL, RefreshFailed, refresh
 from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import (
@@ -56,7 +56,6 @@ __all__ = ["HANDLERS", "refresh_with_upstreams"]
 
 _MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT")
 #: In the names of the tables CREATE OR REPLACE builds beside the ones they replace.
-BUILDING = "$BUILDING$"
 _INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 
 
@@ -267,7 +266,8 @@ def _build(
         raise
     try:
         if initialize == "ON_SCHEDULE":
-            session.catalog.set_dynamic_table(info.id, state="ACTIVE", owner="")
+            if BUILDING not in names[2]:  # a replacement goes live at its swap
+                session.catalog.set_dynamic_table(info.id, state="ACTIVE", owner="")
             return info
         record = refresh_with_upstreams(session, info.id, INITIAL)
         if record.state != "SUCCEEDED":

@@ -46,10 +46,12 @@ from pipelines.transactions.snapshot_pins import refreshed_versions
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
 
-__all__ = ["INITIAL", "MANUAL", "SCHEDULED", "RefreshFailed", "check_sources", "refresh"]
+__all__ = ["BUILDING", "INITIAL", "MANUAL", "SCHEDULED", "RefreshFailed", "check_sources", "refresh"]
 
 log = logging.getLogger(__name__)
 INITIAL, MANUAL, SCHEDULED = "INITIAL", "MANUAL", "SCHEDULED"
+#: In the name of the table ``CREATE OR REPLACE`` builds beside the one it replaces.
+BUILDING = "$BUILDING$"
 
 
 def refresh(
@@ -270,6 +272,7 @@ def _run(
         "dt": info.id, "uid": dt.uid, "seq": dt.refresh_seq, "history": refresh_id,
         "data_timestamp_us": moment, "sources": versions, "counts": computed.counts,
         "action": computed.action,
+        "activate": BUILDING not in info.name,  # a replacement goes live at its swap
     }  # fmt: skip
     with table_lock(info.uri):  # never at once with a compaction or a drop of the table
         if catalog.get_dynamic_table(info.id) is None:  # dropped before this took the lock

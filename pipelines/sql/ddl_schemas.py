@@ -11,11 +11,13 @@ there).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
 from catalog import ObjectNotEmptyError
 from flush import drop_table
+from flush.table_locks import table_lock
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -90,6 +92,29 @@ def create_database(session: StatementContext, statement: Statement) -> DataFram
     return status_frame(session, f"{what.capitalize()} {own} successfully created.")
 
 
+def _drop(session: StatementContext, database: str, schema: str | None, cascade: bool) -> Any:
+    catalog = session.catalog
+    if schema is None:
+        return when_free(catalog, lambda: catalog.drop_database(database, cascade=cascade))
+    return when_free(catalog, lambda: catalog.drop_schema(database, schema, cascade))
+
+
+def _dynamic_table_locks(
+    session: StatementContext, database: str, schema: str | None
+) -> contextlib.ExitStack:
+    """The table locks of the dynamic tables a CASCADE drops, as DROP DYNAMIC TABLE takes
+    one: a refresh committing meanwhile finishes first, and one starting later finds its
+    table gone instead of staging files into the dropped folder."""
+    dynamic = {dt.table_id for dt in session.catalog.list_dynamic_tables()}
+    uris = sorted(t.uri for t in session.catalog.list_tables() if t.id in dynamic
+                  and t.database == database and schema in (None, t.schema_name))  # fmt: skip
+    stack = contextlib.ExitStack()
+    for uri in uris:  # in one order, so two drops never wait for each other
+        with contextlib.suppress(FileNotFoundError):  # dropped meanwhile
+            stack.enter_context(table_lock(uri))
+    return stack
+
+
 def drop_database(session: StatementContext, statement: Statement) -> DataFrame:
     """``DROP DATABASE|SCHEMA [IF EXISTS] x [CASCADE | RESTRICT]``: RESTRICT (the default)
     refuses one that holds tables or streams, naming them; CASCADE drops them too (each
@@ -99,12 +124,8 @@ def drop_database(session: StatementContext, statement: Statement) -> DataFrame:
     cascade = (statement.parts["mode"] or "").upper() == "CASCADE"
     shown = _shown(database, schema)
     try:
-        if schema is None:
-            dropped = when_free(session.catalog,
-                                lambda: session.catalog.drop_database(database, cascade=cascade))
-        else:
-            dropped = when_free(session.catalog,
-                                lambda: session.catalog.drop_schema(database, schema, cascade))
+        with _dynamic_table_locks(session, database, schema) if cascade else contextlib.nullcontext():
+            dropped = _drop(session, database, schema, cascade)
     except ObjectNotEmptyError as exc:
         raise SqlError(
             f"cannot drop {exc}; drop them first (DROP TABLE, DROP STREAM), or write DROP "

@@ -27,6 +27,7 @@ from catalog import (
     TableInfo,
 )
 from flush.commit_clock import version_at
+from flush import commit_clock
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines.dynamic_tables import definition as dynamic
@@ -60,6 +61,9 @@ __all__ = ["Session"]
 log = logging.getLogger(__name__)
 _VIEW_NAME = re.compile(r"\bingest_v\d+\b")
 DAY = 86_400.0
+#: How far past the commit clock ``refresh_due(now_us)`` may go (a test's controllable
+#: clock runs ahead; a tick further ahead would hold the schedule until then).
+MAX_TICK_AHEAD_US = 2 * 3_600_000_000
 _TRANSACTION_KINDS = {"begin", "commit", "rollback"}
 _DML: dict[str, Callable[..., DataFrame]] = {
     "insert": dml.run_insert,
@@ -150,6 +154,13 @@ class Session:
         if self._transaction is not None:
             raise SqlError("refresh_due cannot run inside a transaction; COMMIT or ROLLBACK "
                            "first", "SQL_COMPILATION_ERROR")  # fmt: skip
+        if now_us is not None and now_us > commit_clock.clock() + MAX_TICK_AHEAD_US:
+            # A tick becomes the data timestamp and the last tick handled: one far ahead
+            # would hold every scheduled refresh until the clock reached it.
+            raise SqlError(f"refresh_due: now_us {now_us} is more than "
+                           f"{MAX_TICK_AHEAD_US // 3_600_000_000} hours past the commit clock; "
+                           "pass a time at most that far ahead, or none for now",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
         return run_due(self, now_us)
 
     @property

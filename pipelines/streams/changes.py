@@ -129,12 +129,21 @@ def net_changes(events: pa.Table, columns: list[str], mode: ChangeMode) -> pa.Ta
 
 
 def _same_values(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.Array:
-    """Null-safe equality (NULL = NULL; NaN = NaN, as Spark compares)."""
+    """Null-safe equality (NULL = NULL; NaN = NaN, as Spark compares), except that -0.0
+    and 0.0 differ: an update from one to the other is a change a reader can see."""
     equal = pc.equal(left, right)
     both_null = pc.and_(pc.is_null(left), pc.is_null(right))
     if pa.types.is_floating(left.type):
         both_null = pc.or_(both_null, pc.and_(pc.is_nan(left), pc.is_nan(right)).fill_null(False))
+        equal = pc.and_(equal, pc.equal(_bits(left), _bits(right)))
     return pc.if_else(pc.is_null(equal), both_null, pc.or_(equal, both_null))
+
+
+def _bits(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Floats as the integers of their bits (the sign of a zero included)."""
+    whole = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    return whole.view(pa.int64() if values.type.bit_width == 64 else pa.int32()
+                      if values.type.bit_width == 32 else pa.int16())  # fmt: skip
 
 
 def _labelled(rows: pa.Table, columns: list[str], action: str, is_update: pa.Array) -> pa.Table:

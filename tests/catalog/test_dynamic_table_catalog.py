@@ -92,7 +92,9 @@ def start_refresh(catalog, table_id, moment=T0, owner="1:a"):
     })  # fmt: skip
 
 
-def refresh_plan(dt, history, *, seq=None, uid=None, moment=T0, sources=None, counts=(5, 1, 2)):
+def refresh_plan(
+    dt, history, *, seq=None, uid=None, moment=T0, sources=None, counts=(5, 1, 2), activate=True
+):
     """A pending commit's plan applying the refresh of ``dt`` after ``seq`` (default: the
     one ``dt`` read)."""
     return {
@@ -106,6 +108,7 @@ def refresh_plan(dt, history, *, seq=None, uid=None, moment=T0, sources=None, co
             "sources": {"0": 7, "1": 3} if sources is None else sources,
             "counts": list(counts),
             "action": "FULL",
+            "activate": activate,
         },
     }
 
@@ -549,7 +552,10 @@ def test_swap_replaces_the_old_table_under_its_name(catalog, tmp_path):
         catalog.get_table("DB", "S", building)
     assert_forgotten(catalog, tmp_path / "catalog.sqlite", old_info.id)
     assert catalog.list_channels(old_info.id) == []
-    assert catalog.get_dynamic_table(new_info.id) == new  # its definition, uid and sources
+    # Its definition, uid and sources; active now.
+    assert catalog.get_dynamic_table(new_info.id) == dataclasses.replace(
+        new, state="ACTIVE", owner=""
+    )
     assert [dt.table_id for dt in catalog.list_dynamic_tables()] == [new_info.id]
     assert sorted(t.name for t in catalog.list_tables()) == ["DT", "SRC", "SRC2"]
     # The new table's history carries the name it has now.
@@ -564,6 +570,21 @@ def test_swap_replaces_the_old_table_under_its_name(catalog, tmp_path):
     pending = begin_refresh(catalog, new, first_new, sources={"0": 3})
     catalog.finish_commit(pending.id, {new_info.id: 1})
     assert catalog.get_dynamic_table(new_info.id).state == "ACTIVE"
+
+
+def test_a_replacement_goes_live_at_its_swap_not_at_its_refresh(catalog):
+    """A table CREATE OR REPLACE builds stays INITIALIZING and its creator's after its
+    initial refresh (``"activate": False``), so recovery drops it if the creator dies
+    before the swap; the swap makes it ACTIVE."""
+    old_info, _ = make_dt(catalog, "DT")
+    new_info, new = make_dt(catalog, "DT$BUILDING$0123456789AB", owner="9:creator")
+    pending = begin_refresh(catalog, new, start_refresh(catalog, new_info.id), activate=False)
+    catalog.finish_commit(pending.id, {new_info.id: 1})
+    built = catalog.get_dynamic_table(new_info.id)
+    assert (built.state, built.owner, built.refresh_seq) == ("INITIALIZING", "9:creator", 1)
+    catalog.swap_dynamic_table(old_info.id, new_info.id)
+    live = catalog.get_dynamic_table(new_info.id)
+    assert (live.state, live.owner, live.data_timestamp_us) == ("ACTIVE", "", T0)
 
 
 def test_swap_names_the_history_as_the_table_is_named(catalog):
