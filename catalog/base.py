@@ -415,6 +415,14 @@ class Catalog(ABC):
         table's refresh sequence; False if another refresh came first."""
 
     @abstractmethod
+    def add_no_data_refresh(
+        self, record: Mapping[str, Any], expected_seq: int, source_versions: Mapping[int, int]
+    ) -> int | None:
+        """Add the history row of a refresh that found nothing to change and move the
+        table's data timestamp in one write, by compare-and-swap as ``record_no_data``;
+        the row's id, or None if another refresh came first."""
+
+    @abstractmethod
     def take_over_commit(self, commit_id: int, owner: str, new_owner: str) -> bool:
         """Make ``new_owner`` the commit's owner if ``owner`` still is (compare-and-swap);
         returns whether it did."""

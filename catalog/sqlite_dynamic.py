@@ -103,6 +103,45 @@ def claim_refresh(db: sqlite3.Connection, commit_id: int, plan: Mapping[str, Any
     )
 
 
+def _insert_refresh(db: sqlite3.Connection, record: Mapping[str, Any]) -> int:
+    """Add a history row; the table's rows past the retention go."""
+    now = time.time()
+    values = {**record, "source_versions": orjson.dumps(record.get("source_versions", {})
+                                                        ).decode()}  # fmt: skip
+    columns = ", ".join(values)
+    marks = ", ".join("?" for _ in values)
+    cursor = db.execute(
+        f"INSERT INTO dynamic_table_refreshes ({columns}) VALUES ({marks})", tuple(values.values())
+    )
+    db.execute(
+        "DELETE FROM dynamic_table_refreshes WHERE dt_table_id=? AND (started_at < ?"
+        " OR id <= (SELECT id FROM dynamic_table_refreshes WHERE dt_table_id=?"
+        " ORDER BY id DESC LIMIT 1 OFFSET ?))",
+        (record["dt_table_id"], now - HISTORY_RETENTION_SECONDS, record["dt_table_id"],
+         HISTORY_MAX_ROWS),
+    )  # fmt: skip
+    return int(cursor.lastrowid or 0)
+
+
+def _move_no_data(
+    db: sqlite3.Connection, table_id: int, expected_seq: int, data_timestamp_us: int,
+    source_versions: Mapping[int, int],
+) -> bool:  # fmt: skip
+    """Move the data timestamp and the sources' versions of a refresh that found nothing
+    new, if ``refresh_seq`` is still ``expected_seq`` and no refresh holds a claim."""
+    moved = db.execute(
+        "UPDATE dynamic_tables SET refresh_seq=refresh_seq+1, data_timestamp_us=?"
+        " WHERE table_id=? AND refresh_seq=? AND claimed_by IS NULL",
+        (data_timestamp_us, table_id, expected_seq),
+    ).rowcount
+    for position, version in source_versions.items() if moved else ():
+        db.execute(
+            "UPDATE dynamic_table_sources SET version=? WHERE dt_table_id=? AND position=?",
+            (version, table_id, position),
+        )
+    return bool(moved)
+
+
 def finish_refresh(
     db: sqlite3.Connection, commit_id: int, plan: Mapping[str, Any], versions: Mapping[int, int]
 ) -> None:
@@ -282,25 +321,8 @@ class DynamicTableStore:
         """Record a refresh (the ``dynamic_table_refreshes`` columns in ``record``); older
         rows past the retention (:data:`HISTORY_RETENTION_SECONDS`,
         :data:`HISTORY_MAX_ROWS` per table) go."""
-        now = time.time()
-        values = {**record, "source_versions": orjson.dumps(record.get("source_versions", {})
-                                                            ).decode()}  # fmt: skip
-        columns = ", ".join(values)
-        marks = ", ".join("?" for _ in values)
         with self._immediate() as db:
-            cursor = db.execute(
-                f"INSERT INTO dynamic_table_refreshes ({columns}) VALUES ({marks})",
-                tuple(values.values()),
-            )
-            refresh_id = int(cursor.lastrowid or 0)
-            db.execute(
-                "DELETE FROM dynamic_table_refreshes WHERE dt_table_id=? AND (started_at < ?"
-                " OR id <= (SELECT id FROM dynamic_table_refreshes WHERE dt_table_id=?"
-                " ORDER BY id DESC LIMIT 1 OFFSET ?))",
-                (record["dt_table_id"], now - HISTORY_RETENTION_SECONDS, record["dt_table_id"],
-                 HISTORY_MAX_ROWS),
-            )  # fmt: skip
-        return refresh_id
+            return _insert_refresh(db, record)
 
     def update_refresh(self, refresh_id: int, **values: Any) -> None:
         unknown = set(values) - _REFRESH_SETTABLE
@@ -336,18 +358,8 @@ class DynamicTableStore:
         ``source_versions``), if no other refresh was applied or claimed meanwhile
         (compare-and-swap on ``refresh_seq``). One catalog write."""
         with self._immediate() as db:
-            moved = db.execute(
-                "UPDATE dynamic_tables SET refresh_seq=refresh_seq+1, data_timestamp_us=?"
-                " WHERE table_id=? AND refresh_seq=? AND claimed_by IS NULL",
-                (data_timestamp_us, table_id, expected_seq),
-            ).rowcount
-            if not moved:
+            if not _move_no_data(db, table_id, expected_seq, data_timestamp_us, source_versions):
                 return False
-            for position, version in source_versions.items():
-                db.execute(
-                    "UPDATE dynamic_table_sources SET version=? WHERE dt_table_id=? AND position=?",
-                    (version, table_id, position),
-                )
             db.execute(
                 "UPDATE dynamic_table_refreshes SET state='SUCCEEDED', action='NO_DATA',"
                 " rows_inserted=0, rows_deleted=0, rows_updated=0, ended_at=?, table_version="
@@ -361,3 +373,24 @@ class DynamicTableStore:
                 ),
             )
         return True
+
+    def add_no_data_refresh(
+        self, record: Mapping[str, Any], expected_seq: int, source_versions: Mapping[int, int]
+    ) -> int | None:
+        """:meth:`record_no_data` for a refresh that found no change before it opened a
+        history row: the row (``record``, completed as SUCCEEDED NO_DATA) is added in the
+        same write. Returns its id, or None (nothing written) if another refresh was
+        applied or claimed meanwhile. The whole of a NO_DATA refresh: one catalog write."""
+        table_id = record["dt_table_id"]
+        with self._immediate() as db:
+            if not _move_no_data(db, table_id, expected_seq, record["data_timestamp_us"],
+                                 source_versions):  # fmt: skip
+                return None
+            (version,) = db.execute(
+                "SELECT data_version FROM dynamic_tables WHERE table_id=?", (table_id,)
+            ).fetchone()
+            return _insert_refresh(db, {
+                **record, "state": "SUCCEEDED", "action": "NO_DATA", "rows_inserted": 0,
+                "rows_deleted": 0, "rows_updated": 0, "table_version": version,
+                "ended_at": time.time(),
+            })  # fmt: skip

@@ -46,7 +46,15 @@ from pipelines.transactions.snapshot_pins import refreshed_versions
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
 
-__all__ = ["BUILDING", "INITIAL", "MANUAL", "SCHEDULED", "RefreshFailed", "check_sources", "refresh"]
+__all__ = [
+    "BUILDING",
+    "INITIAL",
+    "MANUAL",
+    "SCHEDULED",
+    "RefreshFailed",
+    "check_sources",
+    "refresh",
+]
 
 log = logging.getLogger(__name__)
 INITIAL, MANUAL, SCHEDULED = "INITIAL", "MANUAL", "SCHEDULED"
@@ -71,6 +79,9 @@ def refresh(
     if dt.data_timestamp_us is None:
         trigger = INITIAL
     info = catalog.get_table_by_id(table_id)
+    quick = _no_data(session, dt, info, moment, trigger)
+    if quick is not None:
+        return _row(session, table_id, quick)
     owner = new_owner()
     IN_FLIGHT.add(owner)  # alive for recovery while this thread works on it
     refresh_id = catalog.add_refresh({
@@ -242,6 +253,30 @@ def _unchanged(pinned: list[PinnedSource]) -> bool:
         if item.to > item.after and data_changed(item.info.uri, item.after, item.to):
             return False
     return True
+
+
+def _no_data(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo | None, moment: int,
+    trigger: str,
+) -> int | None:  # fmt: skip
+    """The common refresh, which finds no source changed, as one catalog write (its
+    history row and the move of the data timestamp together); returns the row's id.
+    None when it is not that refresh (the sources changed, or cannot be read as
+    recorded, or another refresh came first): the full path then runs and records it."""
+    if info is None or dt.data_timestamp_us is None or moment <= dt.data_timestamp_us:
+        return None
+    try:
+        pinned = _pin(session, check_sources(session, dt), moment)
+    except RefreshFailed:
+        return None
+    if not _unchanged(pinned):
+        return None
+    now = time.time()
+    return session.catalog.add_no_data_refresh({
+        "dt_table_id": info.id, "name": info.full_name, "refresh_uid": uuid.uuid4().hex,
+        "trigger": trigger, "data_timestamp_us": moment, "started_at": now, "owner": "",
+        "source_versions": {item.info.full_name: [item.after, item.to] for item in pinned},
+    }, dt.refresh_seq, {item.position: item.to for item in pinned})  # fmt: skip
 
 
 def _run(

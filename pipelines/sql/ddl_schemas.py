@@ -124,7 +124,8 @@ def drop_database(session: StatementContext, statement: Statement) -> DataFrame:
     cascade = (statement.parts["mode"] or "").upper() == "CASCADE"
     shown = _shown(database, schema)
     try:
-        with _dynamic_table_locks(session, database, schema) if cascade else contextlib.nullcontext():
+        locks = _dynamic_table_locks(session, database, schema) if cascade else None
+        with locks or contextlib.nullcontext():
             dropped = _drop(session, database, schema, cascade)
     except ObjectNotEmptyError as exc:
         raise SqlError(

@@ -26,8 +26,8 @@ from catalog import (
     TableBusyError,
     TableInfo,
 )
-from flush.commit_clock import version_at
 from flush import commit_clock
+from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines.dynamic_tables import definition as dynamic

@@ -520,6 +520,41 @@ def test_record_no_data_loses_to_a_claimed_refresh(catalog):
         begin_refresh(catalog, dt, history)
 
 
+def test_add_no_data_refresh_writes_its_row_and_the_move_together(catalog):
+    """The one-write NO_DATA: the row is added only if the compare-and-swap wins, and
+    the table moves exactly as record_no_data moves it."""
+    sources = make_sources(catalog)
+    info, dt = make_dt(catalog, sources=sources)
+    pending = begin_refresh(catalog, dt, start_refresh(catalog, info.id))
+    catalog.finish_commit(pending.id, {info.id: 4})
+    refreshed = catalog.get_dynamic_table(info.id)
+    record = {
+        "dt_table_id": info.id, "name": info.full_name, "refresh_uid": "nd1",
+        "trigger": "SCHEDULED", "data_timestamp_us": T0 + 60, "started_at": time.time(),
+        "owner": "", "source_versions": {"DB.S.SRC": [7, 8]},
+    }  # fmt: skip
+    before = snapshot(catalog)
+    assert catalog.add_no_data_refresh(record, 0, {0: 8}) is None  # stale seq
+    assert snapshot(catalog) == before
+    added = catalog.add_no_data_refresh(record, 1, {0: 8})
+    assert added is not None
+    row = refresh_of(catalog, info.id, added)
+    shown = (row.state, row.action, row.trigger, row.table_version, row.data_timestamp_us)
+    assert shown == ("SUCCEEDED", "NO_DATA", "SCHEDULED", 4, T0 + 60)
+    assert (row.rows_inserted, row.rows_deleted, row.rows_updated) == (0, 0, 0)
+    assert row.source_versions == {"DB.S.SRC": [7, 8]} and row.ended_at is not None
+    assert catalog.get_dynamic_table(info.id) == dataclasses.replace(
+        refreshed, refresh_seq=2, data_timestamp_us=T0 + 60,
+        sources=(dataclasses.replace(sources[0], version=8), *refreshed.sources[1:]),
+    )  # fmt: skip
+    # A claim holds the table: nothing written.
+    claim = begin_refresh(catalog, catalog.get_dynamic_table(info.id), added)
+    before = snapshot(catalog)
+    assert catalog.add_no_data_refresh({**record, "refresh_uid": "nd2"}, 2, {0: 9}) is None
+    assert snapshot(catalog) == before
+    catalog.abandon_commit(claim.id)
+
+
 # --- CREATE OR REPLACE: the swap -----------------------------------------------------------
 
 
