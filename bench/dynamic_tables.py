@@ -246,6 +246,7 @@ def _refresh_targets(session: Session) -> list[tuple[Any, str, str]]:
         (catalog, "add_refresh", "catalog_add_refresh"),
         (catalog, "update_refresh", "catalog_update_refresh"),
         (catalog, "record_no_data", "catalog_record_no_data"),
+        (catalog, "add_no_data_refresh", "catalog_add_no_data_refresh"),
         (catalog, "reserve_commit", "catalog_reserve_commit"),
         (catalog, "decide_commit", "catalog_decide_commit"),
         (catalog, "finish_commit", "catalog_finish_commit"),

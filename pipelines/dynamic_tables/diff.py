@@ -6,7 +6,11 @@ row ids of unchanged rows and yields only the real changes, from one Spark query
 one shuffle (adaptive execution runs its map side as a job of its own); only the
 changed rows reach the driver.
 
-- :func:`value_diff` (queries whose rows carry no stable id): rows are matched by value
+- :func:`arrow_value_diff` (queries whose rows carry no stable id; what a refresh
+  uses): rows are matched by value as a multiset, in Arrow on the driver; -0.0 and 0.0
+  differ. :func:`value_diff` is the same difference in Spark, for columns Arrow cannot
+  group by (lists, structs, maps; no table column has those types today).
+- :func:`value_diff`: rows are matched by value
   as a multiset. Equality is Spark's grouping equality: NULL equals NULL, all NaNs are
   equal, -0.0 equals 0.0, maps are equal whatever the order of their entries. An
   unchanged row keeps its stored value (a stored -0.0 matched by a new 0.0 stays -0.0);
@@ -29,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.errors import AnalysisException
@@ -40,7 +45,14 @@ from flush.tables import ROW_ID_COLUMN
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["IdDiff", "UncomparableColumnError", "ValueDiff", "id_diff", "value_diff"]
+__all__ = [
+    "IdDiff",
+    "UncomparableColumnError",
+    "ValueDiff",
+    "arrow_value_diff",
+    "id_diff",
+    "value_diff",
+]
 
 # Working columns; the leading underscores keep them apart from user columns.
 _NEW, _OLD, _IDS, _GONE, _COPIES, _KIND = (
@@ -161,6 +173,55 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
     slots = pa.ListArray.from_arrays(offsets, pa.nulls(offsets[-1].as_py()))
     inserted = changed.select(list(columns)).take(pc.list_parent_indices(slots))
     return ValueDiff(deleted=deleted, inserted=inserted.rename_columns(list(named)))
+
+
+def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
+    """:func:`value_diff` in Arrow, on the driver: the same multiset difference and the
+    same choice of ids (surplus copies lose their highest ids), about ten times cheaper
+    than Spark's grouping by every column (``bench/dynamic_tables.py``).
+
+    Equality is Arrow's grouping equality, which is by value for every type a table
+    column has: NULL equals NULL, a NaN equals the same NaN (Spark writes one), and -0.0
+    differs from 0.0, so an update from one to the other is a change.
+
+    Args:
+        old: the table's content: its user columns, then ``_INGEST_ROW_ID``.
+        new: the query's result: the same user columns, of the same types.
+
+    Raises:
+        pyarrow.ArrowNotImplementedError: a column of a type Arrow cannot group by
+            (lists, structs, maps); :func:`value_diff` can.
+    """
+    width = new.num_columns
+    keys = _positions(new.column_names)
+    ids = old.column(ROW_ID_COLUMN).cast(pa.int64())
+    both = pa.concat_tables([
+        pa.table([*old.columns[:width], ids, pa.array(np.zeros(old.num_rows, np.int8))],
+                 names=[*keys, _IDS, _NEW]),
+        pa.table([*new.cast(old.schema.remove(width)).columns, pa.nulls(new.num_rows, pa.int64()),
+                  pa.array(np.ones(new.num_rows, np.int8))], names=[*keys, _IDS, _NEW]),
+    ])  # fmt: skip
+    grouped = both.group_by(keys).aggregate([(_NEW, "sum"), (_IDS, "count"), (_IDS, "list")])
+    n_new, n_old = grouped.column(f"{_NEW}_sum"), grouped.column(f"{_IDS}_count")
+    changed = grouped.filter(pc.not_equal(n_new, n_old))
+    n_new = changed.column(f"{_NEW}_sum").combine_chunks().cast(pa.int64())
+    n_old = changed.column(f"{_IDS}_count").combine_chunks().cast(pa.int64())
+    # Deleted: in each group, the old ids past the first n_new of them in id order.
+    lists = changed.column(f"{_IDS}_list").combine_chunks()
+    flat = pa.table({"g": pc.list_parent_indices(lists), "id": pc.list_flatten(lists)})
+    flat = flat.filter(pc.is_valid(flat.column("id")))  # the new rows' NULL ids
+    flat = flat.sort_by([("g", "ascending"), ("id", "ascending")])
+    group = flat.column("g").combine_chunks()
+    starts = pc.subtract(pc.cumulative_sum(n_old), n_old)
+    position = pc.subtract(pa.array(np.arange(flat.num_rows, dtype=np.int64)), starts.take(group))
+    deleted = flat.column("id").filter(pc.greater_equal(position, n_new.take(group)))
+    # Inserted: max(n_new - n_old, 0) copies of each group's values.
+    copies = pc.max_element_wise(pc.subtract(n_new, n_old), 0).cast(pa.int32())
+    offsets = pa.concat_arrays([pa.array([0], pa.int32()), pc.cumulative_sum(copies)])
+    slots = pa.ListArray.from_arrays(offsets, pa.nulls(offsets[-1].as_py()))
+    inserted = changed.select(keys).take(pc.list_parent_indices(slots))
+    return ValueDiff(deleted=deleted.combine_chunks(),
+                     inserted=inserted.rename_columns(new.column_names))  # fmt: skip
 
 
 def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:

@@ -7,8 +7,9 @@ result at the pinned source versions, computed INCREMENTALly or FULL.
   change. One Spark job; only the changes reach the driver.
 - **FULL**: the query over the snapshots, applied as the difference to the content
   (:mod:`pipelines.dynamic_tables.diff`): matched by id when ids are PACKED (the
-  rewritten query gives each row its id), by value otherwise (SEQUENCE ids, reserved
-  for the inserted rows). The initial refresh appends the whole result.
+  rewritten query gives each row its id), in Spark; by value otherwise (SEQUENCE ids,
+  reserved for the inserted rows), in Arrow on the driver, which holds the result and
+  the content for it. The initial refresh appends the whole result.
 
 A stateless table refreshes FULL instead of INCREMENTAL only with a reason in its
 history: CHANGES_NOT_RETAINED (a source's changes were cleaned up), CATALOG_BEHIND (its
@@ -28,10 +29,15 @@ from deltalake import DeltaTable
 from catalog import DynamicTableRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
-from flush.tables import ROW_ID_COLUMN, delta_schema
+from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
-from pipelines.dynamic_tables.diff import UncomparableColumnError, id_diff, value_diff
+from pipelines.dynamic_tables.diff import (
+    UncomparableColumnError,
+    arrow_value_diff,
+    id_diff,
+    value_diff,
+)
 from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
 from pipelines.errors import SqlError, StreamStaleError
 from pipelines.sql.binding import Binder, parse
@@ -216,13 +222,30 @@ def _spark_name(name: str) -> str:
 def _checked(info: TableInfo, rows: pa.Table) -> pa.Table:
     """Rows of user columns and row ids, checked by the table's conversion rules and
     typed as its Delta schema."""
+    target = delta_schema(info.schema)
+    ids = rows.column(ROW_ID_COLUMN).cast(pa.int64())
+    return _typed(info, rows).append_column(target.field(ROW_ID_COLUMN), ids)
+
+
+def _typed(info: TableInfo, rows: pa.Table) -> pa.Table:
+    """The user columns of ``rows``, checked by the table's conversion rules and typed
+    as its Delta schema's."""
     names = list(info.schema.names)
     checked = check_arrow_batch(
         info.schema, rows.select(names).rename_columns([quote_identifier(n) for n in names])
     )
-    target = delta_schema(info.schema)
-    ids = rows.column(ROW_ID_COLUMN).cast(pa.int64())
-    return checked.append_column(target.field(ROW_ID_COLUMN), ids).cast(target)
+    return checked.cast(info.schema.to_arrow())
+
+
+def _content(info: TableInfo, handle: DeltaTable) -> pa.Table:
+    """The table's rows at the version ``handle`` is at (user columns and row ids), read
+    from its files with pyarrow: no Spark job, no delta-rs scan."""
+    import pyarrow.dataset as ds
+
+    schema = delta_schema(info.schema)
+    files = live_paths(info.uri, handle)
+    return ds.dataset(files, schema=schema, format="parquet").to_table() if files else (
+        schema.empty_table())  # fmt: skip
 
 
 def _full_by_id(
@@ -275,11 +298,14 @@ def _full_by_value(
     names = list(info.schema.names)
     if initial:
         return _all_new(_with_new_ids(session, info, frame.toArrow()))
-    old = read_delta(session.spark, info.uri, base, loaded=handle)
     try:
-        diff = value_diff(old, frame, names)
-    except UncomparableColumnError:
-        return _replace_all(session, info, frame, old)
+        diff = arrow_value_diff(_content(info, handle), _typed(info, frame.toArrow()))
+    except pa.ArrowNotImplementedError:  # a type Arrow cannot group by: Spark's diff
+        old = read_delta(session.spark, info.uri, base, loaded=handle)
+        try:
+            diff = value_diff(old, frame, names)
+        except UncomparableColumnError:
+            return _replace_all(session, info, frame, old)
     rows = _with_new_ids(session, info, diff.inserted)
     ids = rows.column(ROW_ID_COLUMN).combine_chunks()
     return Computed(ChangeSet(rows, diff.deleted.cast(pa.int64()), ids),

@@ -16,6 +16,7 @@ from pipelines.dynamic_tables.diff import (
     IdDiff,
     UncomparableColumnError,
     ValueDiff,
+    arrow_value_diff,
     id_diff,
     value_diff,
 )
@@ -153,6 +154,49 @@ def test_value_diff_applied_to_old_gives_new_with_fewest_changes(spark, old, new
     for value in before:  # the lowest ids of each value stay
         ids = sorted(i for i, row in old.items() if row == value)
         assert [i for i in ids if i in kept] == ids[: min(before[value], after[value])]
+
+
+def arrow(rows, ids=None, schema=SCHEMA):
+    """``frame``'s table, for the Arrow diff."""
+    table = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema)
+    return table if ids is None else table.append_column(RID, pa.array(ids, pa.int64()))
+
+
+@settings(max_examples=200, deadline=None)
+@given(old=with_ids(st.lists(VALUES, max_size=30)), new=st.lists(VALUES, max_size=30))
+def test_arrow_value_diff_is_the_same_difference_as_spark_s(old, new):
+    """The same property, without Spark (so many more examples): old minus the deleted
+    ids plus the inserted rows is new, with the fewest changes, the lowest ids kept."""
+    diff = arrow_value_diff(arrow(old.values(), ids=list(old.keys())), arrow(new))
+    deleted = diff.deleted.to_pylist()
+    assert diff.deleted.type == pa.int64() and diff.inserted.schema == SCHEMA
+    assert len(set(deleted)) == len(deleted) and set(deleted) <= old.keys()
+    kept = {i: row for i, row in old.items() if i not in set(deleted)}
+    assert Counter(kept.values()) + Counter(inserted_rows(diff)) == Counter(new)
+    before, after = Counter(old.values()), Counter(new)
+    assert diff.num_deleted + diff.num_inserted == (before - after).total() + (
+        after - before
+    ).total()  # fmt: skip
+    for value in before:
+        ids = sorted(i for i, row in old.items() if row == value)
+        assert [i for i in ids if i in kept] == ids[: min(before[value], after[value])]
+
+
+def test_arrow_value_diff_tells_signed_zeros_apart_and_matches_nan():
+    schema = pa.schema([("F", pa.float64())])
+    old = arrow([(math.nan,), (-0.0,), (None,)], ids=[1, 2, 3], schema=schema)
+    diff = arrow_value_diff(old, arrow([(math.nan,), (-0.0,), (None,)], schema=schema))
+    assert (diff.num_deleted, diff.num_inserted) == (0, 0)
+    diff = arrow_value_diff(old, arrow([(math.nan,), (0.0,), (None,)], schema=schema))
+    assert diff.deleted.to_pylist() == [2]
+    [value] = diff.inserted.column("F").to_pylist()
+    assert value == 0.0 and math.copysign(1.0, value) == 1.0
+
+
+def test_arrow_value_diff_refuses_what_arrow_cannot_group():
+    schema = pa.schema([("L", pa.list_(pa.int64()))])
+    with pytest.raises(pa.ArrowNotImplementedError):
+        arrow_value_diff(arrow([([1],)], ids=[1], schema=schema), arrow([([2],)], schema=schema))
 
 
 @settings(max_examples=25, deadline=None)
