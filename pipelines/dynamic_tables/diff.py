@@ -181,8 +181,9 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
     than Spark's grouping by every column (``bench/dynamic_tables.py``).
 
     Equality is Arrow's grouping equality, which is by value for every type a table
-    column has: NULL equals NULL, a NaN equals the same NaN (Spark writes one), and -0.0
-    differs from 0.0, so an update from one to the other is a change.
+    column has: NULL equals NULL, every NaN equals every NaN (an inserted one is written
+    as the one NaN), and -0.0 differs from 0.0, so an update from one to the other is a
+    change.
 
     Args:
         old: the table's content: its user columns, then ``_INGEST_ROW_ID``.
@@ -195,10 +196,11 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
     width = new.num_columns
     keys = _positions(new.column_names)
     ids = old.column(ROW_ID_COLUMN).cast(pa.int64())
+    new = new.cast(old.schema.remove(width))
     both = pa.concat_tables([
-        pa.table([*old.columns[:width], ids, pa.array(np.zeros(old.num_rows, np.int8))],
-                 names=[*keys, _IDS, _NEW]),
-        pa.table([*new.cast(old.schema.remove(width)).columns, pa.nulls(new.num_rows, pa.int64()),
+        pa.table([*map(_one_nan, old.columns[:width]), ids,
+                  pa.array(np.zeros(old.num_rows, np.int8))], names=[*keys, _IDS, _NEW]),
+        pa.table([*map(_one_nan, new.columns), pa.nulls(new.num_rows, pa.int64()),
                   pa.array(np.ones(new.num_rows, np.int8))], names=[*keys, _IDS, _NEW]),
     ])  # fmt: skip
     grouped = both.group_by(keys).aggregate([(_NEW, "sum"), (_IDS, "count"), (_IDS, "list")])
@@ -222,6 +224,14 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
     inserted = changed.select(keys).take(pc.list_parent_indices(slots))
     return ValueDiff(deleted=deleted.combine_chunks(),
                      inserted=inserted.rename_columns(new.column_names))  # fmt: skip
+
+
+def _one_nan(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Every NaN of a float column as one NaN: Arrow groups floats by their bits, and a
+    NaN with its sign bit set (Spark's ``-x`` of a NaN) is the same value."""
+    if not pa.types.is_floating(column.type):
+        return column
+    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
 
 
 def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:

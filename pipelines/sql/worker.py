@@ -304,13 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     config = {"spark.scheduler.mode": "FAIR"}  # statements, compaction and refreshes share
     if args.spark_driver_memory:
         config["spark.driver.memory"] = args.spark_driver_memory
-    master = args.spark_master or os.environ.get("SPARK_MASTER")
-    if not master:
+    master = args.spark_master  # parse_args: --spark-master, else $SPARK_MASTER, else local[*]
+    if master == "local[*]" and not os.environ.get("SPARK_MASTER"):
         # One task slot more than cores, and work split by cores: a statement whose
         # tasks are as many as the cores (a range, a small scan) leaves a slot where a
         # refresh's tasks start at once. FAIR pools share slots but never preempt a
         # running task, so without it a refresh waits for the statement's longest task.
-        cores = os.cpu_count() or 1
+        cores = len(os.sched_getaffinity(0))  # the CPUs this process may use
         master = f"local[{cores + 1}]"
         config["spark.default.parallelism"] = str(cores)
     spark = spark_session(master, app_name="streaming-ingest-worker", **config)
