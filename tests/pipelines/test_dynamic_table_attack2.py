@@ -168,7 +168,7 @@ def test_no_data_threads_racing_keep_history_and_timestamp_monotonic(nd):
         for t in threads:
             t.join(120)
         assert not errors, errors
-        rows = hist(nd, "ND_D")[: 12]
+        rows = hist(nd, "ND_D")[:12]
         assert len(hist(nd, "ND_D")) == n0 + 12
         assert all(r.state in ("SUCCEEDED", "SKIPPED") for r in rows)
         good = [r for r in reversed(rows) if r.state == "SUCCEEDED"]
@@ -334,8 +334,9 @@ ROW = ("{k} AS K, CAST('{f}' AS DOUBLE) AS F, CAST({d} AS DECIMAL(12,4)) AS D, "
        "PARSE_JSON('{v}') AS V, array({a}) AS A")  # fmt: skip
 
 
-def nasty_row(k, f, d="1.5", ts="2024-01-01 00:00:00.123456", b="X'00FF'", s="ü",
-              v='{"a":1}', a="1, 2"):
+def nasty_row(
+    k, f, d="1.5", ts="2024-01-01 00:00:00.123456", b="X'00FF'", s="ü", v='{"a":1}', a="1, 2"
+):
     return ROW.format(k=k, f=f, d=d, ts=ts, b=b, s=s, v=v, a=a)
 
 
@@ -514,7 +515,10 @@ def test_refresh_due_refuses_far_ticks_and_accepts_near(wh):
     assert refused.value.code == "SQL_COMPILATION_ERROR"
     after = dt_of(wh, "RD_D")  # refused before anything moved
     assert (after.data_timestamp_us, after.last_tick_us, after.refresh_seq) == (
-        before.data_timestamp_us, before.last_tick_us, before.refresh_seq)
+        before.data_timestamp_us,
+        before.last_tick_us,
+        before.refresh_seq,
+    )
     ts = after.data_timestamp_us
     wh.refresh_due(clock() + 3600 * S)  # inside the 2 hours: runs
     assert dt_of(wh, "RD_D").data_timestamp_us > ts
@@ -631,7 +635,7 @@ def _worker_master(env: dict, prefix: list[str], tmp: Path) -> dict:
                           cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
     for line in done.stderr.splitlines():
         if line.startswith("CAPTURE "):
-            return json.loads(line[len("CAPTURE "):])
+            return json.loads(line[len("CAPTURE ") :])
     raise AssertionError(done.stderr[-2000:])
 
 
