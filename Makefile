@@ -18,8 +18,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m channel_server
 
+# Two test processes, each file in one of them (its module fixtures start once): most
+# tests wait on Spark, child processes or fsyncs, so two overlap on two cores.
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) -m bench

@@ -4,6 +4,29 @@ import contextlib
 
 import pytest
 
+#: The longest files, longest first: ``make test`` runs files in two processes, taking
+#: the next file as one finishes, so a long file started last would run alone at the end.
+LONG_FILES = (
+    "tests/test_docs.py",
+    "tests/pipelines/test_dynamic_table_adversarial.py",
+    "tests/pipelines/test_multi_table_kill.py",
+    "tests/channel_server/test_dynamic_table_service.py",
+    "tests/pipelines/test_concurrent_writers.py",
+    "tests/pipelines/test_consumption_crash.py",
+    "tests/pipelines/test_dynamic_table_kill.py",
+    "tests/pipelines/test_sink_crash.py",
+    "tests/channel_server/test_fuzz_http.py",
+    "tests/examples/test_kafka_bridge.py",
+    "tests/channel_server/test_sql_security.py",
+    "tests/pipelines/test_dynamic_table_property.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files of :data:`LONG_FILES` first, in that order; the rest as collected."""
+    rank = {path: index for index, path in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
 
 @pytest.fixture(scope="session")
 def spark():
