@@ -102,6 +102,10 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
         """A write transaction for reads and writes that must see no one in between."""
         return _Immediate(self._lock, self._db)
 
+    def _snapshot(self) -> _Immediate:
+        """A read transaction: several reads of one state, without the write lock."""
+        return _Immediate(self._lock, self._db, "BEGIN DEFERRED")
+
     # Databases and schemas
     def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
         now = time.time()
@@ -426,15 +430,18 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
 
 
 class _Immediate:
-    """``with`` block of one ``BEGIN IMMEDIATE`` transaction under the connection lock."""
+    """``with`` block of one ``BEGIN IMMEDIATE`` transaction (or ``begin``) under the
+    connection lock."""
 
-    def __init__(self, lock: threading.Lock, db: sqlite3.Connection) -> None:
-        self._lock, self._db = lock, db
+    def __init__(
+        self, lock: threading.Lock, db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE"
+    ) -> None:
+        self._lock, self._db, self._begin = lock, db, begin
 
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(self._begin)
         except BaseException:
             self._lock.release()
             raise

@@ -192,6 +192,7 @@ class DynamicTableStore:
     if TYPE_CHECKING:
 
         def _immediate(self) -> _Immediate: ...
+        def _snapshot(self) -> _Immediate: ...
         def _read(self, sql: str, args: tuple = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def create_dynamic_table(
@@ -252,14 +253,14 @@ class DynamicTableStore:
         return info, record
 
     def get_dynamic_table(self, table_id: int) -> DynamicTableRecord | None:
-        with self._immediate() as db:
+        with self._snapshot() as db:
             row = db.execute(
                 f"SELECT {DYNAMIC_COLUMNS} FROM dynamic_tables WHERE table_id=?", (table_id,)
             ).fetchone()
             return _record(db, row) if row else None
 
     def list_dynamic_tables(self) -> list[DynamicTableRecord]:
-        with self._immediate() as db:
+        with self._snapshot() as db:
             rows = db.execute(
                 f"SELECT {DYNAMIC_COLUMNS} FROM dynamic_tables ORDER BY table_id"
             ).fetchall()
