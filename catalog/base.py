@@ -401,9 +401,10 @@ class Catalog(ABC):
 
     @abstractmethod
     def list_refreshes(
-        self, dt_table_id: int | None = None, limit: int = 20_000
+        self, dt_table_id: int | None = None, limit: int = 20_000, executing: bool = False
     ) -> list[RefreshRecord]:
-        """The newest refreshes first, of one dynamic table or of all."""
+        """The newest refreshes first, of one dynamic table or of all (``executing``:
+        only those still running, or left running by a process that died)."""
 
     @abstractmethod
     def record_no_data(

@@ -337,11 +337,15 @@ class DynamicTableStore:
                        (*values.values(), refresh_id))  # fmt: skip
 
     def list_refreshes(
-        self, dt_table_id: int | None = None, limit: int = HISTORY_MAX_ROWS
-    ) -> list[RefreshRecord]:
-        """The newest refreshes first (of one dynamic table, or of all)."""
-        where, args = ("WHERE dt_table_id=?", (dt_table_id,)) if dt_table_id is not None else (
-            "", ())  # fmt: skip
+        self, dt_table_id: int | None = None, limit: int = HISTORY_MAX_ROWS,
+        executing: bool = False,
+    ) -> list[RefreshRecord]:  # fmt: skip
+        """The newest refreshes first (of one dynamic table, or of all; ``executing``:
+        only those in state EXECUTING)."""
+        conditions = ["dt_table_id=?"] if dt_table_id is not None else []
+        conditions += ["state='EXECUTING'"] if executing else []
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
+        args = (dt_table_id,) if dt_table_id is not None else ()
         rows = self._read(
             f"SELECT {REFRESH_COLUMNS} FROM dynamic_table_refreshes {where}"
             " ORDER BY id DESC LIMIT ?",

@@ -441,8 +441,8 @@ def recover_dynamic_tables(session: StatementContext) -> None:
         info = catalog.get_table_by_id(dt.table_id)
         if info is not None and not catalog.commits_holding([info.id]):
             drop_table_info(session, info)
-    for row in catalog.list_refreshes(limit=1000):
-        if row.state == "EXECUTING" and not owner_alive(row.owner):
+    for row in catalog.list_refreshes(executing=True):
+        if not owner_alive(row.owner):
             holder = catalog.get_dynamic_table(row.dt_table_id)
             if holder is None or holder.claimed_by is None:
                 catalog.update_refresh(row.id, state="FAILED", action="FAILED",

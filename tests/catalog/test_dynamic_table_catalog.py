@@ -520,6 +520,17 @@ def test_record_no_data_loses_to_a_claimed_refresh(catalog):
         begin_refresh(catalog, dt, history)
 
 
+def test_list_refreshes_of_executing_ones_only(catalog):
+    info, _ = make_dt(catalog, sources=make_sources(catalog))
+    other, _ = make_dt(catalog, "DT2")
+    done = start_refresh(catalog, info.id)
+    catalog.update_refresh(done, state="FAILED", action="FAILED", reason="X")
+    running = [start_refresh(catalog, info.id, T0 + 1), start_refresh(catalog, other.id)]
+    assert [r.id for r in catalog.list_refreshes(executing=True)] == running[::-1]
+    assert [r.id for r in catalog.list_refreshes(info.id, executing=True)] == running[:1]
+    assert len(catalog.list_refreshes()) == 3
+
+
 def test_add_no_data_refresh_writes_its_row_and_the_move_together(catalog):
     """The one-write NO_DATA: the row is added only if the compare-and-swap wins, and
     the table moves exactly as record_no_data moves it."""
