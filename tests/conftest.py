@@ -4,8 +4,9 @@ import contextlib
 
 import pytest
 
-#: The longest files, longest first: ``make test`` runs files in two processes, taking
-#: the next file as one finishes, so a long file started last would run alone at the end.
+#: The longest files, longest first: ``make test`` runs files in two processes, each
+#: taking the next file as it finishes one, so a long file started last would run alone
+#: at the end (pytest-xdist would order files by their number of tests).
 LONG_FILES = (
     "tests/test_docs.py",
     "tests/pipelines/test_dynamic_table_adversarial.py",
@@ -22,10 +23,30 @@ LONG_FILES = (
 )
 
 
+def _rank(path: str) -> int:
+    return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
+
+
 def pytest_collection_modifyitems(session, config, items):
     """The files of :data:`LONG_FILES` first, in that order; the rest as collected."""
-    rank = {path: index for index, path in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    items.sort(key=lambda item: _rank(item.nodeid.split("::")[0]))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadfile``: files handed out in :data:`LONG_FILES` order after the
+    first ones (xdist starts each process with the files of the most tests)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongFilesFirst(LoadFileScheduling):
+        def schedule(self) -> None:
+            super().schedule()
+            queued = sorted(self.workqueue.items(), key=lambda unit: _rank(unit[0]))
+            self.workqueue.clear()
+            self.workqueue.update(queued)
+
+    return LongFilesFirst(config, log)
 
 
 @pytest.fixture(scope="session")
