@@ -98,13 +98,13 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    def _immediate(self) -> _Immediate:
+    def _immediate(self) -> _Transaction:
         """A write transaction for reads and writes that must see no one in between."""
-        return _Immediate(self._lock, self._db)
+        return _Transaction(self._lock, self._db)
 
-    def _snapshot(self) -> _Immediate:
+    def _snapshot(self) -> _Transaction:
         """A read transaction: several reads of one state, without the write lock."""
-        return _Immediate(self._lock, self._db, "BEGIN DEFERRED")
+        return _Transaction(self._lock, self._db, "BEGIN DEFERRED")
 
     # Databases and schemas
     def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
@@ -429,7 +429,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
         return count > 0
 
 
-class _Immediate:
+class _Transaction:
     """``with`` block of one ``BEGIN IMMEDIATE`` transaction (or ``begin``) under the
     connection lock."""
 

@@ -22,7 +22,7 @@ from catalog.sqlite_dynamic import claim_refresh, finish_refresh, release_refres
 from catalog.sqlite_layout import PENDING_COLUMNS, to_pending
 
 if TYPE_CHECKING:
-    from catalog.sqlite import _Immediate
+    from catalog.sqlite import _Transaction
 
 __all__ = ["PendingCommitStore", "ensure_catalog_id"]
 
@@ -45,7 +45,7 @@ class PendingCommitStore:
 
     if TYPE_CHECKING:
 
-        def _immediate(self) -> _Immediate: ...
+        def _immediate(self) -> _Transaction: ...
         def _read(self, sql: str, args: tuple = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def catalog_id(self) -> str:

@@ -40,7 +40,7 @@ from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 
 if TYPE_CHECKING:
-    from catalog.sqlite import _Immediate
+    from catalog.sqlite import _Transaction
 
 __all__ = [
     "HISTORY_MAX_ROWS", "HISTORY_RETENTION_SECONDS", "DynamicTableStore", "claim_refresh",
@@ -191,8 +191,8 @@ class DynamicTableStore:
 
     if TYPE_CHECKING:
 
-        def _immediate(self) -> _Immediate: ...
-        def _snapshot(self) -> _Immediate: ...
+        def _immediate(self) -> _Transaction: ...
+        def _snapshot(self) -> _Transaction: ...
         def _read(self, sql: str, args: tuple = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def create_dynamic_table(

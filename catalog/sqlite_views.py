@@ -13,7 +13,7 @@ from catalog.records import ViewRecord
 from catalog.sqlite_layout import VIEW_COLUMNS, namespace_statements
 
 if TYPE_CHECKING:
-    from catalog.sqlite import _Immediate
+    from catalog.sqlite import _Transaction
 
 __all__ = ["ViewStore"]
 
@@ -23,7 +23,7 @@ class ViewStore:
 
     if TYPE_CHECKING:
 
-        def _immediate(self) -> _Immediate: ...
+        def _immediate(self) -> _Transaction: ...
         def _read(self, sql: str, args: tuple = ()) -> list[tuple]: ...  # type: ignore[type-arg]
 
     def create_view(

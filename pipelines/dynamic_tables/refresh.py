@@ -13,6 +13,7 @@ Delta commit: it moves the data timestamp in the catalog (NO_DATA).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -79,9 +80,14 @@ def refresh(
     if dt.data_timestamp_us is None:
         trigger = INITIAL
     info = catalog.get_table_by_id(table_id)
-    quick = _no_data(session, dt, info, moment, trigger)
-    if quick is not None:
-        return _row(session, table_id, quick)
+    looked = None
+    if info is not None and dt.data_timestamp_us is not None and moment > dt.data_timestamp_us:
+        with contextlib.suppress(RefreshFailed):  # the full path below records it
+            looked = _sources_at(session, dt, moment)
+    if looked is not None and looked[1]:
+        quick = _no_data(session, dt, info, moment, trigger, looked[0])
+        if quick is not None:
+            return _row(session, table_id, quick)
     owner = new_owner()
     IN_FLIGHT.add(owner)  # alive for recovery while this thread works on it
     refresh_id = catalog.add_refresh({
@@ -96,7 +102,7 @@ def refresh(
             catalog.update_refresh(refresh_id, state="SKIPPED", action="SKIPPED",
                                    reason="ALREADY_REFRESHED", ended_at=time.time())  # fmt: skip
         else:
-            _run(session, dt, info, moment, refresh_id)
+            _run(session, dt, info, moment, refresh_id, looked)
     except RefreshClaimConflict:
         _concurrent(session, refresh_id)
     except RefreshFailed as exc:
@@ -255,39 +261,41 @@ def _unchanged(pinned: list[PinnedSource]) -> bool:
     return True
 
 
+def _sources_at(
+    session: StatementContext, dt: DynamicTableRecord, moment: int
+) -> tuple[list[PinnedSource], bool]:
+    """The sources checked and pinned for ``moment``, and whether none of them changed
+    data since the last refresh (never, before the initial one)."""
+    pinned = _pin(session, check_sources(session, dt), moment)
+    return pinned, dt.data_timestamp_us is not None and _unchanged(pinned)
+
+
 def _no_data(
-    session: StatementContext, dt: DynamicTableRecord, info: TableInfo | None, moment: int,
-    trigger: str,
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo, moment: int,
+    trigger: str, pinned: list[PinnedSource],
 ) -> int | None:  # fmt: skip
-    """The common refresh, which finds no source changed, as one catalog write (its
+    """The common refresh, whose sources did not change, as one catalog write (its
     history row and the move of the data timestamp together); returns the row's id.
-    None when it is not that refresh (the sources changed, or cannot be read as
-    recorded, or another refresh came first): the full path then runs and records it."""
-    if info is None or dt.data_timestamp_us is None or moment <= dt.data_timestamp_us:
-        return None
-    try:
-        pinned = _pin(session, check_sources(session, dt), moment)
-    except RefreshFailed:
-        return None
-    if not _unchanged(pinned):
-        return None
-    now = time.time()
+    None if another refresh came first: the full path then runs and records it."""
     return session.catalog.add_no_data_refresh({
         "dt_table_id": info.id, "name": info.full_name, "refresh_uid": uuid.uuid4().hex,
-        "trigger": trigger, "data_timestamp_us": moment, "started_at": now, "owner": "",
+        "trigger": trigger, "data_timestamp_us": moment, "started_at": time.time(),
+        "owner": "",
         "source_versions": {item.info.full_name: [item.after, item.to] for item in pinned},
     }, dt.refresh_seq, {item.position: item.to for item in pinned})  # fmt: skip
 
 
 def _run(
     session: StatementContext, dt: DynamicTableRecord, info: TableInfo, moment: int,
-    refresh_id: int,
+    refresh_id: int, looked: tuple[list[PinnedSource], bool] | None = None,
 ) -> None:  # fmt: skip
+    """The refresh past its history row; ``looked``: :func:`_sources_at` for ``moment``
+    if the caller has it already."""
     catalog = session.catalog
-    pinned = _pin(session, check_sources(session, dt), moment)
+    pinned, unchanged = looked if looked is not None else _sources_at(session, dt, moment)
     versions = {str(item.position): item.to for item in pinned}
     shown = {item.info.full_name: [item.after, item.to] for item in pinned}
-    if dt.data_timestamp_us is not None and _unchanged(pinned):
+    if unchanged:
         moved = {item.position: item.to for item in pinned}
         if not catalog.record_no_data(info.id, dt.refresh_seq, moment, moved, refresh_id, shown):
             raise RefreshClaimConflict(info.id)
