@@ -6,6 +6,9 @@ one Parquet file; anything else is one delta-rs ``merge`` on the row id. Either 
 commit carries the consumer's app transactions (one per stream it consumed), one more
 that marks the pipeline commit itself (so a replay finds it and never applies it twice)
 and metadata naming it.
+A change set that *replaces* the content (``ChangeSet.replaces``: ``rows`` is the
+whole new content) is one overwrite commit of one new file: what a FULL refresh writes
+when nothing follows the table's row ids (:mod:`pipelines.dynamic_tables.refresh_change`).
 An empty change set still commits (an empty commit), because the app transactions
 must land even when a consumption wrote no row.
 """
@@ -65,18 +68,22 @@ class ChangeSet:
         rows: the new state of inserted and updated rows (the table's Delta schema).
         deleted: ids of deleted rows.
         new_ids: ids in ``rows`` that no earlier version holds (inserts).
+        replaces: ``rows`` is the table's whole new content (every earlier row goes);
+            ``deleted`` and ``new_ids`` are then unused.
     """
 
     rows: pa.Table
     deleted: pa.Array = field(default_factory=lambda: pa.array([], pa.int64()))
     new_ids: pa.Array = field(default_factory=lambda: pa.array([], pa.int64()))
+    replaces: bool = False
 
     @property
     def is_append(self) -> bool:
         """Only inserts: committed as an append, which needs no write intent (it cannot
         lose a row another writer changed; delta-rs may still refuse it once after a
         concurrent merge, and the commit is retried)."""
-        return len(self.deleted) == 0 and len(self.new_ids) == self.rows.num_rows
+        return (not self.replaces and len(self.deleted) == 0
+                and len(self.new_ids) == self.rows.num_rows)  # fmt: skip
 
 
 def commit_conflict_retries() -> Retrying:
@@ -136,15 +143,19 @@ def check_unchanged(
     table_uri: str, staged: StagedChange | None, base_version: int, where: str = ""
 ) -> None:
     """Check that no commit after ``base_version`` updated or deleted a row the staged
-    change updates or deletes (an append or no change can always apply).
+    change updates or deletes, or, for an overwrite, changed any row (an append or no
+    change can always apply).
 
     Raises:
         ConcurrentChangeError: another writer changed such a row first.
     """
-    if staged is None or staged.kind != "merge":
+    if staged is None or not staged.changes_rows:
         return
     newest = DeltaTable(table_uri).version()
     if newest <= base_version:
+        return
+    if staged.kind == "overwrite":
+        _check_no_data_change(table_uri, base_version, newest, where)
         return
     source = pq.read_table(f"{table_uri}/{staged.path}", columns=[ROW_ID_COLUMN, _OP])
     touched = source.filter(pc.is_in(source.column(_OP), pa.array(["U", "D"])))
@@ -153,6 +164,19 @@ def check_unchanged(
         raise ConcurrentChangeError(
             f"rows this transaction changes{where} were changed by another writer after "
             f"version {base_version}, which this transaction read"
+        )
+
+
+def _check_no_data_change(table_uri: str, after: int, to: int, where: str) -> None:
+    """An overwrite replaces the content it was computed from: no commit in
+    ``(after, to]`` may have changed a row (compaction changes none)."""
+    if to <= after:
+        return
+    events = DeltaTable(table_uri).load_cdf(starting_version=after + 1, ending_version=to)
+    if pa.table(events).num_rows:
+        raise ConcurrentChangeError(
+            f"another writer changed rows{where} after version {after}, which this "
+            "transaction replaces"
         )
 
 
@@ -175,9 +199,11 @@ def _quoted(name: str) -> str:
 class StagedChange:
     """A change set written to disk before its commit, so recovery can roll it forward.
 
-    ``kind`` is ``append`` (``path`` is the data file the commit adds) or ``merge``
+    ``kind`` is ``append`` (``path`` is the data file the commit adds), ``merge``
     (``path`` holds the rows with an operation column: I insert, U update, D delete;
-    the ids of U and D rows are the rows a concurrent writer must not have changed).
+    the ids of U and D rows are the rows a concurrent writer must not have changed) or
+    ``overwrite`` (``path`` is the one data file of the new content; no row may have
+    changed since the content it replaces was read).
     """
 
     kind: str
@@ -185,6 +211,12 @@ class StagedChange:
     size: int
     rows: int
     stats: str
+
+    @property
+    def changes_rows(self) -> bool:
+        """Whether the commit updates or deletes rows (a write intent on the table's rows,
+        checked against concurrent writers), not only adds them."""
+        return self.kind in ("merge", "overwrite")
 
     def to_dict(self) -> dict[str, object]:
         return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
@@ -198,9 +230,10 @@ def stage_change_set(table_uri: str, change: ChangeSet) -> StagedChange:
     """Write ``change`` under the table's ``_ingest/`` folder (fsync'd). An append's file
     is the data file its commit adds; a merge's is the source of the merge. An unused
     file is unreferenced by the log, and maintenance's vacuum removes it in time."""
-    if change.is_append:
+    if change.is_append or change.replaces:
+        kind = "overwrite" if change.replaces else "append"
         written = write_parquet_file(table_uri, change.rows)
-        return StagedChange("append", written.path, written.size, written.rows, written.stats)
+        return StagedChange(kind, written.path, written.size, written.rows, written.stats)
     # Deleted rows travel as ids with NULL values: the source allows NULL everywhere.
     arrow_schema = pa.schema([f.with_nullable(True) for f in change.rows.schema])
     deletes = pa.table(
@@ -287,15 +320,22 @@ def commit_staged(
             # attempt go again (the stamp is for the next version only).
             table.update_incremental()
             properties = stamped(table, custom, txns)
-            if staged is None or staged.kind == "append":
+            if staged is None or staged.kind in ("append", "overwrite"):
                 actions: list[AddAction | RemoveAction] = []
                 if staged is not None and staged.rows:
                     actions.append(
                         WrittenFile(staged.path, staged.size, staged.rows, staged.stats)
                         .add_action()
                     )  # fmt: skip
+                mode = "append"
+                if staged is not None and staged.kind == "overwrite":
+                    # The row check before the decision covered the versions up to it;
+                    # one landing since (compaction: no row changed) is checked here.
+                    _check_no_data_change(table_uri, base_version, table.version(),
+                                          f" in {table_uri}")  # fmt: skip
+                    mode = "overwrite"
                 table.create_write_transaction(
-                    actions, "append", table.schema(), commit_properties=properties
+                    actions, mode, table.schema(), commit_properties=properties
                 )
             else:
                 _merge(table, pq.read_table(f"{table_uri}/{staged.path}"), properties)

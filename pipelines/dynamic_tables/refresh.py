@@ -84,7 +84,7 @@ def refresh(
     if info is not None and dt.data_timestamp_us is not None and moment > dt.data_timestamp_us:
         with contextlib.suppress(RefreshFailed):  # the full path below records it
             looked = _sources_at(session, dt, moment)
-    if looked is not None and looked[1]:
+    if looked is not None and looked[1] and info is not None:
         quick = _no_data(session, dt, info, moment, trigger, looked[0])
         if quick is not None:
             return _row(session, table_id, quick)

@@ -10,6 +10,10 @@ result at the pinned source versions, computed INCREMENTALly or FULL.
   rewritten query gives each row its id), in Spark; by value otherwise (SEQUENCE ids,
   reserved for the inserted rows), in Arrow on the driver, which holds the result and
   the content for it. The initial refresh appends the whole result.
+- **FULL without followers**: the difference is worth its cost only to whoever reads
+  the table's changes by row id: its streams and the dynamic tables reading it. A table
+  without them is overwritten with the result instead (one commit; PACKED ids are the
+  query's own, SEQUENCE ids new), which costs what writing the result costs.
 
 A stateless table refreshes FULL instead of INCREMENTAL only with a reason in its
 history: CHANGES_NOT_RETAINED (a source's changes were cleaned up), CATALOG_BEHIND (its
@@ -24,9 +28,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from catalog import DynamicTableRecord, TableInfo
+from catalog import Catalog, DynamicTableRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
@@ -51,7 +56,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Computed", "PinnedSource", "RefreshFailed", "compute", "dt_app_id"]
+__all__ = ["Computed", "PinnedSource", "RefreshFailed", "compute", "dt_app_id", "has_followers"]
 
 
 class RefreshFailed(SqlError):
@@ -111,6 +116,8 @@ def compute(
                 "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
             )  # fmt: skip
     txn = _pinned_transaction(session, pinned)
+    if not initial and not has_followers(session.catalog, info.id):
+        return _overwrite(session, dt, info, pinned, txn, handle, reason)
     if packed:
         frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
             txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
@@ -119,6 +126,16 @@ def compute(
         frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
         computed = _full_by_value(session, info, frame, base, handle, initial)
     return Computed(computed.change, computed.counts, "FULL", reason)
+
+
+def has_followers(catalog: Catalog, table_id: int) -> bool:
+    """Whether anything in the catalog reads the table's changes by row id: a stream on
+    it or a dynamic table reading it. Readers of its Delta change feed from outside the
+    catalog (the ``ingest-changes`` Spark source) are not known here."""
+    if catalog.list_streams(table_id):
+        return True
+    return any(source.kind == "table" and source.source_id == table_id
+               for dt in catalog.list_dynamic_tables() for source in dt.sources)  # fmt: skip
 
 
 def _catalog_behind(
@@ -264,6 +281,23 @@ def _full_by_id(
     rows = _checked(info, diff.rows)
     return Computed(ChangeSet(rows, diff.deleted, diff.new_ids.cast(pa.int64())),
                     [diff.inserted, len(diff.deleted), diff.updated], "FULL")  # fmt: skip
+
+
+def _overwrite(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
+    pinned: Sequence[PinnedSource], txn: Transaction, handle: DeltaTable, reason: str,
+) -> Computed:  # fmt: skip
+    """The result as the table's whole new content (no follower reads its row ids)."""
+    if dt.row_ids == "PACKED":
+        frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
+            txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
+        rows = _checked(info, frame.drop(ACTION).toArrow())
+    else:
+        frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
+        rows = _with_new_ids(session, info, frame.toArrow())
+    before = pa.table(handle.get_add_actions(flatten=True)).column("num_records")
+    replaced = int(pc.sum(before).as_py() or 0)
+    return Computed(ChangeSet(rows, replaces=True), [rows.num_rows, replaced, 0], "FULL", reason)
 
 
 def _all_new(rows: pa.Table) -> Computed:

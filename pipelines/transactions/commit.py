@@ -169,12 +169,12 @@ def commit_consumer(
     plan_tables, intents = [], []
     for item in writes:  # Step 1
         change = item.change
-        empty = change.rows.num_rows == 0 and len(change.deleted) == 0
+        empty = not change.replaces and change.rows.num_rows == 0 and len(change.deleted) == 0
         staged = None if empty else stage_change_set(item.info.uri, change)
         plan_tables.append({"table_id": item.info.id, "uri": item.info.uri,
                             "name": item.info.full_name, "base_version": item.base_version,
                             "staged": staged.to_dict() if staged else None})  # fmt: skip
-        rows = staged is not None and staged.kind == "merge"
+        rows = staged is not None and staged.changes_rows
         intents.append(CommitIntent(item.info.id, ROWS_INTENT if rows else APPEND_INTENT))
     failpoint("pipeline_after_stage")
     plan = {

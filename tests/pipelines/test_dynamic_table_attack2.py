@@ -372,6 +372,7 @@ def test_full_by_value_nasty_values_round_trip(nasty):
     for name, query in NASTY_QUERIES.items():
         mode = "REFRESH_MODE = FULL " if name == "NA_FULL" else ""
         s.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 minute' {mode}AS {query}")
+        s.sql(f"CREATE STREAM {name}_S ON TABLE {name}")  # a follower: refreshes diff
     shown = {r["name"]: r["refresh_mode"] for r in
              s.sql("SHOW DYNAMIC TABLES LIKE 'NA_%'").collect()}  # fmt: skip
     assert set(shown.values()) == {"FULL"}, shown
@@ -417,6 +418,7 @@ def test_full_by_value_nan_sign_flip_is_not_a_change(wh):
     wh.sql("INSERT INTO NP VALUES (2, 1.0)")
     q = "SELECT K, X FROM NP"
     wh.sql(f"CREATE DYNAMIC TABLE NP_D TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS {q}")
+    wh.sql("CREATE STREAM NP_S ON TABLE NP_D")  # a follower: the refresh is a difference
     before = ids_by_value(wh, "NP_D")
     wh.sql("UPDATE NP SET X = -X WHERE K = 1")
     status = wh.sql("ALTER DYNAMIC TABLE NP_D REFRESH").collect()[0][0]
@@ -439,6 +441,7 @@ def test_full_by_value_other_types_keep_ids_on_no_op_update(wh):
            "NULL)")  # fmt: skip
     q = "SELECT * FROM OT"
     wh.sql(f"CREATE DYNAMIC TABLE OT_D TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS {q}")
+    wh.sql("CREATE STREAM OT_S ON TABLE OT_D")  # a follower: the refresh is a difference
     before = ids_by_value(wh, "OT_D")
     wh.sql("UPDATE OT SET K = K")
     status = wh.sql("ALTER DYNAMIC TABLE OT_D REFRESH").collect()[0][0]
@@ -490,6 +493,7 @@ def test_row_number_window_full(wh):
     wh.sql("INSERT INTO RN VALUES ('a', 1), ('a', 2), ('b', 3), (NULL, 4)")
     q = "SELECT G, X, ROW_NUMBER() OVER (PARTITION BY G ORDER BY X) AS R FROM RN"
     wh.sql(f"CREATE DYNAMIC TABLE RN_D TARGET_LAG = '1 minute' AS {q}")
+    wh.sql("CREATE STREAM RN_S ON TABLE RN_D")  # a follower: the refresh is a difference
     before = ids_by_value(wh, "RN_D")
     wh.sql("INSERT INTO RN VALUES ('a', 0)")
     wh.sql("ALTER DYNAMIC TABLE RN_D REFRESH")

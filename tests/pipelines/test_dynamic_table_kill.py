@@ -2,8 +2,9 @@
 
 A refresh is one consumer commit (``pipelines.transactions.commit.commit_consumer``)
 whose plan carries the refresh claim. The child process runs ``ALTER DYNAMIC TABLE ...
-REFRESH`` (a full refresh that deletes and inserts rows) or a CREATE (the initial
-refresh) and is killed at one failpoint. A new session on the warehouse (whose opening
+REFRESH`` (an incremental refresh that deletes and inserts rows; in the ``overwrite_``
+scenarios a FULL refresh of a table nothing follows, which overwrites it) or a CREATE
+(the initial refresh) and is killed at one failpoint. A new session on the warehouse (whose opening
 recovers) must then find the refresh applied once or not at all: the table holds the
 query's result at the data timestamp recorded (the new one if the commit was decided,
 the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
@@ -40,17 +41,20 @@ report(outcome="created")
 #: Scenario -> (what the child runs, the failpoint it is killed at).
 SCENARIOS = {
     **{f"refresh_{point}": (REFRESH, point) for point in KILL_POINTS},
+    **{f"overwrite_{point}": (REFRESH, point) for point in
+       ("pipeline_after_validate", "pipeline_after_decide", "pipeline_before_finish")},
     "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
     "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
-}
+}  # fmt: skip
 
 
-def setup_warehouse(session: Session, create: bool) -> None:
+def setup_warehouse(session: Session, create: bool, full: bool = False) -> None:
     session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
     session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
     if create:
         return
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
+    mode = "REFRESH_MODE = FULL " if full else ""
+    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {mode}AS {DEFINITION}")
     session.sql("UPDATE T SET V = 'x' WHERE ID = 3")  # the refresh deletes one, inserts one
     session.sql("INSERT INTO T VALUES (5, 'e')")
 
@@ -84,7 +88,8 @@ def kills(tmp_path_factory, spark):
         for name, (body, point) in SCENARIOS.items():
             warehouse = tmp_path_factory.mktemp(name) / "warehouse"
             with Session(warehouse, spark=spark) as session:
-                setup_warehouse(session, create=body is CREATE)
+                setup_warehouse(session, create=body is CREATE,
+                                full=name.startswith("overwrite_"))  # fmt: skip
                 before = [] if body is CREATE else content(session, "D")
             child = Child.start(warehouse, body, f"{point}=kill", name=name)
             started[name] = Scenario(warehouse, child, before)
@@ -94,7 +99,7 @@ def kills(tmp_path_factory, spark):
             scenario.child.stop()
 
 
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("refresh_")])
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(("refresh_", "overwrite_"))])
 def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, name):
     scenario = kills[name]
     scenario.child.wait()
@@ -120,6 +125,9 @@ def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, 
         assert history[0].table_version == DeltaTable(info.uri).version()
     commits = refresh_commits(info.uri)
     assert len(commits) == len(set(commits)) == (2 if decided else 1)
+    if name.startswith("overwrite_") and decided:  # one overwrite: every row replaced once
+        assert history[0].action == "FULL" and history[0].rows_deleted == len(scenario.before)
+        assert DeltaTable(info.uri).history(1)[0]["operation"] == "WRITE"
     # The next refresh brings it to the query's result, once.
     session.sql("INSERT INTO T VALUES (6, 'f')")
     session.sql("ALTER DYNAMIC TABLE D REFRESH")
