@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
@@ -321,7 +322,7 @@ def _replace_all(
 
 def _with_new_ids(session: StatementContext, info: TableInfo, inserted: pa.Table) -> pa.Table:
     first = session.catalog.reserve_row_ids(info.id, inserted.num_rows) if inserted.num_rows else 0
-    ids = pa.array(range(first, first + inserted.num_rows), pa.int64())
+    ids = pa.array(np.arange(first, first + inserted.num_rows, dtype=np.int64))
     return _checked(info, inserted.append_column(ROW_ID_COLUMN, ids))
 
 
