@@ -182,8 +182,11 @@ class Catalog(ABC):
     # Tables
     @abstractmethod
     def create_table(
-        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema
-    ) -> TableInfo: ...
+        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema,
+        properties: dict[str, Any] | None = None,
+    ) -> TableInfo:  # fmt: skip
+        """Record a new table (its database and schema too), with ``properties`` over the
+        defaults (e.g. its declared ``primary_key``), in one write."""
 
     @abstractmethod
     def get_table(self, database: str, schema_name: str, name: str) -> TableInfo: ...

@@ -92,6 +92,12 @@ class TableInfo:
         """``DB.SCHEMA.TABLE``, parts quoted where needed (``DB.S."with space"``)."""
         return full_name(self.database, self.schema_name, self.name)
 
+    @property
+    def primary_key(self) -> tuple[str, ...]:
+        """The columns of the key declared at CREATE TABLE, in key order (none: empty).
+        Not enforced: two rows may hold the same key."""
+        return tuple(self.properties.get("primary_key", ()))
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelRecord:

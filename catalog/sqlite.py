@@ -166,16 +166,17 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
 
     # Tables
     def create_table(
-        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema
-    ) -> TableInfo:
+        self, database: str, schema_name: str, name: str, uri: str, schema: TableSchema,
+        properties: dict[str, Any] | None = None,
+    ) -> TableInfo:  # fmt: skip
         now = time.time()
         try:
             self._write(
                 [
                     *namespace_statements(database, schema_name, now),
                     (
-                        "INSERT INTO tables (database, schema_name, name, uri, columns, created_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO tables (database, schema_name, name, uri, columns, "
+                        "created_at, properties) VALUES (?, ?, ?, ?, ?, ?, ?)",
                         (
                             database,
                             schema_name,
@@ -183,6 +184,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
                             uri,
                             orjson.dumps(schema.declarations()).decode(),
                             now,
+                            orjson.dumps(properties or {}).decode(),
                         ),
                     ),
                 ]

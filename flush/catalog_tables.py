@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from catalog import Catalog, TableInfo
 from flush.tables import create_table, drop_table, new_table_folder
@@ -39,6 +40,7 @@ def create_catalog_table(
     name: str,
     schema: TableSchema,
     if_not_exists: bool = False,
+    properties: dict[str, Any] | None = None,
 ) -> tuple[TableInfo, bool]:
     """Create a table (and its database and schema). Returns the table and whether it
     was created.
@@ -66,7 +68,7 @@ def create_catalog_table(
     folder = new_table_folder(warehouse, database, schema_name, name)
     try:
         create_table(str(folder), schema)
-        info = catalog.create_table(database, schema_name, name, str(folder), schema)
+        info = catalog.create_table(database, schema_name, name, str(folder), schema, properties)
     except BaseException:
         drop_table(folder, warehouse)  # ours alone: made just above
         raise

@@ -31,7 +31,7 @@ from pipelines.sql.ddl_common import (
     literal,
     new_table_name,
     status_frame,
-    table_schema,
+    table_definition,
     utc,
 )
 from pipelines.sql.ddl_queries import create_table_as, explain, truncate
@@ -66,7 +66,7 @@ _STREAM_MODES = {None: ChangeMode.DEFAULT, "FALSE": ChangeMode.DEFAULT,
 def create_table(session: StatementContext, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = new_table_name(session, parts)
-    schema = table_schema(parts["columns"] or "")
+    schema, key = table_definition(parts["columns"] or "")
     existing = session.find_table(database, schema_name, name)
     if existing is not None and parts["replace"]:
         check_writable(session, existing, "CREATE OR REPLACE TABLE")
@@ -75,6 +75,7 @@ def create_table(session: StatementContext, statement: Statement) -> DataFrame:
         info, created = create_catalog_table(
             session.catalog, session.warehouse, database, schema_name, name, schema,
             if_not_exists=bool(parts["if_not_exists"]),
+            properties={"primary_key": list(key)} if key else None,
         )  # fmt: skip
     except TableAlreadyExistsError:  # its message names the HTTP fix; say the SQL one
         raise SqlError(
@@ -152,8 +153,12 @@ def show_tables(session: StatementContext, statement: Statement) -> DataFrame:
 
 def describe_table(session: StatementContext, statement: Statement) -> DataFrame:
     info = session.require_table(statement.parts["name"] or "")
-    rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
-    return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
+    key = info.primary_key
+    rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N",
+             "Y" if c.name in key else "N") for c in info.schema]  # fmt: skip
+    return session.spark.createDataFrame(
+        rows, "name STRING, type STRING, kind STRING, null STRING, `primary key` STRING"
+    )
 
 
 def create_stream(session: StatementContext, statement: Statement) -> DataFrame:

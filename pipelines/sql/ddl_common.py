@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 from catalog import TableInfo, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
-from ingest_sdk.schema import check_object_name
+from ingest_sdk.schema import check_object_name, quote_identifier
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import split_name
 from pipelines.transactions.commit import when_free
@@ -174,17 +174,52 @@ def split_columns(text: str) -> list[str]:
 COLUMN_DEFINITION = re.compile(r'("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)(?:\s+(.+))?', re.S)
 
 
+#: A table constraint naming the primary key: ``[CONSTRAINT name] PRIMARY KEY (a, b)``.
+PRIMARY_KEY_CONSTRAINT = re.compile(
+    r'(?:CONSTRAINT\s+(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)\s+)?'
+    r"PRIMARY\s+KEY\s*\((?P<columns>[^()]*)\)",
+    re.S | re.I,
+)
+#: A column declaration ending in ``PRIMARY KEY``: the column alone is the key.
+_COLUMN_KEY = re.compile(r"(?P<declaration>.*?)\s+PRIMARY\s+KEY", re.S | re.I)
+#: Column types that cannot be a key: their values have no order.
+_UNKEYED_TYPES = ("VARIANT", "OBJECT", "ARRAY")
+
+
 def table_schema(text: str) -> TableSchema:
-    """The schema of ``CREATE TABLE t (<text>)``.
+    """The schema of ``CREATE TABLE t (<text>)`` (see :func:`table_definition`)."""
+    return table_definition(text)[0]
+
+
+def table_definition(text: str) -> tuple[TableSchema, tuple[str, ...]]:
+    """The schema and the declared primary key of ``CREATE TABLE t (<text>)``.
+
+    The key is a table constraint, ``PRIMARY KEY (a, b)``, or ``PRIMARY KEY`` after one
+    column's type; its columns become NOT NULL. It is not enforced (ingest and DML
+    accept two rows with one key).
 
     Raises:
-        SqlError: a definition cannot be read or a column is declared twice.
+        SqlError: a definition cannot be read, a column is declared twice, or the key
+            is declared twice, names a column that is not there, or one it cannot hold.
         SchemaError: a declaration is invalid (the session answers it as a SqlError).
     """
     declarations: dict[str, str] = {}
-    seen: set[str] = set()
+    names: dict[str, str] = {}  # stored name -> as written
+    key: list[str] | None = None
     for definition in split_columns(text):
+        constraint = PRIMARY_KEY_CONSTRAINT.fullmatch(definition)
+        if constraint is not None:
+            columns = [c.strip() for c in constraint.group("columns").split(",")]
+            key = _one_key(key, [split_name(c)[0] if c else "" for c in columns])
+            continue
         match = COLUMN_DEFINITION.fullmatch(definition)
+        if match is not None and match.group(2) is not None:
+            column_key = _COLUMN_KEY.fullmatch(match.group(2))
+            if column_key is not None:
+                key = _one_key(key, [split_name(match.group(1))[0]])
+                match = COLUMN_DEFINITION.fullmatch(
+                    f"{match.group(1)} {column_key.group('declaration')}"
+                )
         if match is None or match.group(2) is None:
             raise SqlError(
                 f"cannot read the column definition {definition[:80]!r}; write NAME TYPE "
@@ -192,8 +227,41 @@ def table_schema(text: str) -> TableSchema:
                 "SQL_COMPILATION_ERROR",
             )
         name = split_name(match.group(1))[0]
-        if name in seen:
+        if name in names:
             raise SqlError(f"the column {name} is declared twice", "SQL_COMPILATION_ERROR")
-        seen.add(name)
+        names[name] = match.group(1)
         declarations[match.group(1)] = match.group(2)
-    return TableSchema.parse(declarations)
+    for column in key or ():
+        if column not in names:
+            raise SqlError(
+                f"the primary key names the column {quote_identifier(column)}, which the "
+                f"table does not declare (its columns: "
+                f"{', '.join(map(quote_identifier, names)) or 'none'})",
+                "SQL_COMPILATION_ERROR",
+            )
+        declaration = declarations[names[column]]
+        if declaration.split("(")[0].strip().upper() in _UNKEYED_TYPES:
+            raise SqlError(
+                f"the primary key column {quote_identifier(column)} is {declaration}, "
+                "whose values have no order; key on columns of other types",
+                "SQL_COMPILATION_ERROR",
+            )
+        if not re.search(r"\bNOT\s+NULL\b", declaration, re.I):
+            declarations[names[column]] = f"{declaration} NOT NULL"
+    return TableSchema.parse(declarations), tuple(key or ())
+
+
+def _one_key(found: list[str] | None, columns: list[str]) -> list[str]:
+    """The key's columns, checked: declared once, no empty or repeated column."""
+    if found is not None:
+        raise SqlError(
+            "the primary key is declared twice; declare it once, as PRIMARY KEY (a, b) or "
+            "after one column's type",
+            "SQL_COMPILATION_ERROR",
+        )
+    if "" in columns or len(set(columns)) != len(columns):
+        raise SqlError(
+            "PRIMARY KEY (...) needs a list of distinct column names, e.g. PRIMARY KEY (ID)",
+            "SQL_COMPILATION_ERROR",
+        )
+    return columns

@@ -133,6 +133,10 @@ def _ctas_schema(frame: DataFrame, columns: str | None) -> TableSchema:
     written: list[tuple[str, str | None]] = [(quote_identifier(f.name), None) for f in fields]
     if columns is not None:
         definitions = split_columns(columns)
+        if any(re.search(r"\bPRIMARY\s+KEY\b", d, re.I) for d in definitions):
+            raise SqlError("CREATE TABLE ... AS takes no PRIMARY KEY; create the table with "
+                           "its key (CREATE TABLE t (..., PRIMARY KEY (...))), then INSERT "
+                           "INTO t SELECT ...", "SQL_COMPILATION_ERROR")  # fmt: skip
         if len(definitions) != len(fields):
             raise SqlError(
                 f"the column list names {len(definitions)} column(s) but the query gives "

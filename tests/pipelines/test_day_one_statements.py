@@ -94,18 +94,18 @@ def test_ctas_creates_the_table_from_the_query(src):
     )
     assert answer(session, text) == [("Table COPY successfully created.",)]
     assert answer(session, "DESCRIBE TABLE copy") == [
-        ("ID", "NUMBER(38,0)", "COLUMN", "Y"),  # a table column reads back nullable
-        ("NAME", "VARCHAR(16777216)", "COLUMN", "Y"),
-        ("PRICE", "NUMBER(10,2)", "COLUMN", "Y"),
-        ("TWICE", "NUMBER(38,0)", "COLUMN", "Y"),
-        ("F", "FLOAT", "COLUMN", "Y"),
-        ("NO_NAME", "BOOLEAN NOT NULL", "COLUMN", "N"),
-        ("D", "DATE", "COLUMN", "Y"),  # Spark reads typed literals as nullable
-        ("TS", "TIMESTAMP_LTZ(9)", "COLUMN", "Y"),
-        ("NTZ", "TIMESTAMP_NTZ(9)", "COLUMN", "Y"),
-        ("BIN", "BINARY(8388608)", "COLUMN", "Y"),
-        ("NOTHING", "VARCHAR(16777216)", "COLUMN", "Y"),
-        ("LIT", "VARCHAR(16777216) NOT NULL", "COLUMN", "N"),
+        ("ID", "NUMBER(38,0)", "COLUMN", "Y", "N"),  # a table column reads back nullable
+        ("NAME", "VARCHAR(16777216)", "COLUMN", "Y", "N"),
+        ("PRICE", "NUMBER(10,2)", "COLUMN", "Y", "N"),
+        ("TWICE", "NUMBER(38,0)", "COLUMN", "Y", "N"),
+        ("F", "FLOAT", "COLUMN", "Y", "N"),
+        ("NO_NAME", "BOOLEAN NOT NULL", "COLUMN", "N", "N"),
+        ("D", "DATE", "COLUMN", "Y", "N"),  # Spark reads typed literals as nullable
+        ("TS", "TIMESTAMP_LTZ(9)", "COLUMN", "Y", "N"),
+        ("NTZ", "TIMESTAMP_NTZ(9)", "COLUMN", "Y", "N"),
+        ("BIN", "BINARY(8388608)", "COLUMN", "Y", "N"),
+        ("NOTHING", "VARCHAR(16777216)", "COLUMN", "Y", "N"),
+        ("LIT", "VARCHAR(16777216) NOT NULL", "COLUMN", "N", "N"),
     ]
     # The second engine: delta-rs reads the rows Spark computed, with fresh row ids.
     rows = delta_rows(table_uri(session, "copy"))
@@ -130,9 +130,9 @@ def test_ctas_column_list_names_and_types_the_columns(src):
     text = "CREATE TABLE c (k, label VARCHAR(3) NOT NULL, amount NUMBER(12,4)) AS SELECT id, name, price FROM src WHERE name IS NOT NULL"
     assert answer(session, text) == [("Table C successfully created.",)]
     assert answer(session, "DESCRIBE TABLE c") == [
-        ("K", "NUMBER(38,0)", "COLUMN", "Y"),
-        ("LABEL", "VARCHAR(3) NOT NULL", "COLUMN", "N"),
-        ("AMOUNT", "NUMBER(12,4)", "COLUMN", "Y"),
+        ("K", "NUMBER(38,0)", "COLUMN", "Y", "N"),
+        ("LABEL", "VARCHAR(3) NOT NULL", "COLUMN", "N", "N"),
+        ("AMOUNT", "NUMBER(12,4)", "COLUMN", "Y", "N"),
     ]
     rows = delta_rows(table_uri(session, "c"))
     assert [(r["K"], r["LABEL"], r["AMOUNT"]) for r in rows] == [
