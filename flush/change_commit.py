@@ -327,13 +327,12 @@ def commit_staged(
                         WrittenFile(staged.path, staged.size, staged.rows, staged.stats)
                         .add_action()
                     )  # fmt: skip
-                mode = "append"
-                if staged is not None and staged.kind == "overwrite":
-                    # The row check before the decision covered the versions up to it;
-                    # one landing since (compaction: no row changed) is checked here.
-                    _check_no_data_change(table_uri, base_version, table.version(),
-                                          f" in {table_uri}")  # fmt: skip
-                    mode = "overwrite"
+                # A decided overwrite replaces whatever is there: its rows were checked
+                # before the decision and held against pipeline writers since, and a
+                # decided commit only rolls forward (what a writer outside the protocol
+                # added meanwhile is replaced too).
+                overwrite = staged is not None and staged.kind == "overwrite"
+                mode = "overwrite" if overwrite else "append"
                 table.create_write_transaction(
                     actions, mode, table.schema(), commit_properties=properties
                 )

@@ -33,10 +33,12 @@ from flush.commit_clock import clock, version_at
 from flush.table_locks import table_lock
 from ingest_sdk.errors import IngestError
 from pipelines.dynamic_tables.refresh_change import (
+    Computed,
     PinnedSource,
     RefreshFailed,
     compute,
     dt_app_id,
+    has_followers,
 )
 from pipelines.errors import SqlError, evaluation_errors
 from pipelines.sql.history import data_changed
@@ -293,7 +295,6 @@ def _run(
     if the caller has it already."""
     catalog = session.catalog
     pinned, unchanged = looked if looked is not None else _sources_at(session, dt, moment)
-    versions = {str(item.position): item.to for item in pinned}
     shown = {item.info.full_name: [item.after, item.to] for item in pinned}
     if unchanged:
         moved = {item.position: item.to for item in pinned}
@@ -305,6 +306,24 @@ def _run(
     base = handle.version()
     with evaluation_errors():
         computed = compute(session, dt, info, pinned, base, handle)
+    with table_lock(info.uri):  # never at once with a compaction or a drop of the table
+        if catalog.get_dynamic_table(info.id) is None:  # dropped before this took the lock
+            raise FileNotFoundError(info.uri)
+        if computed.change.replaces and has_followers(catalog, info.id):
+            # A stream came while the overwrite was computed (CREATE STREAM on a dynamic
+            # table takes this lock): it gets the difference instead.
+            with evaluation_errors():
+                computed = compute(session, dt, info, pinned, base, handle, followed=True)
+        _commit(session, dt, info, moment, refresh_id, pinned, base, computed)
+
+
+def _commit(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo, moment: int,
+    refresh_id: int, pinned: list[PinnedSource], base: int, computed: Computed,
+) -> None:  # fmt: skip
+    """The refresh's one commit, under the table's lock."""
+    catalog = session.catalog
+    versions = {str(item.position): item.to for item in pinned}
     if computed.reason:
         catalog.update_refresh(refresh_id, reason=computed.reason)
     metadata: dict[str, object] = {"dynamic_table": {
@@ -317,12 +336,9 @@ def _run(
         "action": computed.action,
         "activate": BUILDING not in info.name,  # a replacement goes live at its swap
     }  # fmt: skip
-    with table_lock(info.uri):  # never at once with a compaction or a drop of the table
-        if catalog.get_dynamic_table(info.id) is None:  # dropped before this took the lock
-            raise FileNotFoundError(info.uri)
-        commit_consumer(
-            catalog, [TableWrites(info, base, computed.change)], [],
-            f"refresh of {info.full_name}", {},
-            app_transactions={dt_app_id(dt, item.position): item.to for item in pinned},
-            metadata=metadata, refresh=claim,
-        )  # fmt: skip
+    commit_consumer(
+        catalog, [TableWrites(info, base, computed.change)], [],
+        f"refresh of {info.full_name}", {},
+        app_transactions={dt_app_id(dt, item.position): item.to for item in pinned},
+        metadata=metadata, refresh=claim,
+    )  # fmt: skip

@@ -98,9 +98,10 @@ class Computed:
 
 def compute(
     session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
-    pinned: Sequence[PinnedSource], base: int, handle: DeltaTable,
+    pinned: Sequence[PinnedSource], base: int, handle: DeltaTable, followed: bool | None = None,
 ) -> Computed:  # fmt: skip
-    """The change of one refresh (the table at ``base``, loaded as ``handle``)."""
+    """The change of one refresh (the table at ``base``, loaded as ``handle``);
+    ``followed``: whether the table has followers (None: ask the catalog)."""
     initial = dt.data_timestamp_us is None
     packed = dt.row_ids == "PACKED"
     reason = ""
@@ -117,7 +118,9 @@ def compute(
                 "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
             )  # fmt: skip
     txn = _pinned_transaction(session, pinned)
-    if not initial and not has_followers(session.catalog, info.id):
+    if followed is None:
+        followed = has_followers(session.catalog, info.id)
+    if not initial and not followed:
         return _overwrite(session, dt, info, pinned, txn, handle, reason)
     if packed:
         frame = _bound(session, dt, info, pinned, lambda t: _with_actions(

@@ -10,6 +10,7 @@ query or change rows in :mod:`pipelines.sql.ddl_queries`, of a table's log in
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from deltalake import DeltaTable
 
 from catalog import ObjectAlreadyExistsError, StreamRecord, full_name
 from flush import create_catalog_table
+from flush.table_locks import table_lock
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -179,17 +181,22 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
                        "table's current version; read the rows it holds with a SELECT",
                        "SQL_COMPILATION_ERROR")  # fmt: skip
     mode = _STREAM_MODES[(parts["append_only"] or "").upper() or None]
-    offset = DeltaTable(info.uri).version()
-    if parts["at_kind"]:
-        offset = session.point(info, parts["at_kind"].upper(), (parts["point_kind"] or "").upper(),
-                               parts["point"] or "")  # fmt: skip
-    try:
-        session.catalog.create_stream(
-            database, schema_name, name, info.id, mode.value, offset,
-            comment=literal(parts["comment"]), replace=bool(parts["replace"]),
-        )  # fmt: skip
-    except ObjectAlreadyExistsError as exc:
-        raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
+    # On a dynamic table, not while a refresh commits: a refresh that found no follower
+    # overwrites the table, and checks again under this lock (refresh.py), so the new
+    # stream starts after that overwrite or makes it a difference.
+    dynamic = session.catalog.get_dynamic_table(info.id) is not None
+    with table_lock(info.uri) if dynamic else contextlib.nullcontext():
+        offset = DeltaTable(info.uri).version()
+        if parts["at_kind"]:
+            kind = (parts["point_kind"] or "").upper()
+            offset = session.point(info, parts["at_kind"].upper(), kind, parts["point"] or "")
+        try:
+            session.catalog.create_stream(
+                database, schema_name, name, info.id, mode.value, offset,
+                comment=literal(parts["comment"]), replace=bool(parts["replace"]),
+            )  # fmt: skip
+        except ObjectAlreadyExistsError as exc:
+            raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
     if not info.properties["change_tracking"]:
         session.catalog.set_table_properties(info.id, {"change_tracking": True})
     return status_frame(session, f"Stream {name} successfully created.")
