@@ -30,3 +30,17 @@ def rows(frame, *columns):
     """A DataFrame's rows as sorted tuples (of ``columns``, default all), for comparisons."""
     picked = frame.select(*columns) if columns else frame
     return sorted(tuple(row) for row in picked.collect())
+
+
+#: A dynamic table no change can make incremental (a window): its refreshes are FULL.
+WINDOW = "SELECT ID, V, count(*) OVER (PARTITION BY V) AS K FROM T"
+
+
+@pytest.fixture
+def windowed(session):
+    """A session with ``T (ID, V)`` of four rows and ``D``, the :data:`WINDOW` query over
+    it as a dynamic table nothing follows."""
+    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
+    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
+    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
+    return session

@@ -26,14 +26,13 @@ import pipelines.transactions.commit as pipeline_commit
 from flush.compaction import CompactionPolicy, compact_table
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
+from tests.pipelines.conftest import WINDOW
 from tests.pipelines.test_dynamic_table_adversarial import (
     assert_consistent,
     assert_same_as_query,
     bag,
     canon,
 )
-
-WINDOW = "SELECT ID, V, count(*) OVER (PARTITION BY V) AS K FROM T"
 
 
 def refresh(session: Session, name: str):
@@ -104,12 +103,39 @@ def at_failpoint(monkeypatch, point, action):
     return fired
 
 
-@pytest.fixture
-def base(session):
-    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
-    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
-    return session
+def left_pending(session: Session, monkeypatch) -> None:
+    """A FULL refresh of D (after an update of T) decided, its roll-forward failed: the
+    commit is left to recovery (COMMIT_PENDING)."""
+
+    def fail() -> None:
+        raise OSError("injected: the roll-forward fails")
+
+    session.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    at_failpoint(monkeypatch, "pipeline_after_decide", fail)
+    refresh(session, "D")
+    monkeypatch.undo()
+
+
+def guarded(loop, crashes: list[str]):
+    """``loop`` for a thread: what it raises is recorded in ``crashes``, for the test."""
+
+    def run():
+        try:
+            loop()
+        except BaseException as exc:
+            crashes.append(repr(exc))
+
+    return run
+
+
+def append_outside_the_protocol(uri: str) -> None:
+    """A writer outside the protocol appends one row to the table's folder."""
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+    row = pa.table({f.name: pa.array([None if f.nullable else 0], f.type) for f in schema},
+                   schema=schema)  # fmt: skip
+    row = row.set_column(row.schema.get_field_index(ROW_ID_COLUMN), ROW_ID_COLUMN,
+                         pa.array([10**12], pa.int64()))  # fmt: skip
+    write_deltalake(uri, row, mode="append")
 
 
 def many_files(session: Session) -> None:
@@ -128,113 +154,109 @@ def many_files(session: Session) -> None:
 
 
 def test_a_stream_created_during_an_overwrite_refresh_reads_a_correct_change_set(
-    base, session_factory, monkeypatch
+    windowed, session_factory, monkeypatch
 ):
     other = session_factory()
-    old = by_id(base, "D")
+    old = by_id(windowed, "D")
     fired = after_follower_check(monkeypatch, lambda: other.sql("CREATE STREAM S ON TABLE D"))
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    refresh(base, "D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    refresh(windowed, "D")
     assert fired == [False]
     # S came before the commit: the refresh checked again and applied the difference.
-    assert last_operation(base, "D") == "MERGE"
-    assert_same_as_query(base, "D", WINDOW)
-    changes = [tuple(r) for r in base.sql(
+    assert last_operation(windowed, "D") == "MERGE"
+    assert_same_as_query(windowed, "D", WINDOW)
+    changes = [tuple(r) for r in windowed.sql(
         'SELECT ID, V, K, "METADATA$ACTION", "METADATA$ROW_ID" FROM S').collect()]  # fmt: skip
-    assert apply_stream(old, changes) == by_id(base, "D")
+    assert apply_stream(old, changes) == by_id(windowed, "D")
     # S follows D now: the next FULL refresh is a difference, S shows only it.
-    base.sql("CREATE TABLE SINK (ID NUMBER, V VARCHAR, K NUMBER, A VARCHAR, R NUMBER)")
-    base.sql('INSERT INTO SINK SELECT ID, V, K, "METADATA$ACTION", "METADATA$ROW_ID" FROM S')
-    base.sql("UPDATE T SET V = 'y' WHERE ID = 1")
-    mid = by_id(base, "D")
-    assert "FULL (" in refresh(base, "D")
-    assert last_operation(base, "D") == "MERGE"
-    changes = [tuple(r) for r in base.sql(
+    windowed.sql("CREATE TABLE SINK (ID NUMBER, V VARCHAR, K NUMBER, A VARCHAR, R NUMBER)")
+    windowed.sql('INSERT INTO SINK SELECT ID, V, K, "METADATA$ACTION", "METADATA$ROW_ID" FROM S')
+    windowed.sql("UPDATE T SET V = 'y' WHERE ID = 1")
+    mid = by_id(windowed, "D")
+    assert "FULL (" in refresh(windowed, "D")
+    assert last_operation(windowed, "D") == "MERGE"
+    changes = [tuple(r) for r in windowed.sql(
         'SELECT ID, V, K, "METADATA$ACTION", "METADATA$ROW_ID" FROM S').collect()]  # fmt: skip
-    assert apply_stream(mid, changes) == by_id(base, "D")
-    assert_consistent(base, "D")
+    assert apply_stream(mid, changes) == by_id(windowed, "D")
+    assert_consistent(windowed, "D")
 
 
 def test_an_append_only_stream_created_during_an_overwrite_gets_only_real_inserts(
-    base, session_factory, monkeypatch
+    windowed, session_factory, monkeypatch
 ):
     other = session_factory()
     after_follower_check(
         monkeypatch, lambda: other.sql("CREATE STREAM S ON TABLE D APPEND_ONLY = TRUE")
     )
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    refresh(base, "D")
-    inserted = sorted((int(i), v) for i, v in base.sql("SELECT ID, V FROM S").collect())
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    refresh(windowed, "D")
+    inserted = sorted((int(i), v) for i, v in windowed.sql("SELECT ID, V FROM S").collect())
     assert inserted == [(4, "z")], inserted
 
 
 def test_a_downstream_table_created_during_an_overwrite_refresh_stays_its_query(
-    base, session_factory, monkeypatch
+    windowed, session_factory, monkeypatch
 ):
     other = session_factory()
     downstream = "SELECT ID, V, K FROM D WHERE ID <> 2"
     after_follower_check(monkeypatch, lambda: other.sql(
         f"CREATE DYNAMIC TABLE E TARGET_LAG = DOWNSTREAM AS {downstream}"))  # fmt: skip
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    refresh(base, "D")
-    assert_same_as_query(base, "D", WINDOW)
-    refresh(base, "E")
-    assert_same_as_query(base, "E", downstream)
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    refresh(windowed, "D")
+    assert_same_as_query(windowed, "D", WINDOW)
+    refresh(windowed, "E")
+    assert_same_as_query(windowed, "E", downstream)
     for step in range(2):
-        base.sql(f"UPDATE T SET V = 'q{step}' WHERE ID = {step + 1}")
-        refresh(base, "E")  # D first, then E, for one data timestamp
-        assert last_operation(base, "D") in ("MERGE", "WRITE:Overwrite")
-        assert_same_as_query(base, "D", WINDOW)
-        assert_same_as_query(base, "E", downstream)
-    assert_consistent(base, "D")
-    assert_consistent(base, "E")
+        windowed.sql(f"UPDATE T SET V = 'q{step}' WHERE ID = {step + 1}")
+        refresh(windowed, "E")  # D first, then E, for one data timestamp
+        assert last_operation(windowed, "D") in ("MERGE", "WRITE:Overwrite")
+        assert_same_as_query(windowed, "D", WINDOW)
+        assert_same_as_query(windowed, "E", downstream)
+    assert_consistent(windowed, "D")
+    assert_consistent(windowed, "E")
 
 
-def test_a_table_read_through_a_view_is_followed(base):
-    base.sql("CREATE VIEW W AS SELECT ID, K FROM D WHERE K > 0")
-    base.sql("CREATE DYNAMIC TABLE E TARGET_LAG = '1 minute' AS SELECT ID, K FROM W")
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    assert "FULL (1 inserted, 1 deleted" in refresh(base, "D")
-    assert last_operation(base, "D") == "MERGE"
-    refresh(base, "E")
-    assert_same_as_query(base, "E", "SELECT ID, K FROM W")
+def test_a_table_read_through_a_view_is_followed(windowed):
+    windowed.sql("CREATE VIEW W AS SELECT ID, K FROM D WHERE K > 0")
+    windowed.sql("CREATE DYNAMIC TABLE E TARGET_LAG = '1 minute' AS SELECT ID, K FROM W")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    assert "FULL (1 inserted, 1 deleted" in refresh(windowed, "D")
+    assert last_operation(windowed, "D") == "MERGE"
+    refresh(windowed, "E")
+    assert_same_as_query(windowed, "E", "SELECT ID, K FROM W")
 
 
 # 2. The overwrite against other writers of the table
 
 
-def test_compaction_during_the_overwrites_computation_does_not_refuse_it(base, monkeypatch):
-    many_files(base)
-    uri = base.require_table("D").uri
+def test_compaction_during_the_overwrites_computation_does_not_refuse_it(windowed, monkeypatch):
+    many_files(windowed)
+    uri = windowed.require_table("D").uri
     results = []
     after_follower_check(monkeypatch, lambda: results.append(
-        compact_table(base.spark, uri, CompactionPolicy())))  # fmt: skip
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    status = refresh(base, "D")
+        compact_table(windowed.spark, uri, CompactionPolicy())))  # fmt: skip
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    status = refresh(windowed, "D")
     assert results[0].status == "SUCCEEDED", results
     assert "FULL" in status and "FAILED" not in status, status
-    assert last_operation(base, "D") == "WRITE:Overwrite"
-    assert_same_as_query(base, "D", WINDOW)
+    assert last_operation(windowed, "D") == "WRITE:Overwrite"
+    assert_same_as_query(windowed, "D", WINDOW)
     assert len(DeltaTable(uri).file_uris()) == 1
-    assert_consistent(base, "D")
+    assert_consistent(windowed, "D")
 
 
-def test_a_decided_overwrite_rolls_forward_over_a_compaction(base, session_factory, monkeypatch):
+def test_a_decided_overwrite_rolls_forward_over_a_compaction(
+    windowed, session_factory, monkeypatch
+):
     """The refresh's roll-forward fails after the decision (COMMIT_PENDING); a compaction
     lands; a new session's recovery rolls the overwrite forward on the compacted table:
     every compacted row goes, the result is in once."""
-    many_files(base)
-    uri = base.require_table("D").uri
+    many_files(windowed)
+    uri = windowed.require_table("D").uri
 
-    def boom():
-        raise OSError("injected: the roll-forward fails")
-
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    at_failpoint(monkeypatch, "pipeline_after_decide", boom)
-    refresh(base, "D")  # COMMIT_PENDING: left to recovery
-    monkeypatch.undo()
-    assert len(base.catalog.pending_commits()) == 1
-    result = compact_table(base.spark, uri, CompactionPolicy())
+    left_pending(windowed, monkeypatch)
+    assert len(windowed.catalog.pending_commits()) == 1
+    result = compact_table(windowed.spark, uri, CompactionPolicy())
     assert result.status == "SUCCEEDED", result
     fresh = session_factory()  # opening it recovers
     assert fresh.catalog.pending_commits() == []
@@ -243,41 +265,33 @@ def test_a_decided_overwrite_rolls_forward_over_a_compaction(base, session_facto
     assert_consistent(fresh, "D")
 
 
-def test_two_sessions_computing_overwrites_at_once_apply_one(base, session_factory, monkeypatch):
+def test_two_sessions_computing_overwrites_at_once_apply_one(
+    windowed, session_factory, monkeypatch
+):
     other = session_factory()
     seen = []
     after_follower_check(monkeypatch, lambda: seen.append(refresh(other, "D")))
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    mine = refresh(base, "D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    mine = refresh(windowed, "D")
     assert "FULL" in seen[0], seen
     assert "SKIPPED" in mine or "CONCURRENT" in mine, mine
-    info = base.require_table("D")
-    history = base.catalog.list_refreshes(info.id)
+    info = windowed.require_table("D")
+    history = windowed.catalog.list_refreshes(info.id)
     assert sorted((r.state, r.reason) for r in history[:2]) == [
         ("SKIPPED", "CONCURRENT_REFRESH"),
         ("SUCCEEDED", ""),
     ]
-    assert_same_as_query(base, "D", WINDOW)
-    assert_consistent(base, "D")
+    assert_same_as_query(windowed, "D", WINDOW)
+    assert_consistent(windowed, "D")
 
 
-def test_a_decided_overwrite_is_not_wedged_by_an_outside_write(base, session_factory, monkeypatch):
-    uri = base.require_table("D").uri
+def test_a_decided_overwrite_is_not_wedged_by_an_outside_write(
+    windowed, session_factory, monkeypatch
+):
+    uri = windowed.require_table("D").uri
 
-    def outside():
-        raise OSError("injected: the roll-forward fails")
-
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    at_failpoint(monkeypatch, "pipeline_after_decide", outside)
-    refresh(base, "D")  # COMMIT_PENDING: left to recovery
-    monkeypatch.undo()
-    # A writer outside the protocol appends one row to D's folder.
-    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
-    row = pa.table({f.name: pa.array([None if f.nullable else 0], f.type) for f in schema},
-                   schema=schema)  # fmt: skip
-    row = row.set_column(row.schema.get_field_index(ROW_ID_COLUMN), ROW_ID_COLUMN,
-                         pa.array([10**12], pa.int64()))  # fmt: skip
-    write_deltalake(uri, row, mode="append")
+    left_pending(windowed, monkeypatch)
+    append_outside_the_protocol(uri)
     fresh = session_factory()
     fresh.sql("UPDATE T SET V = 'y' WHERE ID = 3")
     refresh(fresh, "D")  # the next refresh: recovers the decided commit first
@@ -285,22 +299,15 @@ def test_a_decided_overwrite_is_not_wedged_by_an_outside_write(base, session_fac
     assert_same_as_query(fresh, "D", WINDOW)
 
 
-def test_a_decided_merge_rolls_forward_over_an_outside_write(base, session_factory, monkeypatch):
+def test_a_decided_merge_rolls_forward_over_an_outside_write(
+    windowed, session_factory, monkeypatch
+):
     """The counterpart of the test above with a follower (a MERGE refresh): it rolls
     forward, and the next refresh repairs the table."""
-    base.sql("CREATE STREAM S ON TABLE D")
-    uri = base.require_table("D").uri
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    at_failpoint(monkeypatch, "pipeline_after_decide", lambda: (_ for _ in ()).throw(
-        OSError("injected: the roll-forward fails")))  # fmt: skip
-    refresh(base, "D")  # COMMIT_PENDING: left to recovery
-    monkeypatch.undo()
-    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
-    row = pa.table({f.name: pa.array([None if f.nullable else 0], f.type) for f in schema},
-                   schema=schema)  # fmt: skip
-    row = row.set_column(row.schema.get_field_index(ROW_ID_COLUMN), ROW_ID_COLUMN,
-                         pa.array([10**12], pa.int64()))  # fmt: skip
-    write_deltalake(uri, row, mode="append")
+    windowed.sql("CREATE STREAM S ON TABLE D")
+    uri = windowed.require_table("D").uri
+    left_pending(windowed, monkeypatch)
+    append_outside_the_protocol(uri)
     fresh = session_factory()
     assert fresh.catalog.pending_commits() == []
     assert last_operation(fresh, "D") == "MERGE"
@@ -309,24 +316,24 @@ def test_a_decided_merge_rolls_forward_over_an_outside_write(base, session_facto
 # 3. What readers see across an overwrite
 
 
-def test_changes_and_time_travel_across_an_overwrite_of_compacted_files(base):
-    many_files(base)
-    uri = base.require_table("D").uri
-    assert compact_table(base.spark, uri, CompactionPolicy()).status == "SUCCEEDED"
-    old, version = by_id(base, "D"), DeltaTable(uri).version()
-    old_bag = bag(base, "SELECT * FROM D")
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    base.sql("DELETE FROM T WHERE ID = 11")
-    status = refresh(base, "D")
+def test_changes_and_time_travel_across_an_overwrite_of_compacted_files(windowed):
+    many_files(windowed)
+    uri = windowed.require_table("D").uri
+    assert compact_table(windowed.spark, uri, CompactionPolicy()).status == "SUCCEEDED"
+    old, version = by_id(windowed, "D"), DeltaTable(uri).version()
+    old_bag = bag(windowed, "SELECT * FROM D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    windowed.sql("DELETE FROM T WHERE ID = 11")
+    status = refresh(windowed, "D")
     assert f"{len(old)} deleted" in status, status
-    assert last_operation(base, "D") == "WRITE:Overwrite"
-    assert bag(base, f"SELECT * FROM D AT(VERSION => {version})") == old_bag
-    changes = [tuple(r) for r in base.sql(
+    assert last_operation(windowed, "D") == "WRITE:Overwrite"
+    assert bag(windowed, f"SELECT * FROM D AT(VERSION => {version})") == old_bag
+    changes = [tuple(r) for r in windowed.sql(
         'SELECT ID, V, K, "METADATA$ACTION", "METADATA$ROW_ID" FROM D '
         f"CHANGES(INFORMATION => DEFAULT) AT(VERSION => {version})").collect()]  # fmt: skip
-    assert apply_stream(old, changes) == by_id(base, "D")
-    assert_same_as_query(base, "D", WINDOW)
-    assert_consistent(base, "D")
+    assert apply_stream(old, changes) == by_id(windowed, "D")
+    assert_same_as_query(windowed, "D", WINDOW)
+    assert_consistent(windowed, "D")
 
 
 def test_many_rows_nulls_and_an_empty_result_overwrite(session):
@@ -395,15 +402,6 @@ def test_followers_coming_and_going_while_refreshes_and_compactions_race(session
     uri = main.require_table("D").uri
     stop, crashes, checked, operations = threading.Event(), [], [], set()
 
-    def guarded(loop):
-        def run():
-            try:
-                loop()
-            except BaseException as exc:  # reported by the test
-                crashes.append(repr(exc))
-
-        return run
-
     def refresher(session):
         while not stop.is_set():
             try:
@@ -444,10 +442,12 @@ def test_followers_coming_and_going_while_refreshes_and_compactions_race(session
                 else:
                     toggler.sql("DROP DYNAMIC TABLE E")
 
-    threads = [threading.Thread(target=guarded(lambda s=s: refresher(s))) for s in (r1, r2)]
+    threads = [
+        threading.Thread(target=guarded(lambda s=s: refresher(s), crashes)) for s in (r1, r2)
+    ]
     threads += [
-        threading.Thread(target=guarded(compactor)),
-        threading.Thread(target=guarded(toggle)),
+        threading.Thread(target=guarded(compactor, crashes)),
+        threading.Thread(target=guarded(toggle, crashes)),
     ]
     for thread in threads:
         thread.start()
@@ -482,7 +482,9 @@ def test_followers_coming_and_going_while_refreshes_and_compactions_race(session
 
 
 @pytest.mark.parametrize("what", ["CREATE OR REPLACE", "DROP", "SUSPEND"])
-def test_ddl_on_the_table_while_its_overwrite_is_computed(base, session_factory, monkeypatch, what):
+def test_ddl_on_the_table_while_its_overwrite_is_computed(
+    windowed, session_factory, monkeypatch, what
+):
     other = session_factory()
     replaced = "SELECT ID, V, ID * 10 AS K FROM T"
     statement = {
@@ -492,18 +494,18 @@ def test_ddl_on_the_table_while_its_overwrite_is_computed(base, session_factory,
         "SUSPEND": "ALTER DYNAMIC TABLE D SUSPEND",
     }[what]  # fmt: skip
     after_follower_check(monkeypatch, lambda: other.sql(statement))
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    old = base.require_table("D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    old = windowed.require_table("D")
     try:
-        refresh(base, "D")
+        refresh(windowed, "D")
     except SqlError as exc:
         assert what != "SUSPEND" and exc.code == "OBJECT_NOT_FOUND", exc
-    assert base.catalog.pending_commits() == []
+    assert windowed.catalog.pending_commits() == []
     if what == "DROP":
-        assert base.find_table("DB", "PUBLIC", "D") is None
+        assert windowed.find_table("DB", "PUBLIC", "D") is None
         assert not Path(old.uri).exists()
         return
-    assert_same_as_query(base, "D", replaced if what == "CREATE OR REPLACE" else WINDOW)
+    assert_same_as_query(windowed, "D", replaced if what == "CREATE OR REPLACE" else WINDOW)
     if what == "CREATE OR REPLACE":
         assert not Path(old.uri).exists()
-    assert_consistent(base, "D")
+    assert_consistent(windowed, "D")

@@ -24,9 +24,7 @@ from flush.change_commit import (
     stage_change_set,
 )
 from flush.tables import ROW_ID_COLUMN
-from tests.pipelines.conftest import rows
-
-WINDOW = "SELECT ID, V, count(*) OVER (PARTITION BY V) AS K FROM T"
+from tests.pipelines.conftest import WINDOW, rows
 
 
 def content(session, name):
@@ -49,55 +47,49 @@ def refresh(session, name):
     return session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
 
 
-@pytest.fixture
-def base(session):
-    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
-    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
-    return session
-
-
-def test_without_followers_a_full_refresh_overwrites_the_table(base):
-    before = ids(base, "D")
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    status = refresh(base, "D")
+def test_without_followers_a_full_refresh_overwrites_the_table(windowed):
+    before = ids(windowed, "D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    status = refresh(windowed, "D")
     # Every row of the old content out, every row of the result in, in one commit.
     assert "FULL (4 inserted, 4 deleted, 0 updated)" in status, status
-    assert content(base, "D") == sorted((int(i), v, int(k)) for i, v, k in rows(base.sql(WINDOW)))
-    assert last_operation(base, "D") == ("WRITE", "Overwrite")
-    after = ids(base, "D")
+    assert content(windowed, "D") == sorted(
+        (int(i), v, int(k)) for i, v, k in rows(windowed.sql(WINDOW))
+    )
+    assert last_operation(windowed, "D") == ("WRITE", "Overwrite")
+    after = ids(windowed, "D")
     assert not set(after.values()) & set(before.values()), "the new content has new ids"
     assert len(set(after.values())) == 4
     # An empty result empties it.
-    base.sql("DELETE FROM T")
-    assert "FULL (0 inserted, 4 deleted, 0 updated)" in refresh(base, "D")
-    assert content(base, "D") == []
-    assert DeltaTable(base.require_table("D").uri).file_uris() == []
+    windowed.sql("DELETE FROM T")
+    assert "FULL (0 inserted, 4 deleted, 0 updated)" in refresh(windowed, "D")
+    assert content(windowed, "D") == []
+    assert DeltaTable(windowed.require_table("D").uri).file_uris() == []
 
 
 @pytest.mark.parametrize("follower", ["stream", "dynamic table"])
-def test_a_follower_gets_the_difference_and_only_real_changes(base, follower):
+def test_a_follower_gets_the_difference_and_only_real_changes(windowed, follower):
     if follower == "stream":
-        base.sql("CREATE STREAM S ON TABLE D")
+        windowed.sql("CREATE STREAM S ON TABLE D")
     else:
-        base.sql("CREATE DYNAMIC TABLE E TARGET_LAG = '1 minute' AS SELECT ID, K FROM D")
-    before = ids(base, "D")
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    status = refresh(base, "D")
+        windowed.sql("CREATE DYNAMIC TABLE E TARGET_LAG = '1 minute' AS SELECT ID, K FROM D")
+    before = ids(windowed, "D")
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    status = refresh(windowed, "D")
     assert "FULL (1 inserted, 1 deleted, 0 updated)" in status, status
-    assert last_operation(base, "D")[0] == "MERGE"
-    after = ids(base, "D")
+    assert last_operation(windowed, "D")[0] == "MERGE"
+    after = ids(windowed, "D")
     assert {i: after[i] for i in (1, 2, 3)} == {i: before[i] for i in (1, 2, 3)}
     if follower == "stream":
-        changes = sorted(rows(base.sql('SELECT ID, V, "METADATA$ACTION" FROM S')))
+        changes = sorted(rows(windowed.sql('SELECT ID, V, "METADATA$ACTION" FROM S')))
         assert [(int(i), v, a) for i, v, a in changes] == [(4, "c", "DELETE"), (4, "z", "INSERT")]
     else:
-        refresh(base, "E")
-        assert sorted(rows(base.sql("SELECT ID FROM E"))) == [(1,), (2,), (3,), (4,)]
+        refresh(windowed, "E")
+        assert sorted(rows(windowed.sql("SELECT ID FROM E"))) == [(1,), (2,), (3,), (4,)]
     # Without its follower, the next FULL refresh overwrites again.
-    base.sql("DROP STREAM S" if follower == "stream" else "DROP DYNAMIC TABLE E")
-    base.sql("UPDATE T SET V = 'y' WHERE ID = 4")
-    assert "FULL (4 inserted, 4 deleted, 0 updated)" in refresh(base, "D")
+    windowed.sql("DROP STREAM S" if follower == "stream" else "DROP DYNAMIC TABLE E")
+    windowed.sql("UPDATE T SET V = 'y' WHERE ID = 4")
+    assert "FULL (4 inserted, 4 deleted, 0 updated)" in refresh(windowed, "D")
 
 
 def test_a_packed_table_falling_back_to_full_keeps_its_sources_ids(session):
@@ -124,14 +116,14 @@ def test_a_packed_table_falling_back_to_full_keeps_its_sources_ids(session):
     assert [(int(i), v, a) for i, v, a in changes] == [(3, "c", "DELETE"), (3, "x", "INSERT")]
 
 
-def test_changes_read_across_an_overwrite(base):
+def test_changes_read_across_an_overwrite(windowed):
     """A reader that started before an overwrite (a stream created while the refresh was
     computed, when it was no follower yet) reads that commit as every row deleted and
     inserted: SEQUENCE ids are new, so all rows are replaced (PACKED ids: see above)."""
-    version = DeltaTable(base.require_table("D").uri).version()
-    base.sql("UPDATE T SET V = 'z' WHERE ID = 4")
-    assert "FULL (4 inserted, 4 deleted" in refresh(base, "D")
-    changes = [(int(i), a) for i, a in rows(base.sql(
+    version = DeltaTable(windowed.require_table("D").uri).version()
+    windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
+    assert "FULL (4 inserted, 4 deleted" in refresh(windowed, "D")
+    changes = [(int(i), a) for i, a in rows(windowed.sql(
         'SELECT ID, "METADATA$ACTION" FROM D CHANGES(INFORMATION => DEFAULT) '
         f"AT(VERSION => {version})"))]  # fmt: skip
     assert sorted(changes) == sorted([(i, a) for i in (1, 2, 3, 4) for a in ("DELETE", "INSERT")])
