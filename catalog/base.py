@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from catalog.records import (
+    ChangeStreamRecord,
     ChannelRecord,
     CommitIntent,
     CommitRecord,
@@ -307,6 +308,38 @@ class Catalog(ABC):
 
     @abstractmethod
     def drop_view(self, view_id: int) -> bool: ...
+
+    # Change streams (their own namespace per schema)
+    @abstractmethod
+    def create_change_stream(
+        self, database: str, schema_name: str, name: str, *, for_all: bool,
+        table_ids: tuple[int, ...], value_capture_type: str, retention_s: int,
+        created_us: int, replace: bool = False,
+    ) -> ChangeStreamRecord:  # fmt: skip
+        """Record a change stream (replacing one of that name if ``replace``).
+
+        Raises:
+            ObjectAlreadyExistsError: the name is taken and ``replace`` is false.
+        """
+
+    @abstractmethod
+    def get_change_stream(
+        self, database: str, schema_name: str, name: str
+    ) -> ChangeStreamRecord | None: ...
+
+    @abstractmethod
+    def list_change_streams(self) -> list[ChangeStreamRecord]: ...
+
+    @abstractmethod
+    def alter_change_stream(
+        self, stream_id: int, *, for_all: bool | None = None,
+        table_ids: tuple[int, ...] | None = None, value_capture_type: str | None = None,
+        retention_s: int | None = None,
+    ) -> bool:  # fmt: skip
+        """Change what the stream watches or its options; False if it is gone."""
+
+    @abstractmethod
+    def drop_change_stream(self, stream_id: int) -> bool: ...
 
     # Pipeline commits (the consumer commit protocol, see pipelines' commit)
     @abstractmethod

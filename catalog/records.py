@@ -12,6 +12,7 @@ __all__ = [
     "APPEND_INTENT",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
+    "ChangeStreamRecord",
     "ChannelProgress",
     "ChannelRecord",
     "CommitIntent",
@@ -295,6 +296,33 @@ class DynamicTableRecord:
     def incremental(self) -> bool:
         """Whether refreshes after the initial one may be incremental."""
         return self.refresh_mode != "FULL" and not self.mode_reason
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeStreamRecord:
+    """A partitioned change stream: the tables it watches (``for_all``: every table,
+    those created later too; else ``table_ids``), what its records carry
+    (``value_capture_type``) and how long they are kept (``retention_s``).
+
+    ``created_us`` is the commit clock's time of its creation (microseconds since the
+    epoch): no read may start before it. ``uid`` is new for every CREATE [OR REPLACE].
+    """
+
+    id: int
+    database: str
+    schema_name: str
+    name: str
+    for_all: bool
+    table_ids: tuple[int, ...]
+    value_capture_type: str
+    retention_s: int
+    created_at: float
+    created_us: int
+    uid: str
+
+    @property
+    def full_name(self) -> str:
+        return full_name(self.database, self.schema_name, self.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from catalog.records import (
     StreamRecord,
     TableInfo,
 )
+from catalog.sqlite_change_streams import ChangeStreamStore
 from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_dynamic import DynamicTableStore
 from catalog.sqlite_layout import (
@@ -61,7 +62,7 @@ from ingest_sdk.schema import quote_identifier
 __all__ = ["SqliteCatalog"]
 
 
-class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, Catalog):
+class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamStore, Catalog):
     """The embedded catalog. Calls are short and serialised by a lock, so the event
     loop and the flush threads can share one connection; other processes wait for
     SQLite's write lock (up to 30 s)."""

@@ -30,6 +30,7 @@ from ingest_sdk import TableSchema
 
 __all__ = [
     "ADDED_COLUMNS",
+    "CHANGE_STREAM_COLUMNS",
     "CHANNEL_COLUMNS",
     "DYNAMIC_COLUMNS",
     "MIGRATION_COLUMNS",
@@ -116,6 +117,12 @@ CREATE TABLE IF NOT EXISTS dynamic_table_refreshes (
     skipped_ticks INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS dynamic_table_refreshes_by_table
     ON dynamic_table_refreshes (dt_table_id, id);
+CREATE TABLE IF NOT EXISTS change_streams (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
+    for_all INTEGER NOT NULL, table_ids TEXT NOT NULL, value_capture_type TEXT NOT NULL,
+    retention_s INTEGER NOT NULL, created_at REAL NOT NULL, created_us INTEGER NOT NULL,
+    uid TEXT NOT NULL, UNIQUE (database, schema_name, name));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
@@ -135,6 +142,10 @@ STREAM_COLUMNS = (
     " offset_moved_at, comment, claimed_by, uid"
 )
 PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
+CHANGE_STREAM_COLUMNS = (
+    "id, database, schema_name, name, for_all, table_ids, value_capture_type, retention_s,"
+    " created_at, created_us, uid"
+)
 VIEW_COLUMNS = (
     "id, database, schema_name, name, query, default_database, default_schema, created_at,"
     " comment, uid"

@@ -30,6 +30,7 @@ from flush import commit_clock
 from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
+from pipelines.change_streams import definition as change_streams
 from pipelines.dynamic_tables import definition as dynamic
 from pipelines.errors import (
     ObjectNotFoundError,
@@ -197,7 +198,8 @@ class Session:
     def _run(self, statement: Statement) -> DataFrame:
         if statement.kind in _TRANSACTION_KINDS:
             return self._transaction_control(statement)
-        handler = ddl.HANDLERS.get(statement.kind) or dynamic.HANDLERS.get(statement.kind)
+        handler = (ddl.HANDLERS.get(statement.kind) or dynamic.HANDLERS.get(statement.kind)
+                   or change_streams.HANDLERS.get(statement.kind))  # fmt: skip
         if handler is not None:
             if self._transaction is not None:
                 raise SqlError(

@@ -95,6 +95,24 @@ _HEADERS: list[tuple[str, str]] = [
     ),
     ("show_dynamic_tables", rf"SHOW\s+(?:TERSE\s+)?DYNAMIC\s+TABLES{_LIKE}"),
     ("describe_dynamic_table", rf"(?:DESCRIBE|DESC)\s+DYNAMIC\s+TABLE\s+(?P<name>{NAME})"),
+    (
+        "create_change_stream",
+        rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?CHANGE\s+STREAM\s+"
+        rf"(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?(?P<name>{NAME})"
+        rf"(?:\s+FOR\s+(?P<target>ALL|{NAME}(?:\s*,\s*{NAME})*))?"
+        r"(?:\s+OPTIONS\s*\((?P<options>[^()]*)\))?",
+    ),
+    (
+        "alter_change_stream",
+        rf"ALTER\s+CHANGE\s+STREAM\s+(?P<name>{NAME})\s+(?:SET\s+FOR\s+"
+        rf"(?P<target>ALL|{NAME}(?:\s*,\s*{NAME})*)|(?P<drop_all>DROP\s+FOR\s+ALL)|"
+        r"SET\s+OPTIONS\s*\((?P<options>[^()]*)\))",
+    ),
+    (
+        "drop_change_stream",
+        rf"DROP\s+CHANGE\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})",
+    ),
+    ("show_change_streams", rf"SHOW\s+(?:TERSE\s+)?CHANGE\s+STREAMS{_LIKE}"),
     ("drop_view", rf"DROP\s+VIEW\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
     ("show_views", rf"SHOW\s+(?:TERSE\s+)?VIEWS{_LIKE}"),
     ("describe_view", rf"(?:DESCRIBE|DESC)\s+VIEW\s+(?P<name>{NAME})"),
@@ -154,7 +172,9 @@ SUPPORTED = (
     "CREATE [OR REPLACE] STREAM, DROP STREAM, SHOW STREAMS, DESCRIBE STREAM, CREATE [OR "
     "REPLACE] VIEW, DROP VIEW, SHOW VIEWS, DESCRIBE VIEW, CREATE [OR REPLACE] DYNAMIC TABLE, "
     "ALTER DYNAMIC TABLE ... REFRESH|SUSPEND|RESUME|SET TARGET_LAG, DROP DYNAMIC TABLE, SHOW "
-    "DYNAMIC TABLES, DESCRIBE DYNAMIC TABLE, CREATE|DROP "
+    "DYNAMIC TABLES, DESCRIBE DYNAMIC TABLE, CREATE [OR REPLACE] CHANGE STREAM, ALTER "
+    "CHANGE STREAM ... SET FOR|DROP FOR ALL|SET OPTIONS, DROP CHANGE STREAM, SHOW CHANGE "
+    "STREAMS, CREATE|DROP "
     "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
     "ROLLBACK, SHOW PENDING COMMITS, ABANDON COMMIT <id>"
 )

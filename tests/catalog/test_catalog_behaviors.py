@@ -736,3 +736,38 @@ def test_views(catalog):
     catalog.create_view("DB", "S2", "V2", "SELECT 1", ("DB", "S2"))
     catalog.drop_schema("DB", "S2", cascade=True)
     assert catalog.get_view("DB", "S2", "V2") is None
+
+
+def test_change_streams(catalog, tmp_path):
+    """Change streams: created (their schema too), read, listed, altered field by field,
+    replaced (a new uid), dropped; a name of their own beside a table's; durable."""
+    catalog.create_table("DB", "S", "T", str(tmp_path / "t"), SCHEMA)
+    made = catalog.create_change_stream(
+        "DB", "S", "T", for_all=False, table_ids=(1,), value_capture_type="NEW_ROW",
+        retention_s=3600, created_us=10,
+    )  # fmt: skip
+    assert (made.full_name, made.for_all, made.table_ids, made.retention_s, made.created_us) == (
+        "DB.S.T", False, (1,), 3600, 10)  # fmt: skip
+    assert [s.name for s in catalog.list_schemas("DB")] == ["S"]
+    with pytest.raises(ObjectAlreadyExistsError):
+        catalog.create_change_stream("DB", "S", "T", for_all=True, table_ids=(),
+                                     value_capture_type="NEW_ROW", retention_s=60, created_us=11)  # fmt: skip
+    assert catalog.alter_change_stream(made.id, retention_s=120)
+    assert catalog.alter_change_stream(made.id, for_all=True, table_ids=())
+    altered = catalog.get_change_stream("DB", "S", "T")
+    assert (altered.for_all, altered.table_ids, altered.retention_s, altered.uid) == (
+        True, (), 120, made.uid)  # fmt: skip
+    replaced = catalog.create_change_stream(
+        "DB", "S", "T", for_all=False, table_ids=(), value_capture_type="NEW_VALUES",
+        retention_s=60, created_us=12, replace=True,
+    )  # fmt: skip
+    assert replaced.uid != made.uid and catalog.list_change_streams() == [replaced]
+    reopened = SqliteCatalog(tmp_path / "catalog.sqlite")
+    try:
+        assert reopened.get_change_stream("DB", "S", "T") == replaced
+    finally:
+        reopened.close()
+    assert catalog.drop_change_stream(replaced.id)
+    assert not catalog.drop_change_stream(replaced.id)
+    assert not catalog.alter_change_stream(replaced.id, retention_s=60)
+    assert catalog.get_change_stream("DB", "S", "T") is None

@@ -251,7 +251,9 @@ def test_dml_while_channels_insert(server_factory, client_factory, session_facto
     for producer in producers:
         producer.finish()
     print(f"{round_} rounds in {time.monotonic() - started:.1f}s: {log.summary()}")
-    assert log.done_while_ingesting["insert"] >= 2, log.summary()
+    # How many statements fit while the channels ingest depends on the machine's load
+    # (an UPDATE took 18 s on a loaded one); one is the interleaving this test needs.
+    assert log.done_while_ingesting["insert"] >= 1, log.summary()
     assert log.done["update"] >= 2 and log.done["delete"] >= 2, log.summary()
 
     table = snapshot(info["location"])

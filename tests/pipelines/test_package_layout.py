@@ -46,15 +46,16 @@ def test_lower_sub_packages_do_not_import_higher_ones(package, never):
         assert not wrong, f"{path.name} imports {sorted(wrong)}"
 
 
-def test_only_the_session_and_the_worker_reach_the_dynamic_table_handlers():
-    """``dynamic_tables`` builds on ``sql``'s binder and helpers; in ``sql`` only the
-    session (which dispatches statements) and the worker (which runs the refresh loop)
-    import it back."""
+@pytest.mark.parametrize("package", ["dynamic_tables", "change_streams"])
+def test_only_the_session_and_the_worker_reach_the_handlers_above_sql(package):
+    """``dynamic_tables`` and ``change_streams`` build on ``sql``'s binder and helpers; in
+    ``sql`` only the session (which dispatches statements) and the worker (which runs the
+    refresh loop) import them back."""
     importers = {
         path.name
         for path in (PACKAGE / "sql").glob("*.py")
-        if any(name.startswith("pipelines.dynamic_tables") for name in imported(path))
+        if any(name.startswith(f"pipelines.{package}") for name in imported(path))
     }
     assert importers <= {"session.py", "worker.py"}, importers
-    for path in (PACKAGE / "dynamic_tables").glob("*.py"):
+    for path in (PACKAGE / package).glob("*.py"):
         assert SESSION not in imported(path), path.name

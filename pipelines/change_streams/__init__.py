@@ -1,0 +1,7 @@
+"""Partitioned change streams: a table's changes as records an application outside the
+warehouse reads in parallel, per key range, in commit order per key (Spanner's change
+streams are the reference design).
+
+One module per concept: ``definition`` (the statements); records, partitions and their
+lineage, and the reader follow (issue 20).
+"""

@@ -1,0 +1,201 @@
+"""Change stream statements: CREATE, ALTER, DROP and SHOW CHANGE STREAM(S).
+
+A change stream names the tables whose changes it reports (``FOR t, u``, ``FOR ALL``
+tables, those created later too, or none), the shape of its records
+(``value_capture_type``) and how long they stay readable (``retention_period``). Its
+records are read through ``READ_<name>(...)``; the stream itself holds no data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from catalog import ChangeStreamRecord, full_name
+from catalog.base import ObjectAlreadyExistsError
+from flush.commit_clock import clock
+from ingest_sdk.schema import check_object_name
+from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.ddl_common import drop_named, like, literal, status_frame, utc
+from pipelines.sql.statements import NAME, OPTION, Statement
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from pipelines.sql.context import StatementContext
+
+__all__ = ["CAPTURE_TYPES", "DEFAULT_RETENTION_S", "HANDLERS", "retention_text"]
+
+CAPTURE_TYPES = ("OLD_AND_NEW_VALUES", "NEW_ROW", "NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
+DEFAULT_CAPTURE = "OLD_AND_NEW_VALUES"
+DEFAULT_RETENTION_S = 86_400
+#: Retention bounds: a minute (short-lived test and staging streams) to 30 days.
+MIN_RETENTION_S, MAX_RETENTION_S = 60, 30 * 86_400
+_UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
+_DURATION = re.compile(r"\s*([0-9]{1,7})\s*([smhd])\s*", re.I)
+_TABLE_NAMES = re.compile(NAME)
+
+
+def retention_text(seconds: int) -> str:
+    """A retention period as written in OPTIONS: in the largest whole unit."""
+    for unit in ("d", "h", "m"):
+        if seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s"
+
+
+def _options(text: str | None) -> dict[str, str]:
+    """``OPTIONS (key = 'value', ...)``: known keys, valid values, each once."""
+    if text is None:
+        return {}
+    found: dict[str, str] = {}
+    rest = text
+    for match in OPTION.finditer(text):
+        rest = rest.replace(match.group(0), "", 1)
+        key = match.group(1).lower()
+        value = literal(match.group(2)) if match.group(2).startswith("'") else match.group(2)
+        if key not in ("value_capture_type", "retention_period"):
+            raise SqlError(
+                f"unknown change stream option {key!r}; the options are "
+                "value_capture_type and retention_period",
+                "SQL_COMPILATION_ERROR",
+            )
+        if key in found:
+            raise SqlError(f"the option {key} is given twice", "SQL_COMPILATION_ERROR")
+        found[key] = value
+    if rest.replace(",", "").strip():
+        raise SqlError(f"cannot read OPTIONS ({text.strip()[:80]}); write OPTIONS "
+                       "(value_capture_type = 'NEW_ROW', retention_period = '7d')",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    capture = found.get("value_capture_type")
+    if capture is not None and capture.upper() not in CAPTURE_TYPES:
+        raise SqlError(f"value_capture_type {capture[:40]!r} is not one of "
+                       f"{', '.join(CAPTURE_TYPES)}", "SQL_COMPILATION_ERROR")  # fmt: skip
+    if capture is not None:
+        found["value_capture_type"] = capture.upper()
+    if "retention_period" in found:
+        found["retention_period"] = str(_retention(found["retention_period"]))
+    return found
+
+
+def _retention(text: str) -> int:
+    match = _DURATION.fullmatch(text)
+    seconds = int(match.group(1)) * _UNITS[match.group(2).lower()] if match else -1
+    if not MIN_RETENTION_S <= seconds <= MAX_RETENTION_S:
+        raise SqlError(f"retention_period {text[:40]!r} must be a whole number of seconds, "
+                       "minutes, hours or days ('90m', '36h', '7d') from 1 minute to 30 days",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    return seconds
+
+
+def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple[int, ...]]:
+    """``FOR ALL`` (True, ()), ``FOR t, u`` (False, their table ids), none (False, ())."""
+    if target is None:
+        return False, ()
+    if target.strip().upper() == "ALL":
+        return True, ()
+    ids: list[int] = []
+    for match in _TABLE_NAMES.finditer(target):
+        database, schema_name, name = session.qualify(match.group(0))
+        info = session.find_table(database, schema_name, name)
+        if info is None:
+            kind = "a view" if session.catalog.get_view(database, schema_name, name) else "no table"
+            raise ObjectNotFoundError(f"table {full_name(database, schema_name, name)} does not "
+                                      f"exist ({kind}); a change stream watches tables and "
+                                      "dynamic tables")  # fmt: skip
+        if info.id in ids:
+            raise SqlError(f"the table {info.full_name} is listed twice", "SQL_COMPILATION_ERROR")
+        ids.append(info.id)
+    return False, tuple(ids)
+
+
+def _find(session: StatementContext, name: str) -> ChangeStreamRecord:
+    database, schema_name, short = session.qualify(name)
+    found = session.catalog.get_change_stream(database, schema_name, short)
+    if found is None:
+        raise ObjectNotFoundError(
+            f"change stream {full_name(database, schema_name, short)} does not exist"
+        )
+    return found
+
+
+def create_change_stream(session: StatementContext, statement: Statement) -> DataFrame:
+    parts = statement.parts
+    database, schema_name, name = session.qualify(parts["name"] or "")
+    check_object_name(name, "the change stream name")
+    if parts["replace"] and parts["if_not_exists"]:
+        raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    options = _options(parts["options"])
+    for_all, table_ids = _watched(session, parts["target"])
+    if parts["if_not_exists"] and session.catalog.get_change_stream(database, schema_name, name):
+        return status_frame(session, f"{name} already exists, statement succeeded.")
+    try:
+        session.catalog.create_change_stream(
+            database, schema_name, name, for_all=for_all, table_ids=table_ids,
+            value_capture_type=options.get("value_capture_type", DEFAULT_CAPTURE),
+            retention_s=int(options.get("retention_period", DEFAULT_RETENTION_S)),
+            created_us=clock(), replace=bool(parts["replace"]),
+        )  # fmt: skip
+    except ObjectAlreadyExistsError as exc:
+        raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
+    return status_frame(session, f"Change stream {name} successfully created.")
+
+
+def alter_change_stream(session: StatementContext, statement: Statement) -> DataFrame:
+    parts = statement.parts
+    stream = _find(session, parts["name"] or "")
+    if parts["drop_all"]:
+        changed = session.catalog.alter_change_stream(stream.id, for_all=False, table_ids=())
+    elif parts["target"] is not None:
+        for_all, table_ids = _watched(session, parts["target"])
+        changed = session.catalog.alter_change_stream(
+            stream.id, for_all=for_all, table_ids=table_ids
+        )
+    else:
+        options = _options(parts["options"])
+        retention = options.get("retention_period")
+        changed = session.catalog.alter_change_stream(
+            stream.id, value_capture_type=options.get("value_capture_type"),
+            retention_s=int(retention) if retention is not None else None,
+        )  # fmt: skip
+    if not changed:  # dropped meanwhile
+        raise ObjectNotFoundError(f"change stream {stream.full_name} does not exist")
+    return status_frame(session, "Statement executed successfully.")
+
+
+def drop_change_stream(session: StatementContext, statement: Statement) -> DataFrame:
+    catalog = session.catalog
+    return drop_named(session, statement, "change stream", catalog.get_change_stream,
+                      lambda stream: catalog.drop_change_stream(stream.id))  # fmt: skip
+
+
+_SHOW_SCHEMA = (
+    "created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
+    "`for` STRING, value_capture_type STRING, retention_period STRING"
+)
+
+
+def show_change_streams(session: StatementContext, statement: Statement) -> DataFrame:
+    pattern = like(statement.parts.get("like"))
+    tables = {t.id: t.full_name for t in session.catalog.list_tables()}
+    rows = []
+    for stream in session.catalog.list_change_streams():
+        if not pattern(stream.name):
+            continue
+        # A dropped table drops out of the list.
+        watched = "ALL" if stream.for_all else ", ".join(
+            tables[i] for i in stream.table_ids if i in tables)  # fmt: skip
+        rows.append((utc(stream.created_at), stream.name, stream.database, stream.schema_name,
+                     watched, stream.value_capture_type,
+                     retention_text(stream.retention_s)))  # fmt: skip
+    return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
+
+
+HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {
+    "create_change_stream": create_change_stream,
+    "alter_change_stream": alter_change_stream,
+    "drop_change_stream": drop_change_stream,
+    "show_change_streams": show_change_streams,
+}
