@@ -42,25 +42,30 @@ class ObjectAlreadyExistsError(ValueError):
 
 
 class ObjectNotEmptyError(ValueError):
-    """A database or schema to drop still holds tables, streams or views (and CASCADE
-    was not asked for); nothing was dropped.
+    """A database or schema to drop still holds tables, streams, views or change streams
+    (and CASCADE was not asked for); nothing was dropped.
 
     Attributes:
         tables: full names of the tables it holds.
         streams: full names of the streams it holds.
         views: full names of the views it holds.
+        change_streams: full names of the change streams it holds.
     """
 
     def __init__(
-        self, what: str, tables: list[str], streams: list[str], views: Sequence[str] = ()
-    ) -> None:
+        self, what: str, tables: list[str], streams: list[str], views: Sequence[str] = (),
+        change_streams: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         held = [f"table(s) {', '.join(tables)}" if tables else "",
                 f"stream(s) {', '.join(streams)}" if streams else "",
-                f"view(s) {', '.join(views)}" if views else ""]  # fmt: skip
+                f"view(s) {', '.join(views)}" if views else "",
+                f"change stream(s) {', '.join(change_streams)}" if change_streams
+                else ""]  # fmt: skip
         super().__init__(f"{what}: it still holds {' and '.join(h for h in held if h)}")
         self.tables = tables
         self.streams = streams
         self.views = list(views)
+        self.change_streams = list(change_streams)
 
 
 class StreamClaimConflict(RuntimeError):

@@ -174,6 +174,7 @@ NAMED_SCHEMAS = (
     " UNION ALL SELECT database, schema_name, created_at FROM tables"
     " UNION ALL SELECT database, schema_name, created_at FROM streams"
     " UNION ALL SELECT database, schema_name, created_at FROM views"
+    " UNION ALL SELECT database, schema_name, created_at FROM change_streams"
 )
 NAMED_DATABASES = (
     f"SELECT name AS database, created_at FROM databases UNION ALL"
@@ -259,8 +260,8 @@ def drop_contents(
     db: sqlite3.Connection, where: str, args: tuple[str, ...], what: str, cascade: bool
 ) -> list[TableInfo]:
     """Inside a write transaction: delete the tables (with their channels and compaction
-    history), streams and views matching ``where``, or refuse if there are any and not
-    ``cascade``. Returns the tables deleted."""
+    history), streams, views and change streams matching ``where``, or refuse if there
+    are any and not ``cascade``. Returns the tables deleted."""
     tables = [
         to_table(row)
         for row in db.execute(
@@ -283,13 +284,24 @@ def drop_contents(
             args,
         )
     ]
-    if (tables or streams or views) and not cascade:
-        raise ObjectNotEmptyError(what, [t.full_name for t in tables], streams, views)
+    change_streams = [
+        full_name(*row)
+        for row in db.execute(
+            f"SELECT database, schema_name, name FROM change_streams WHERE {where}"
+            " ORDER BY schema_name, name",
+            args,
+        )
+    ]
+    if (tables or streams or views or change_streams) and not cascade:
+        raise ObjectNotEmptyError(
+            what, [t.full_name for t in tables], streams, views, change_streams
+        )
     check_not_busy(db, [t.id for t in tables])
     for table in tables:
         forget_table(db, table.id)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     db.execute(f"DELETE FROM views WHERE {where}", args)
+    db.execute(f"DELETE FROM change_streams WHERE {where}", args)
     return tables
 
 

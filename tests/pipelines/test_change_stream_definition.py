@@ -131,3 +131,18 @@ def test_headers_give_their_parts(names, spaces, options):
     assert statement.parts["target"] == target
     altered = classify(f"ALTER CHANGE STREAM cs SET FOR {target}")
     assert (altered.kind, altered.parts["target"]) == ("alter_change_stream", target)
+
+
+def test_a_schema_holding_a_change_stream_is_not_empty(tables):
+    tables.sql("CREATE SCHEMA CDC")
+    tables.sql("CREATE CHANGE STREAM CDC.FEED FOR PUBLIC.ACCOUNTS")
+    with pytest.raises(SqlError, match=r"change stream\(s\) DB.CDC.FEED"):
+        tables.sql("DROP SCHEMA CDC RESTRICT")
+    assert [r["name"] for r in tables.sql("SHOW CHANGE STREAMS").collect()] == ["FEED"]
+    tables.sql("DROP SCHEMA CDC CASCADE")
+    assert tables.catalog.list_change_streams() == []
+    # A change stream implies its schema, as a table does.
+    tables.catalog.create_change_stream("DB", "IMPLIED", "X", for_all=True, table_ids=(),
+                                        value_capture_type="NEW_ROW", retention_s=60,
+                                        created_us=1)  # fmt: skip
+    assert "IMPLIED" in [r["name"] for r in tables.sql("SHOW SCHEMAS IN DATABASE DB").collect()]
