@@ -118,16 +118,18 @@ def compute(
                 "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
             )  # fmt: skip
     txn = _pinned_transaction(session, pinned)
-    if followed is None:
-        followed = has_followers(session.catalog, info.id)
-    if not initial and not followed:
-        return _overwrite(session, dt, info, pinned, txn, handle, reason)
     if packed:
         frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
             txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
-        computed = _full_by_id(session, info, frame, base, handle, initial)
     else:
         frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
+    if followed is None:
+        followed = has_followers(session.catalog, info.id)
+    if not initial and not followed:
+        computed = _overwrite(session, info, frame, packed, handle)
+    elif packed:
+        computed = _full_by_id(session, info, frame, base, handle, initial)
+    else:
         computed = _full_by_value(session, info, frame, base, handle, initial)
     return Computed(computed.change, computed.counts, "FULL", reason)
 
@@ -288,20 +290,18 @@ def _full_by_id(
 
 
 def _overwrite(
-    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
-    pinned: Sequence[PinnedSource], txn: Transaction, handle: DeltaTable, reason: str,
+    session: StatementContext, info: TableInfo, frame: DataFrame, packed: bool,
+    handle: DeltaTable,
 ) -> Computed:  # fmt: skip
-    """The result as the table's whole new content (no follower reads its row ids)."""
-    if dt.row_ids == "PACKED":
-        frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
-            txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
+    """The result as the table's whole new content (no follower reads its row ids):
+    PACKED ids are the rewritten query's own, SEQUENCE ids new."""
+    if packed:
         rows = _checked(info, frame.drop(ACTION).toArrow())
     else:
-        frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
         rows = _with_new_ids(session, info, frame.toArrow())
     before = pa.table(handle.get_add_actions(flatten=True)).column("num_records")
     replaced = int(pc.sum(before).as_py() or 0)
-    return Computed(ChangeSet(rows, replaces=True), [rows.num_rows, replaced, 0], "FULL", reason)
+    return Computed(ChangeSet(rows, replaces=True), [rows.num_rows, replaced, 0], "FULL")
 
 
 def _all_new(rows: pa.Table) -> Computed:
