@@ -15,6 +15,7 @@ from catalog.base import (
 )
 from catalog.records import (
     APPEND_INTENT,
+    KEY_SPACE,
     REFRESH_PLAN_KEY,
     ROWS_INTENT,
     ChangeStreamRecord,
@@ -25,9 +26,11 @@ from catalog.records import (
     DatabaseRecord,
     DynamicSource,
     DynamicTableRecord,
+    PartitionRecord,
     PendingCommit,
     RefreshRecord,
     SchemaRecord,
+    Seal,
     StreamClaim,
     StreamRecord,
     TableInfo,
@@ -38,6 +41,7 @@ from catalog.sqlite import SqliteCatalog
 
 __all__ = [
     "APPEND_INTENT",
+    "KEY_SPACE",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
     "Catalog",
@@ -53,10 +57,12 @@ __all__ = [
     "IntentConflict",
     "ObjectAlreadyExistsError",
     "ObjectNotEmptyError",
+    "PartitionRecord",
     "PendingCommit",
     "RefreshClaimConflict",
     "RefreshRecord",
     "SchemaRecord",
+    "Seal",
     "SqliteCatalog",
     "StreamClaim",
     "StreamClaimConflict",

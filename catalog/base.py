@@ -4,7 +4,7 @@ implementations (``tests/catalog/test_catalog_behaviors.py``)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from catalog.records import (
@@ -15,9 +15,11 @@ from catalog.records import (
     DatabaseRecord,
     DynamicSource,
     DynamicTableRecord,
+    PartitionRecord,
     PendingCommit,
     RefreshRecord,
     SchemaRecord,
+    Seal,
     StreamClaim,
     StreamRecord,
     TableInfo,
@@ -319,9 +321,10 @@ class Catalog(ABC):
     def create_change_stream(
         self, database: str, schema_name: str, name: str, *, for_all: bool,
         table_ids: tuple[int, ...], value_capture_type: str, retention_s: int,
-        created_us: int, replace: bool = False,
+        created_us: int, replace: bool = False, partitions: int = 1,
     ) -> ChangeStreamRecord:  # fmt: skip
-        """Record a change stream (replacing one of that name if ``replace``).
+        """Record a change stream (replacing one of that name if ``replace``) and its first
+        ``partitions`` partitions (equal key ranges, starting at ``created_us``).
 
         Raises:
             ObjectAlreadyExistsError: the name is taken and ``replace`` is false.
@@ -345,6 +348,30 @@ class Catalog(ABC):
 
     @abstractmethod
     def drop_change_stream(self, stream_id: int) -> bool: ...
+
+    @abstractmethod
+    def list_partitions(self, stream_uid: str) -> list[PartitionRecord]:
+        """Every partition a change stream has had (its lineage), oldest first."""
+
+    @abstractmethod
+    def latest_seals(self, table_ids: Iterable[int]) -> dict[int, Seal]:
+        """The newest seal of each table (tables never sealed are left out)."""
+
+    @abstractmethod
+    def seals_between(self, table_id: int, after: int, to: int) -> list[Seal]:
+        """The seals of versions in ``[after, to]`` and the last one before, oldest first."""
+
+    @abstractmethod
+    def seal_tables(
+        self, table_ids: Iterable[int], compute: Callable[[dict[int, Seal]], dict[int, Seal]],
+        stream_uid: str | None = None,
+        repartition: Callable[
+            [int, list[PartitionRecord]], tuple[Sequence[str], Sequence[PartitionRecord]]
+        ] | None = None,
+        floor_us: int = 0,
+    ) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
+        """Seal tables (and repartition a change stream at the new heartbeat) in one
+        write transaction; see :meth:`catalog.sqlite.SqliteCatalog.seal_tables`."""
 
     # Pipeline commits (the consumer commit protocol, see pipelines' commit)
     @abstractmethod

@@ -10,6 +10,7 @@ from ingest_sdk.schema import quote_identifier
 
 __all__ = [
     "APPEND_INTENT",
+    "KEY_SPACE",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
     "ChangeStreamRecord",
@@ -20,9 +21,11 @@ __all__ = [
     "DatabaseRecord",
     "DynamicSource",
     "DynamicTableRecord",
+    "PartitionRecord",
     "PendingCommit",
     "RefreshRecord",
     "SchemaRecord",
+    "Seal",
     "StreamClaim",
     "StreamRecord",
     "TableInfo",
@@ -323,6 +326,34 @@ class ChangeStreamRecord:
     @property
     def full_name(self) -> str:
         return full_name(self.database, self.schema_name, self.name)
+
+
+#: The key space of change stream partitions: a key's hash is in [0, KEY_SPACE).
+KEY_SPACE = 1 << 32
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """One partition of a change stream: the keys whose hash is in ``[lo, hi)``, for the
+    commit timestamps ``[start_us, end_us)`` (``end_us`` None: still open). ``parents``:
+    the partitions it follows (none for the stream's first partitions)."""
+
+    token: str
+    stream_uid: str
+    lo: int
+    hi: int
+    start_us: int
+    end_us: int | None
+    parents: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Seal:
+    """A table's timeline mark for change streams: every version up to ``version`` has a
+    change stream timestamp at most ``heartbeat_us``, every later one after it."""
+
+    version: int
+    heartbeat_us: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,18 +7,48 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from catalog.base import ObjectAlreadyExistsError
-from catalog.records import ChangeStreamRecord
-from catalog.sqlite_layout import CHANGE_STREAM_COLUMNS, namespace_statements
+from catalog.records import KEY_SPACE, ChangeStreamRecord, PartitionRecord, Seal
+from catalog.sqlite_layout import (
+    CHANGE_STREAM_COLUMNS,
+    ORPHAN_PARTITIONS,
+    PARTITION_COLUMNS,
+    namespace_statements,
+)
 
 if TYPE_CHECKING:
     from catalog.sqlite import _Transaction
 
-__all__ = ["ChangeStreamStore"]
+__all__ = ["ChangeStreamStore", "Repartition", "SealCompute"]
+
+#: Given the tables' newest seals, their new ones (read inside the write transaction).
+SealCompute = Callable[[dict[int, Seal]], dict[int, Seal]]
+#: Given the new heartbeat and the stream's partitions: the tokens to end at the
+#: heartbeat + 1 and the partitions that follow them.
+Repartition = Callable[
+    [int, list[PartitionRecord]], tuple[Sequence[str], Sequence[PartitionRecord]]
+]
+#: Seals older than the longest retention (and a day) are forgotten.
+_SEAL_KEPT_US = 31 * 86_400 * 1_000_000
+
+
+def _partition(row: tuple[Any, ...]) -> PartitionRecord:
+    values = list(row)
+    values[6] = tuple(orjson.loads(values[6]))
+    return PartitionRecord(*values)
+
+
+def _insert_partitions(db: sqlite3.Connection, partitions: Iterable[PartitionRecord]) -> None:
+    db.executemany(
+        f"INSERT INTO change_stream_partitions ({PARTITION_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [(p.token, p.stream_uid, p.lo, p.hi, p.start_us, p.end_us,
+          orjson.dumps(list(p.parents)).decode()) for p in partitions],
+    )  # fmt: skip
 
 
 def _record(row: tuple[Any, ...]) -> ChangeStreamRecord:
@@ -39,10 +69,18 @@ class ChangeStreamStore:
     def create_change_stream(
         self, database: str, schema_name: str, name: str, *, for_all: bool,
         table_ids: tuple[int, ...], value_capture_type: str, retention_s: int,
-        created_us: int, replace: bool = False,
+        created_us: int, replace: bool = False, partitions: int = 1,
     ) -> ChangeStreamRecord:  # fmt: skip
         key = (database, schema_name, name)
         now = time.time()
+        uid = uuid.uuid4().hex
+        width = KEY_SPACE // partitions
+        first = [
+            PartitionRecord(uuid.uuid4().hex, uid, i * width,
+                            KEY_SPACE if i == partitions - 1 else (i + 1) * width,
+                            created_us, None, ())
+            for i in range(partitions)
+        ]  # fmt: skip
         with self._immediate() as db:
             if replace:
                 db.execute(
@@ -57,13 +95,15 @@ class ChangeStreamStore:
                     "table_ids, value_capture_type, retention_s, created_at, created_us, uid)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*key, int(for_all), orjson.dumps(list(table_ids)).decode(),
-                     value_capture_type, retention_s, now, created_us, uuid.uuid4().hex),
+                     value_capture_type, retention_s, now, created_us, uid),
                 )  # fmt: skip
             except sqlite3.IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
                     f"change stream {'.'.join(key)} already exists; use CREATE OR REPLACE "
                     "CHANGE STREAM to replace it, or IF NOT EXISTS to keep it"
                 ) from exc
+            db.execute(ORPHAN_PARTITIONS)
+            _insert_partitions(db, first)
         found = self.get_change_stream(database, schema_name, name)
         assert found is not None
         return found
@@ -109,4 +149,100 @@ class ChangeStreamStore:
 
     def drop_change_stream(self, stream_id: int) -> bool:
         with self._immediate() as db:
-            return db.execute("DELETE FROM change_streams WHERE id=?", (stream_id,)).rowcount == 1
+            dropped = db.execute("DELETE FROM change_streams WHERE id=?", (stream_id,)).rowcount
+            db.execute(ORPHAN_PARTITIONS)
+            return dropped == 1
+
+    def list_partitions(self, stream_uid: str) -> list[PartitionRecord]:
+        rows = self._read(
+            f"SELECT {PARTITION_COLUMNS} FROM change_stream_partitions WHERE stream_uid=?"
+            " ORDER BY start_us, lo",
+            (stream_uid,),
+        )
+        return [_partition(row) for row in rows]
+
+    def latest_seals(self, table_ids: Iterable[int]) -> dict[int, Seal]:
+        ids = sorted(set(table_ids))
+        if not ids:
+            return {}
+        marks = ", ".join("?" * len(ids))
+        rows = self._read(
+            "SELECT table_id, max(version), max(heartbeat_us) FROM change_stream_seals"
+            f" WHERE table_id IN ({marks}) GROUP BY table_id",
+            tuple(ids),
+        )
+        return {row[0]: Seal(row[1], row[2]) for row in rows}
+
+    def seals_between(self, table_id: int, after: int, to: int) -> list[Seal]:
+        """The seals of versions in ``[after, to]`` and the last one before ``after``,
+        oldest first."""
+        rows = self._read(
+            "SELECT version, heartbeat_us FROM change_stream_seals WHERE table_id=? AND"
+            " version >= coalesce((SELECT max(version) FROM change_stream_seals"
+            " WHERE table_id=? AND version < ?), ?) AND version <= ? ORDER BY version",
+            (table_id, table_id, after, after, to),
+        )
+        return [Seal(*row) for row in rows]
+
+    def seal_tables(
+        self, table_ids: Iterable[int], compute: SealCompute,
+        stream_uid: str | None = None, repartition: Repartition | None = None,
+        floor_us: int = 0,
+    ) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
+        """Seal tables in one write transaction: ``compute`` gets their newest seals and
+        returns the new ones (it reads the tables' logs while no other seal can land).
+        With ``repartition``, the partitions of ``stream_uid`` it names end at the new
+        heartbeat + 1 (the new seals' heartbeat, at least ``floor_us``), where the
+        partitions it returns start, in the same transaction.
+
+        Returns the seals written and the new partitions.
+
+        Raises:
+            ValueError: a partition to end is not open (another repartition ended it).
+        """
+        ids = sorted(set(table_ids))
+        with self._immediate() as db:
+            latest = {
+                row[0]: Seal(row[1], row[2])
+                for row in db.execute(
+                    "SELECT table_id, max(version), max(heartbeat_us) FROM change_stream_seals"
+                    f" WHERE table_id IN ({', '.join('?' * len(ids))}) GROUP BY table_id",
+                    tuple(ids),
+                )
+            } if ids else {}  # fmt: skip
+            sealed = compute(latest)
+            for table_id, seal in sealed.items():
+                db.execute(
+                    "INSERT INTO change_stream_seals VALUES (?, ?, ?) ON CONFLICT (table_id,"
+                    " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
+                    (table_id, seal.version, seal.heartbeat_us),
+                )
+                db.execute(
+                    "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ?"
+                    " AND version < ?",
+                    (table_id, seal.heartbeat_us - _SEAL_KEPT_US, seal.version),
+                )
+            if repartition is None or stream_uid is None:
+                return sealed, []
+            heartbeat = max([floor_us, *(s.heartbeat_us for s in sealed.values())])
+            current = [
+                _partition(row)
+                for row in db.execute(
+                    f"SELECT {PARTITION_COLUMNS} FROM change_stream_partitions"
+                    " WHERE stream_uid=? ORDER BY start_us, lo",
+                    (stream_uid,),
+                )
+            ]
+            ended, added = repartition(heartbeat, current)
+            for token in ended:
+                if (
+                    db.execute(
+                        "UPDATE change_stream_partitions SET end_us=? WHERE token=? AND"
+                        " stream_uid=? AND end_us IS NULL",
+                        (heartbeat + 1, token, stream_uid),
+                    ).rowcount
+                    != 1
+                ):
+                    raise ValueError(f"partition {token} is not open")
+            _insert_partitions(db, added)
+            return sealed, list(added)

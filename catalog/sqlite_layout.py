@@ -36,6 +36,8 @@ __all__ = [
     "MIGRATION_COLUMNS",
     "NAMED_DATABASES",
     "NAMED_SCHEMAS",
+    "ORPHAN_PARTITIONS",
+    "PARTITION_COLUMNS",
     "PENDING_COLUMNS",
     "REFRESH_COLUMNS",
     "SCHEMA",
@@ -123,6 +125,14 @@ CREATE TABLE IF NOT EXISTS change_streams (
     for_all INTEGER NOT NULL, table_ids TEXT NOT NULL, value_capture_type TEXT NOT NULL,
     retention_s INTEGER NOT NULL, created_at REAL NOT NULL, created_us INTEGER NOT NULL,
     uid TEXT NOT NULL, UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS change_stream_partitions (
+    token TEXT PRIMARY KEY, stream_uid TEXT NOT NULL, lo INTEGER NOT NULL, hi INTEGER NOT NULL,
+    start_us INTEGER NOT NULL, end_us INTEGER, parents TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS change_stream_partitions_by_stream
+    ON change_stream_partitions (stream_uid);
+CREATE TABLE IF NOT EXISTS change_stream_seals (
+    table_id INTEGER NOT NULL, version INTEGER NOT NULL, heartbeat_us INTEGER NOT NULL,
+    PRIMARY KEY (table_id, version));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
@@ -145,6 +155,11 @@ PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
 CHANGE_STREAM_COLUMNS = (
     "id, database, schema_name, name, for_all, table_ids, value_capture_type, retention_s,"
     " created_at, created_us, uid"
+)
+PARTITION_COLUMNS = "token, stream_uid, lo, hi, start_us, end_us, parents"
+#: Partitions of change streams that no longer exist (dropped or replaced).
+ORPHAN_PARTITIONS = (
+    "DELETE FROM change_stream_partitions WHERE stream_uid NOT IN (SELECT uid FROM change_streams)"
 )
 VIEW_COLUMNS = (
     "id, database, schema_name, name, query, default_database, default_schema, created_at,"
@@ -302,6 +317,7 @@ def drop_contents(
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     db.execute(f"DELETE FROM views WHERE {where}", args)
     db.execute(f"DELETE FROM change_streams WHERE {where}", args)
+    db.execute(ORPHAN_PARTITIONS)
     return tables
 
 

@@ -16,6 +16,7 @@ from catalog import ChangeStreamRecord, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
 from ingest_sdk.schema import check_object_name
+from pipelines.change_streams.partitions import merge, split
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import drop_named, like, literal, status_frame, utc
 from pipelines.sql.statements import NAME, OPTION, Statement
@@ -32,6 +33,8 @@ DEFAULT_CAPTURE = "OLD_AND_NEW_VALUES"
 DEFAULT_RETENTION_S = 86_400
 #: Retention bounds: a minute (short-lived test and staging streams) to 30 days.
 MIN_RETENTION_S, MAX_RETENTION_S = 60, 30 * 86_400
+#: The most partitions a change stream starts with (the service may split further).
+MAX_PARTITIONS = 64
 _UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
 _DURATION = re.compile(r"\s*([0-9]{1,7})\s*([smhd])\s*", re.I)
 _TABLE_NAMES = re.compile(NAME)
@@ -55,10 +58,10 @@ def _options(text: str | None) -> dict[str, str]:
         rest = rest.replace(match.group(0), "", 1)
         key = match.group(1).lower()
         value = literal(match.group(2)) if match.group(2).startswith("'") else match.group(2)
-        if key not in ("value_capture_type", "retention_period"):
+        if key not in ("value_capture_type", "retention_period", "partitions"):
             raise SqlError(
                 f"unknown change stream option {key!r}; the options are "
-                "value_capture_type and retention_period",
+                "value_capture_type, retention_period and partitions (at CREATE)",
                 "SQL_COMPILATION_ERROR",
             )
         if key in found:
@@ -76,6 +79,11 @@ def _options(text: str | None) -> dict[str, str]:
         found["value_capture_type"] = capture.upper()
     if "retention_period" in found:
         found["retention_period"] = str(_retention(found["retention_period"]))
+    if "partitions" in found and not (
+        found["partitions"].isdigit() and 1 <= int(found["partitions"]) <= MAX_PARTITIONS
+    ):
+        raise SqlError(f"partitions must be a whole number from 1 to {MAX_PARTITIONS}, got "
+                       f"{found['partitions'][:20]!r}", "SQL_COMPILATION_ERROR")  # fmt: skip
     return found
 
 
@@ -137,6 +145,7 @@ def create_change_stream(session: StatementContext, statement: Statement) -> Dat
             value_capture_type=options.get("value_capture_type", DEFAULT_CAPTURE),
             retention_s=int(options.get("retention_period", DEFAULT_RETENTION_S)),
             created_us=clock(), replace=bool(parts["replace"]),
+            partitions=int(options.get("partitions", 1)),
         )  # fmt: skip
     except ObjectAlreadyExistsError as exc:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
@@ -153,8 +162,20 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
         changed = session.catalog.alter_change_stream(
             stream.id, for_all=for_all, table_ids=table_ids
         )
+    elif parts["split"] is not None:
+        split(session.catalog, stream, parts["split"].strip("'").lower(),
+              int(parts["parts"] or 2))  # fmt: skip
+        changed = True
+    elif parts["merge"] is not None:
+        tokens = [t.strip().strip("'").lower() for t in parts["merge"].split(",")]
+        merge(session.catalog, stream, tokens)
+        changed = True
     else:
         options = _options(parts["options"])
+        if "partitions" in options:
+            raise SqlError("partitions is set at CREATE only; split or merge partitions with "
+                           "ALTER CHANGE STREAM ... SPLIT PARTITION / MERGE PARTITIONS",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
         retention = options.get("retention_period")
         changed = session.catalog.alter_change_stream(
             stream.id, value_capture_type=options.get("value_capture_type"),
@@ -193,9 +214,28 @@ def show_change_streams(session: StatementContext, statement: Statement) -> Data
     return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
 
 
+_PARTITIONS_SCHEMA = (
+    "token STRING, parent_tokens STRING, key_range_start BIGINT, key_range_end BIGINT, "
+    "start_timestamp TIMESTAMP, end_timestamp TIMESTAMP, state STRING"
+)
+
+
+def show_partitions(session: StatementContext, statement: Statement) -> DataFrame:
+    """``SHOW CHANGE STREAM PARTITIONS cs``: the stream's partition tree, oldest first."""
+    stream = _find(session, statement.parts["name"] or "")
+    rows = [
+        (p.token, ",".join(p.parents), p.lo, p.hi, utc(p.start_us / 1e6),
+         utc(p.end_us / 1e6) if p.end_us is not None else None,
+         "OPEN" if p.end_us is None else "ENDED")
+        for p in session.catalog.list_partitions(stream.uid)
+    ]  # fmt: skip
+    return session.spark.createDataFrame(rows, _PARTITIONS_SCHEMA)
+
+
 HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {
     "create_change_stream": create_change_stream,
     "alter_change_stream": alter_change_stream,
     "drop_change_stream": drop_change_stream,
     "show_change_streams": show_change_streams,
+    "show_change_stream_partitions": show_partitions,
 }

@@ -240,6 +240,9 @@ class Binder:
             if (history := history_call(table)) is not None:
                 table.replace(self._history(table, history))
                 continue
+            if isinstance(table.this, exp.Anonymous):  # READ_<change stream>(...)
+                table.replace(self._table_function(table))
+                continue
             if table is skip or not isinstance(table.this, exp.Identifier):
                 continue
             if not table.args.get("db") and _names_a_cte(table):
@@ -256,6 +259,22 @@ class Binder:
         self.session.view_names[view] = HISTORY_FUNCTION
         alias = table.args.get("alias") or exp.TableAlias(
             this=exp.to_identifier(HISTORY_FUNCTION, quoted=True)
+        )
+        return exp.Table(this=exp.to_identifier(view), alias=alias)
+
+    def _table_function(self, table: exp.Table) -> exp.Table:
+        """A table-valued call (a change stream's ``READ_<name>(...)``) as a view of the
+        rows the session's :meth:`~pipelines.sql.context.StatementContext.table_function`
+        returns for it."""
+        defaults = self.defaults or (self.session.database, self.session.schema)
+        view = f"ingest_v{next(_VIEW_NUMBERS)}"
+        self.session.table_function(table, defaults).createOrReplaceTempView(view)
+        self.session.views.append(view)
+        call = table.this
+        label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+        self.session.view_names[view] = label
+        alias = table.args.get("alias") or exp.TableAlias(
+            this=exp.to_identifier(label, quoted=True)
         )
         return exp.Table(this=exp.to_identifier(view), alias=alias)
 

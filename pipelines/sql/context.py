@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from pyspark.sql import DataFrame, SparkSession
+    from sqlglot import exp
 
     from catalog import Catalog, StreamRecord, TableInfo
     from pipelines.sql.binding import Binder
@@ -106,4 +107,9 @@ class StatementContext(Protocol):
 
     def release_views(self) -> None:
         """Drop the temporary views earlier statements made."""
+        ...
+
+    def table_function(self, table: exp.Table, defaults: tuple[str, str]) -> DataFrame:
+        """The rows of a table-valued call in a query (``READ_<change stream>(...)``);
+        ``defaults``: the database and schema its unqualified name means."""
         ...

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
     from pipelines.sql.statements import Statement
 
-__all__ = ["HISTORY_SCHEMA", "data_changed", "describe_history"]
+__all__ = ["HISTORY_SCHEMA", "commit_writer", "data_changed", "describe_history"]
 
 _COMPACTION_KEY = "ingest.compaction"
 #: Our commit metadata keys, and the name of the writer each one marks.
@@ -43,7 +43,7 @@ HISTORY_SCHEMA = (
 )
 
 
-def _metadata(entry: dict[str, Any]) -> tuple[str | None, Any]:
+def commit_writer(entry: dict[str, Any]) -> tuple[str | None, Any]:
     """The writer of a commit and what it recorded (JSON values decoded)."""
     for key, source in _SOURCES.items():
         value = entry.get(key)
@@ -62,7 +62,7 @@ def _metadata(entry: dict[str, Any]) -> tuple[str | None, Any]:
 
 
 def _row(entry: dict[str, Any]) -> tuple[Any, ...]:
-    source, recorded = _metadata(entry)
+    source, recorded = commit_writer(entry)
     statement = recorded.get("statement") if isinstance(recorded, dict) else None
     metrics = entry.get("operationMetrics")
     return (

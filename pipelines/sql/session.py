@@ -31,6 +31,7 @@ from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
 from pipelines.change_streams import definition as change_streams
+from pipelines.change_streams.function import read_frame
 from pipelines.dynamic_tables import definition as dynamic
 from pipelines.errors import (
     ObjectNotFoundError,
@@ -176,6 +177,11 @@ class Session:
             self.spark.catalog.dropTempView(view)
         self.views.clear()
         self.view_names.clear()
+
+    def table_function(self, table: exp.Table, defaults: tuple[str, str]) -> DataFrame:
+        """A change stream's ``READ_<name>(...)`` in a query (see
+        :mod:`pipelines.change_streams.function`)."""
+        return read_frame(self, table, defaults)
 
     def user_names(self, text: str) -> str:
         """``text`` (an error message) with our temporary views' names replaced by the

@@ -106,7 +106,13 @@ _HEADERS: list[tuple[str, str]] = [
         "alter_change_stream",
         rf"ALTER\s+CHANGE\s+STREAM\s+(?P<name>{NAME})\s+(?:SET\s+FOR\s+"
         rf"(?P<target>ALL|{NAME}(?:\s*,\s*{NAME})*)|(?P<drop_all>DROP\s+FOR\s+ALL)|"
-        r"SET\s+OPTIONS\s*\((?P<options>[^()]*)\))",
+        r"SET\s+OPTIONS\s*\((?P<options>[^()]*)\)|"
+        r"SPLIT\s+PARTITION\s+(?P<split>'[0-9a-fA-F]{1,64}')(?:\s+INTO\s+(?P<parts>[0-9]{1,3}))?|"
+        r"MERGE\s+PARTITIONS\s+(?P<merge>'[0-9a-fA-F]{1,64}'(?:\s*,\s*'[0-9a-fA-F]{1,64}'){1,15}))",
+    ),
+    (
+        "show_change_stream_partitions",
+        rf"SHOW\s+CHANGE\s+STREAM\s+PARTITIONS\s+(?:IN\s+)?(?P<name>{NAME})",
     ),
     (
         "drop_change_stream",
@@ -173,8 +179,9 @@ SUPPORTED = (
     "REPLACE] VIEW, DROP VIEW, SHOW VIEWS, DESCRIBE VIEW, CREATE [OR REPLACE] DYNAMIC TABLE, "
     "ALTER DYNAMIC TABLE ... REFRESH|SUSPEND|RESUME|SET TARGET_LAG, DROP DYNAMIC TABLE, SHOW "
     "DYNAMIC TABLES, DESCRIBE DYNAMIC TABLE, CREATE [OR REPLACE] CHANGE STREAM, ALTER "
-    "CHANGE STREAM ... SET FOR|DROP FOR ALL|SET OPTIONS, DROP CHANGE STREAM, SHOW CHANGE "
-    "STREAMS, CREATE|DROP "
+    "CHANGE STREAM ... SET FOR|DROP FOR ALL|SET OPTIONS|SPLIT PARTITION|MERGE PARTITIONS, "
+    "DROP CHANGE STREAM, SHOW CHANGE STREAMS, SHOW CHANGE STREAM PARTITIONS, SELECT ... FROM "
+    "READ_<change stream>(...), CREATE|DROP "
     "DATABASE|SCHEMA, SHOW DATABASES|SCHEMAS, USE DATABASE|SCHEMA, EXPLAIN, BEGIN, COMMIT, "
     "ROLLBACK, SHOW PENDING COMMITS, ABANDON COMMIT <id>"
 )
@@ -319,4 +326,4 @@ def qualified(
 
 
 #: One option of a header's option list (``KEY = value``), for reading them one by one.
-OPTION = re.compile(r"([A-Za-z_]+)\s*=\s*('(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)")
+OPTION = re.compile(r"([A-Za-z_]+)\s*=\s*('(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*|[0-9]+)")

@@ -1,0 +1,317 @@
+"""Reading a change stream: the arguments of ``READ_<name>(...)``, the first query's
+partitions, and one partition's records, heartbeats and end.
+
+A partition's query returns, in commit timestamp order, the data change records of
+the versions it covers (sealed ones only, :mod:`.timeline`), a heartbeat when nothing
+was returned for ``heartbeat_milliseconds``, and when the partition has ended (split
+or merged), one child partitions record naming the partitions after it; then it ends.
+It also ends once ``end_timestamp`` is passed. Every face (the session's function,
+the HTTP route, the command line) runs this generator.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from catalog import Catalog, ChangeStreamRecord, PartitionRecord, Seal, TableInfo
+from flush.commit_clock import clock, commit_info, version_at
+from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
+from pipelines.change_streams.records import version_records as build_records
+from pipelines.change_streams.timeline import newest_version, seal, timestamps
+from pipelines.errors import SqlError, StreamStaleError
+from pipelines.sql.history import commit_writer
+from pipelines.streams.changes import change_events
+
+__all__ = [
+    "ARGUMENTS", "MAX_HEARTBEAT_MS", "MIN_HEARTBEAT_MS", "ReadArgs", "read", "read_args",
+    "stream_tables",
+]  # fmt: skip
+
+MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 300_000
+#: The function's arguments, in their positional order.
+ARGUMENTS = ("start_timestamp", "end_timestamp", "partition_token", "heartbeat_milliseconds")
+#: How often a waiting partition looks for new versions (seconds).
+POLL_S = 0.05
+_CACHE = RecordCache()
+
+
+def _error(message: str) -> SqlError:
+    return SqlError(message, "INVALID_ARGUMENT")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadArgs:
+    """Checked arguments of one read: times in µs since the epoch."""
+
+    start_us: int
+    end_us: int | None
+    token: str | None
+    heartbeat_ms: int
+
+
+def _micros(name: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return int(moment.timestamp() * 1_000_000)
+    if isinstance(value, str) and value.strip().upper() != "NULL":
+        text = value.strip().replace(" ", "T", 1)
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            raise _error(f"{name} {value[:60]!r} is not a timestamp; write it as "
+                         "'2026-01-31T12:00:00Z' (RFC 3339, UTC unless an offset is given)"
+                         ) from None  # fmt: skip
+        return _micros(name, moment)
+    if isinstance(value, str):
+        return None
+    raise _error(f"{name} must be a timestamp such as '2026-01-31T12:00:00Z'")
+
+
+def read_args(
+    values: Mapping[str, Any], stream: ChangeStreamRecord, partitions: list[PartitionRecord]
+) -> ReadArgs:
+    """Check a read's arguments against the stream, its retention and its partitions.
+
+    Raises:
+        SqlError: ``INVALID_ARGUMENT`` naming the argument and what to pass instead.
+    """
+    unknown = set(values) - set(ARGUMENTS) - {"read_options"}
+    if unknown:
+        raise _error(f"unknown argument {sorted(unknown)[0][:40]!r}; the arguments are "
+                     f"{', '.join(ARGUMENTS)}")  # fmt: skip
+    if values.get("read_options") not in (None, "NULL", "null"):
+        raise _error("read_options is reserved; pass NULL or leave it out")
+    start = _micros("start_timestamp", values.get("start_timestamp"))
+    if start is None:
+        raise _error("start_timestamp is required, e.g. start_timestamp => '2026-01-31T12:00:00Z'")
+    end = _micros("end_timestamp", values.get("end_timestamp"))
+    beat = values.get("heartbeat_milliseconds")
+    try:
+        heartbeat = int(beat) if beat is not None and not isinstance(beat, bool) else None
+    except (TypeError, ValueError):
+        heartbeat = None
+    if heartbeat is None or not MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
+        raise _error(f"heartbeat_milliseconds must be a whole number from {MIN_HEARTBEAT_MS:,} "
+                     f"to {MAX_HEARTBEAT_MS:,}, got {str(beat)[:40]!r}")  # fmt: skip
+    now = clock()
+    if start > now:
+        raise _error(f"start_timestamp {rfc3339(start)} is in the future (now is "
+                     f"{rfc3339(now)}); start at or before now")  # fmt: skip
+    oldest = max(stream.created_us, now - stream.retention_s * 1_000_000)
+    if start < oldest:
+        why = (
+            "the stream was created"
+            if oldest == stream.created_us
+            else f"the retention period ({stream.retention_s} s) keeps nothing older"
+        )
+        raise _error(f"start_timestamp {rfc3339(start)} is before {rfc3339(oldest)}: {why}; "
+                     f"start at {rfc3339(oldest)} or later")  # fmt: skip
+    if end is not None and end < start:
+        raise _error(f"end_timestamp {rfc3339(end)} is before start_timestamp {rfc3339(start)}")
+    token = values.get("partition_token")
+    if isinstance(token, str) and token.strip().upper() == "NULL":
+        token = None
+    if token is not None:
+        if not isinstance(token, str):
+            raise _error("partition_token must be text, a token from a child partitions record")
+        found = next((p for p in partitions if p.token == token), None)
+        if found is None:
+            raise _error(f"partition_token {token[:64]!r} is not a partition of change stream "
+                         f"{stream.full_name}; pass NULL for the first query, then the tokens "
+                         "its child partitions records return")  # fmt: skip
+        if start < found.start_us:
+            raise _error(f"start_timestamp {rfc3339(start)} is before partition {token}'s "
+                         f"start {rfc3339(found.start_us)}; start at the start_timestamp of "
+                         "the child partitions record that named it")  # fmt: skip
+    return ReadArgs(start, end, token, heartbeat)
+
+
+def stream_tables(catalog: Catalog, stream: ChangeStreamRecord) -> list[TableInfo]:
+    """The tables a stream watches now (``FOR ALL``: every table of its schema)."""
+    if stream.for_all:
+        return [
+            t for t in catalog.list_tables()
+            if (t.database, t.schema_name) == (stream.database, stream.schema_name)
+        ]  # fmt: skip
+    found = (catalog.get_table_by_id(table_id) for table_id in stream.table_ids)
+    return [t for t in found if t is not None]
+
+
+def _open_at(partitions: list[PartitionRecord], moment: int) -> list[PartitionRecord]:
+    return [
+        p for p in partitions if p.start_us <= moment and (p.end_us is None or moment < p.end_us)
+    ]
+
+
+def _first_query(partitions: list[PartitionRecord], start: int) -> Iterator[dict[str, Any]]:
+    for sequence, partition in enumerate(_open_at(partitions, start)):
+        yield {"child_partitions_record": {
+            "start_timestamp": rfc3339(start), "record_sequence": f"{sequence:08d}",
+            "child_partitions": [{"token": partition.token, "parent_partition_tokens": []}],
+        }}  # fmt: skip
+
+
+def _tag(table: TableInfo, version: int) -> tuple[str, bool]:
+    """The transaction tag of a version (who wrote it) and whether the system did."""
+    info = commit_info(table.uri, version) or {}
+    writer, recorded = commit_writer(info)
+    if writer == "INGEST" and isinstance(recorded, dict):
+        names = sorted({c.get("channel", "") for c in recorded.get("channels", [])})
+        return "channels=" + ",".join(names), False
+    if writer == "DYNAMIC_TABLE" and isinstance(recorded, dict):
+        return "dynamic_table=" + str(recorded.get("statement", "")).removeprefix(
+            "refresh of "
+        ), True
+    return {"SQL": "sql", "SPARK_SINK": "spark_sink"}.get(writer or "", ""), False
+
+
+def _first_version(table: TableInfo, catalog: Catalog, start: int) -> int:
+    """The last version of ``table`` whose change stream timestamp is before ``start``
+    (-1: none is)."""
+    before = version_at(table.uri, start, strictly_before=True)
+    version = before if before is not None else -1
+    while version >= 0:  # stamps before start may still carry a later (sealed) timestamp
+        stamp = timestamps(catalog, table, version - 1, version).get(version, 0)
+        if stamp < start:
+            return version
+        version -= 1
+    return version
+
+
+def _records(
+    catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, version: int, moment: int,
+    partitions: list[PartitionRecord],
+) -> VersionRecords:  # fmt: skip
+    open_now = _open_at(partitions, moment)
+    key = (
+        stream.uid,
+        stream.value_capture_type,
+        table.id,
+        version,
+        tuple(p.token for p in open_now),
+    )
+
+    def build() -> VersionRecords:
+        try:
+            events = change_events(table.uri, table.schema, version - 1, version)
+        except StreamStaleError as exc:
+            raise StreamStaleError(
+                f"version {version} of {table.full_name} is no longer retained (log cleanup "
+                f"or vacuum removed it); start the read later: {str(exc)[:160]}"
+            ) from exc
+        tag, system = _tag(table, version)
+        return build_records(table, events, stream.value_capture_type, moment,
+                             f"{table.id}.{version}", tag, system, open_now)  # fmt: skip
+
+    return _CACHE.get(key, build)
+
+
+def _must_seal(
+    tables: list[TableInfo], seals: Mapping[int, Seal], partition: PartitionRecord,
+    end: int | None, beat_due: bool,
+) -> bool:  # fmt: skip
+    """Whether a read needs a new seal to go on: a table has versions after its seal (or
+    none), a heartbeat is due, or the end (of the read, of the partition) is reached in
+    time but not yet sealed."""
+    if not tables:
+        return False
+    if beat_due or any(
+        t.id not in seals or newest_version(t.uri) > seals[t.id].version for t in tables
+    ):
+        return True
+    upto = min(seals[t.id].heartbeat_us for t in tables)
+    if end is not None and upto < end <= clock():
+        return True
+    return partition.end_us is not None and upto < partition.end_us - 1
+
+
+def read(
+    catalog: Catalog, stream: ChangeStreamRecord, args: ReadArgs,
+    stop: threading.Event | None = None, until_us: int | None = None,
+) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """The records of one read, as JSON-ready dicts, until the partition ends, the end
+    timestamp (or ``until_us``: a bounded read) is passed, or ``stop`` is set."""
+    partitions = catalog.list_partitions(stream.uid)
+    if args.token is None:
+        yield from _first_query(partitions, args.start_us)
+        return
+    partition = next(p for p in partitions if p.token == args.token)
+    end = min((e for e in (args.end_us, until_us) if e is not None), default=None)
+    progress: dict[int, int] = {}
+    last_beat = args.start_us - 1
+    quiet_since = time.monotonic()
+    while stop is None or not stop.is_set():
+        tables = stream_tables(catalog, stream)
+        for table in tables:
+            if table.id not in progress:
+                progress[table.id] = _first_version(table, catalog, args.start_us)
+        seals = catalog.latest_seals(progress)
+        if _must_seal(
+            tables,
+            seals,
+            partition,
+            end,
+            time.monotonic() - quiet_since >= args.heartbeat_ms / 1000,
+        ):
+            seals, _ = seal(catalog, tables)
+        upto = min((seals[t.id].heartbeat_us for t in tables), default=clock())
+        limit = upto
+        if partition.end_us is not None:
+            limit = min(limit, partition.end_us - 1)
+        if end is not None:
+            limit = min(limit, end)
+        found: list[tuple[int, str, str, dict[str, Any]]] = []
+        for table in tables:
+            sealed = seals[table.id].version
+            stamps = timestamps(catalog, table, progress[table.id], sealed)
+            for version, moment in stamps.items():
+                if moment > limit:
+                    break
+                if moment >= args.start_us:
+                    built = _records(catalog, stream, table, version, moment, partitions)
+                    for record in built.by_token.get(partition.token, ()):
+                        change = record["data_change_record"]
+                        found.append((moment, table.name, change["record_sequence"], record))
+                progress[table.id] = version
+        found.sort(key=lambda item: item[:3])
+        for _, _, _, record in found:
+            yield record
+        if found:
+            quiet_since = time.monotonic()
+            last_beat = max(last_beat, found[-1][0])
+        if partition.end_us is not None and upto >= partition.end_us - 1:
+            partitions = catalog.list_partitions(stream.uid)
+            children = [p for p in partitions if partition.token in p.parents]
+            yield {"child_partitions_record": {
+                "start_timestamp": rfc3339(partition.end_us), "record_sequence": "00000000",
+                "child_partitions": [{"token": c.token, "parent_partition_tokens": list(c.parents)}
+                                     for c in children],
+            }}  # fmt: skip
+            return
+        if end is not None and upto >= end:
+            if last_beat < end:  # the read's end, as progress a resumed read starts from
+                yield {"heartbeat_record": {"timestamp": rfc3339(end)}}
+            return
+        if time.monotonic() - quiet_since >= args.heartbeat_ms / 1000 and limit > last_beat:
+            last_beat = limit
+            quiet_since = time.monotonic()
+            yield {"heartbeat_record": {"timestamp": rfc3339(limit)}}
+        if partition.end_us is None:
+            refreshed = next(
+                (p for p in catalog.list_partitions(stream.uid) if p.token == partition.token),
+                None,
+            )
+            if refreshed is None:  # the stream was dropped or replaced
+                return
+            if refreshed.end_us is not None:
+                partition = refreshed
+                partitions = catalog.list_partitions(stream.uid)
+                continue
+        time.sleep(POLL_S)

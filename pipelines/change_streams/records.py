@@ -1,0 +1,267 @@
+"""Data change records: one table version's change feed as the reference's JSON records.
+
+One table version is one transaction. Its change feed (inserts, deletes, update pre-
+and post-images) becomes one *mod* per changed row: an update whose images are equal
+(copy-on-write noise) is none, and an update that changes the primary key is a DELETE
+of the old key and an INSERT of the new one. A mod's ``keys`` are the table's primary
+key columns, or the hidden row id (``METADATA$ROW_ID``) for a table without one. What
+``new_values``/``old_values`` hold follows the value capture type:
+
+============================  ====================  ==================================
+type                          new_values            old_values
+============================  ====================  ==================================
+OLD_AND_NEW_VALUES (default)  changed columns       the same columns, before
+NEW_VALUES                    changed columns       nothing
+NEW_ROW                       every column          nothing
+NEW_ROW_AND_OLD_VALUES        every column          changed columns, before
+============================  ====================  ==================================
+
+(an INSERT changes every column; a DELETE's "new" side is empty). ``column_types`` lists
+the key columns and the columns the record's values hold (every column for the NEW_ROW
+types). Mods of one partition, table, type and column set share a record, at most
+:data:`MODS_PER_RECORD` of them. Values are JSON: integers as numbers, decimals as
+text, timestamps as RFC 3339 text in UTC with microseconds, binary as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import math
+import threading
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog import PartitionRecord, TableInfo
+from flush.tables import ROW_ID_COLUMN
+from ingest_sdk.column_types import ColumnType, TypeKind
+
+__all__ = [
+    "MODS_PER_RECORD", "ROW_ID_KEY", "RecordCache", "VersionRecords", "key_hash", "rfc3339",
+    "version_records",
+]  # fmt: skip
+
+MODS_PER_RECORD = 1000
+#: The key of rows of a table without a primary key.
+ROW_ID_KEY = "METADATA$ROW_ID"
+
+_CODES = {
+    TypeKind.FLOAT: "FLOAT64", TypeKind.VARCHAR: "STRING", TypeKind.BINARY: "BYTES",
+    TypeKind.BOOLEAN: "BOOL", TypeKind.DATE: "DATE", TypeKind.TIME: "TIME",
+    TypeKind.TIMESTAMP_NTZ: "TIMESTAMP", TypeKind.TIMESTAMP_LTZ: "TIMESTAMP",
+    TypeKind.TIMESTAMP_TZ: "TIMESTAMP", TypeKind.VARIANT: "JSON", TypeKind.OBJECT: "JSON",
+}  # fmt: skip
+
+
+def rfc3339(micros: int) -> str:
+    """A timestamp in µs since the epoch as ``2022-09-27T12:30:00.123456Z``."""
+    return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _type(column: ColumnType) -> dict[str, Any]:
+    if column.kind is TypeKind.NUMBER:
+        return {"code": "INT" if column.scale == 0 else "NUMERIC"}
+    if column.kind is TypeKind.ARRAY:
+        return {"code": "ARRAY", "array_element_type": {"code": "JSON"}}
+    return {"code": _CODES[column.kind]}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value
+
+
+def _json_values(values: pa.ChunkedArray | pa.Array, column: ColumnType) -> list[Any]:
+    """A column's values as JSON-ready Python values (see the module docstring)."""
+    kind, arrow = column.kind, values.type
+    if pa.types.is_timestamp(arrow):
+        if arrow.tz is not None:
+            values = values.cast(pa.timestamp("us", "UTC"))
+        return pc.strftime(values.cast(pa.timestamp("us")), "%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    if kind in (TypeKind.DATE, TypeKind.TIME) or pa.types.is_decimal(arrow):
+        if pa.types.is_decimal(arrow) and column.scale == 0:
+            try:
+                return values.cast(pa.int64()).to_pylist()  # type: ignore[no-any-return]
+            except pa.ArrowInvalid:  # beyond 64 bits: exact text
+                pass
+        return values.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
+    if kind is TypeKind.BINARY:
+        return [None if v is None else base64.b64encode(v).decode() for v in values.to_pylist()]
+    if kind in (TypeKind.VARIANT, TypeKind.OBJECT, TypeKind.ARRAY):
+        return [None if v is None else orjson.loads(v) for v in values.to_pylist()]
+    if kind is TypeKind.FLOAT:
+        return [_finite(v) for v in values.to_pylist()]
+    return values.to_pylist()  # type: ignore[no-any-return]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values; floats by their bits (-0.0 is not 0.0, NaN is NaN)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.copysign(1.0, a) == math.copysign(1.0, b) and (
+            a == b or (math.isnan(a) and math.isnan(b))
+        )
+    return bool(a == b) and type(a) is type(b)
+
+
+def key_hash(key: list[Any]) -> int:
+    """A key's place in the partitions' key space, [0, 2**32)."""
+    return zlib.crc32(orjson.dumps(key))
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecords:
+    """The data change records of one table version, by partition token, in order."""
+
+    timestamp_us: int
+    by_token: dict[str, list[dict[str, Any]]]
+    mods: int
+
+
+def _columns(table: TableInfo) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+    """(key column names, value column names, column_types of every column)."""
+    key = list(table.primary_key)
+    names = table.schema.names
+    types = [
+        {"name": c.name, "type": _type(c.type), "is_primary_key": c.name in key,
+         "ordinal_position": i + 1}
+        for i, c in enumerate(table.schema)
+    ]  # fmt: skip
+    if not key:
+        key = [ROW_ID_KEY]
+        types.insert(0, {"name": ROW_ID_KEY, "type": {"code": "INT64"}, "is_primary_key": True,
+                         "ordinal_position": 0, "is_row_id": True})  # fmt: skip
+    return key, [n for n in names if n not in key], types
+
+
+def _mods(
+    table: TableInfo, events: pa.Table, capture: str
+) -> list[tuple[str, tuple[str, ...], dict[str, Any], list[Any]]]:
+    """``(mod_type, value columns, mod, key)`` of one version's events, by row id."""
+    key, value_columns, _ = _columns(table)
+    events = events.sort_by([(ROW_ID_COLUMN, "ascending"), ("_change_type", "descending")])
+    columns = {c.name: _json_values(events.column(c.name), c.type) for c in table.schema}
+    columns[ROW_ID_KEY] = events.column(ROW_ID_COLUMN).to_pylist()
+    kinds = events.column("_change_type").to_pylist()
+    ids = columns[ROW_ID_KEY]
+    full_row = capture in ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
+    out: list[tuple[str, tuple[str, ...], dict[str, Any], list[Any]]] = []
+
+    def emit(kind: str, at: int, before: int | None, changed: Sequence[str]) -> None:
+        keys = [columns[k][at] for k in key]
+        new: dict[str, Any] = {}
+        old: dict[str, Any] = {}
+        if kind != "DELETE":
+            new = {c: columns[c][at] for c in (value_columns if full_row else changed)}
+        if before is not None and capture in ("OLD_AND_NEW_VALUES", "NEW_ROW_AND_OLD_VALUES"):
+            old = {c: columns[c][before] for c in changed}
+        listed = tuple(value_columns) if full_row else tuple(changed)
+        out.append((kind, listed, {"keys": dict(zip(key, keys, strict=True)),
+                                   "new_values": new, "old_values": old}, keys))  # fmt: skip
+
+    index, count = 0, len(kinds)
+    while index < count:
+        kind = kinds[index]
+        if kind == "insert":
+            emit("INSERT", index, None, value_columns)
+        elif kind == "delete":
+            emit("DELETE", index, index, value_columns)
+        elif kind == "update_preimage" and index + 1 < count and ids[index + 1] == ids[index]:
+            post = index + 1
+            if any(not _same(columns[k][index], columns[k][post]) for k in key):
+                emit("DELETE", index, index, value_columns)
+                emit("INSERT", post, None, value_columns)
+            else:
+                changed = [
+                    c for c in value_columns if not _same(columns[c][index], columns[c][post])
+                ]
+                if changed:
+                    emit("UPDATE", post, index, changed)
+            index += 1
+        index += 1
+    return out
+
+
+def version_records(
+    table: TableInfo, events: pa.Table, capture: str, timestamp_us: int,
+    transaction_id: str, tag: str, system: bool, partitions: Sequence[PartitionRecord],
+) -> VersionRecords:  # fmt: skip
+    """The records of one version (``events``: its change feed) in every partition of
+    ``partitions`` (those open at ``timestamp_us``)."""
+    _, _, types = _columns(table)
+    ordered = sorted(partitions, key=lambda p: p.lo)
+    bounds = [p.lo for p in ordered]
+    groups: OrderedDict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
+    mods = _mods(table, events, capture)
+    for kind, listed, mod, key in mods:
+        token = ordered[bisect.bisect_right(bounds, key_hash(key)) - 1].token
+        groups.setdefault((token, kind, listed), []).append(mod)
+    chunks = [
+        (group, entries[start : start + MODS_PER_RECORD])
+        for group, entries in groups.items()
+        for start in range(0, len(entries), MODS_PER_RECORD)
+    ]
+    tokens = {group[0] for group, _ in chunks}
+    last_of: dict[str, int] = {group[0]: i for i, (group, _) in enumerate(chunks)}
+    stamp = rfc3339(timestamp_us)
+    by_token: dict[str, list[dict[str, Any]]] = {}
+    for sequence, ((token, kind, listed), entries) in enumerate(chunks):
+        shown = set(listed)
+        by_token.setdefault(token, []).append({"data_change_record": {
+            "commit_timestamp": stamp,
+            "record_sequence": f"{sequence:08d}",
+            "server_transaction_id": transaction_id,
+            "is_last_record_in_transaction_in_partition": last_of[token] == sequence,
+            "table_name": table.name,
+            "column_types": [t for t in types if t["is_primary_key"] or t["name"] in shown],
+            "mods": entries,
+            "mod_type": kind,
+            "value_capture_type": capture,
+            "number_of_records_in_transaction": len(chunks),
+            "number_of_partitions_in_transaction": len(tokens),
+            "transaction_tag": tag,
+            "is_system_transaction": system,
+        }})  # fmt: skip
+    return VersionRecords(timestamp_us, by_token, len(mods))
+
+
+class RecordCache:
+    """Records of recent versions, shared by the partitions' readers of one process (each
+    version is read and converted once, not once per partition). Bounded by mods."""
+
+    def __init__(self, max_mods: int = 2_000_000) -> None:
+        self._entries: OrderedDict[tuple[Any, ...], VersionRecords] = OrderedDict()
+        self._mods = 0
+        self._max = max_mods
+        self._lock = threading.Lock()
+        self._building: dict[tuple[Any, ...], threading.Lock] = {}
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], VersionRecords]) -> VersionRecords:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+            building = self._building.setdefault(key, threading.Lock())
+        with building:  # one reader builds; the others wait for it
+            with self._lock:
+                found = self._entries.get(key)
+            if found is not None:
+                return found
+            made = build()
+            with self._lock:
+                self._entries[key] = made
+                self._mods += made.mods
+                self._building.pop(key, None)
+                while self._mods > self._max and len(self._entries) > 1:
+                    _, dropped = self._entries.popitem(last=False)
+                    self._mods -= dropped.mods
+            return made

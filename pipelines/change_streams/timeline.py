@@ -1,0 +1,103 @@
+"""Change stream time: the timestamp a table version's records carry, and the seals that
+make heartbeats true whatever the writers' clocks say.
+
+A version's commit stamp (:mod:`flush.commit_clock`) increases per table, but a writer
+whose clock lags can commit, after a reader said "everything up to H has been
+returned", a version stamped before H. So the change stream timestamp of a version is
+fixed by a **seal**: a catalog row ``(table, version N, heartbeat H)`` written in one
+catalog transaction that read the table's newest version N, with H at least every
+sealed version's timestamp and at least the reader's clock. Then:
+
+- a version ``v`` at or before the last seal before it, ``(V, H)`` with ``V < v``, has the
+  timestamp ``max(stamp(v), H + (v - V))``: after H, strictly increasing, and equal to
+  its commit stamp whenever the clocks agree;
+- a reader returns a version's records only once a seal covers it (``N >= v``), and a
+  heartbeat H only once every table of its partition is sealed up to H.
+
+Every reader computes the same timestamps from the same rows, so a restarted reader,
+and every partition, agree. Seals older than the longest retention are forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from catalog import Catalog, PartitionRecord, Seal, TableInfo
+from catalog.sqlite_change_streams import Repartition
+from flush.commit_clock import clock, commit_ts
+from flush.tables import logged_versions
+
+__all__ = ["newest_version", "seal", "sealed_upto", "timestamps"]
+
+#: The newest version seen per table folder, to probe the next one from.
+_NEWEST: dict[str, int] = {}
+
+
+def newest_version(table_uri: str) -> int:
+    """The newest committed version of a table, by probing its log for the next commit
+    files from the last version seen (a listing only the first time)."""
+    log = Path(table_uri) / "_delta_log"
+    known = _NEWEST.get(table_uri)
+    if known is None:
+        known = max(logged_versions(table_uri), default=-1)
+    while (log / f"{known + 1:020d}.json").exists():
+        known += 1
+    _NEWEST[table_uri] = known
+    return known
+
+
+def timestamps(catalog: Catalog, table: TableInfo, after: int, to: int) -> dict[int, int]:
+    """The change stream timestamps (µs) of the versions ``(after, to]`` of ``table``,
+    which the caller knows are sealed."""
+    seals = catalog.seals_between(table.id, after + 1, to)
+    found: dict[int, int] = {}
+    previous: Seal | None = None
+    index = 0
+    for version in range(after + 1, to + 1):
+        while index < len(seals) and seals[index].version < version:
+            previous = seals[index]
+            index += 1
+        stamp = commit_ts(table.uri, version) or 0
+        if previous is not None:
+            stamp = max(stamp, previous.heartbeat_us + (version - previous.version))
+        found[version] = stamp
+    return found
+
+
+def seal(
+    catalog: Catalog, tables: Iterable[TableInfo], stream_uid: str | None = None,
+    repartition: Repartition | None = None,
+) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
+    """Seal ``tables`` now with one heartbeat for all: their newest versions, at a time
+    no earlier than this process's clock, any earlier seal, or any sealed version's
+    timestamp. With ``repartition``, change ``stream_uid``'s partitions at that heartbeat
+    in the same catalog write (:mod:`.partitions`). Returns the seals and new partitions."""
+    by_id = {table.id: table for table in tables}
+    now = clock()
+
+    def compute(latest: dict[int, Seal]) -> dict[int, Seal]:
+        heartbeat = now
+        newest: dict[int, int] = {}
+        for table_id, table in by_id.items():
+            version = newest_version(table.uri)
+            newest[table_id] = version
+            last = latest.get(table_id)
+            if last is not None:
+                heartbeat = max(heartbeat, last.heartbeat_us)
+                if version > last.version:  # the versions after the last seal take it
+                    stamp = commit_ts(table.uri, version) or 0
+                    heartbeat = max(heartbeat, stamp, last.heartbeat_us + version - last.version)
+            elif version >= 0:
+                heartbeat = max(heartbeat, commit_ts(table.uri, version) or 0)
+        return {table_id: Seal(version, heartbeat) for table_id, version in newest.items()}
+
+    return catalog.seal_tables(by_id, compute, stream_uid, repartition, floor_us=now)
+
+
+def sealed_upto(seals: Mapping[int, Seal], table_ids: Iterable[int]) -> int | None:
+    """The heartbeat every one of ``table_ids`` is sealed up to (None: one never was)."""
+    found = [seals.get(table_id) for table_id in table_ids]
+    if any(s is None for s in found):
+        return None
+    return min((s.heartbeat_us for s in found if s is not None), default=None)
