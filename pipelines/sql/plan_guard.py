@@ -66,17 +66,8 @@ DENIED_FUNCTIONS: dict[str, str] = {
     "from_xml": "parses XML, whose entities can name local files",
     "schema_of_xml": "parses XML, whose entities can name local files",
     **dict.fromkeys(
-        (
-            "xpath",
-            "xpath_boolean",
-            "xpath_double",
-            "xpath_float",
-            "xpath_int",
-            "xpath_long",
-            "xpath_number",
-            "xpath_short",
-            "xpath_string",
-        ),
+        ("xpath", "xpath_boolean", "xpath_double", "xpath_float", "xpath_int", "xpath_long",
+         "xpath_number", "xpath_short", "xpath_string"),
         "parses XML, whose entities can name local files",
     ),
 }

@@ -49,7 +49,9 @@ class ChangeMode(StrEnum):
     APPEND_ONLY_FINAL = "APPEND_ONLY_FINAL"
 
 
-def change_events(table: str | DeltaTable, schema: TableSchema, after: int, to: int) -> pa.Table:
+def change_events(
+    table: str | DeltaTable, schema: TableSchema, after: int, to: int
+) -> pa.Table:
     """The change data feed of versions ``(after, to]`` with the row id, the kind of each
     event and its version, typed as the table is. ``table``: its URI, or a handle on it
     at version ``to`` or later (saves loading the log again).
