@@ -134,14 +134,19 @@ def read_args(
 
 
 def stream_tables(catalog: Catalog, stream: ChangeStreamRecord) -> list[TableInfo]:
-    """The tables a stream watches now (``FOR ALL``: every table of its schema)."""
+    """The tables a stream watches now (``FOR ALL``: every table of the warehouse)."""
     if stream.for_all:
-        return [
-            t for t in catalog.list_tables()
-            if (t.database, t.schema_name) == (stream.database, stream.schema_name)
-        ]  # fmt: skip
+        return catalog.list_tables()
     found = (catalog.get_table_by_id(table_id) for table_id in stream.table_ids)
     return [t for t in found if t is not None]
+
+
+def table_label(stream: ChangeStreamRecord, table: TableInfo) -> str:
+    """A record's ``table_name``: the table's name in the stream's own schema, its full
+    name in another (a ``FOR ALL`` stream watches every schema)."""
+    if (table.database, table.schema_name) == (stream.database, stream.schema_name):
+        return table.name
+    return table.full_name
 
 
 def _open_at(partitions: list[PartitionRecord], moment: int) -> list[PartitionRecord]:
@@ -208,7 +213,8 @@ def _records(
             ) from exc
         tag, system = _tag(table, version)
         return build_records(table, events, stream.value_capture_type, moment,
-                             f"{table.id}.{version}", tag, system, open_now)  # fmt: skip
+                             f"{table.id}.{version}", tag, system, open_now,
+                             table_label(stream, table))  # fmt: skip
 
     return _CACHE.get(key, build)
 
@@ -278,7 +284,9 @@ def read(
                     built = _records(catalog, stream, table, version, moment, partitions)
                     for record in built.by_token.get(partition.token, ()):
                         change = record["data_change_record"]
-                        found.append((moment, table.name, change["record_sequence"], record))
+                        found.append(
+                            (moment, change["table_name"], change["record_sequence"], record)
+                        )
                 progress[table.id] = version
         found.sort(key=lambda item: item[:3])
         for _, _, _, record in found:

@@ -193,9 +193,10 @@ def _mods(
 def version_records(
     table: TableInfo, events: pa.Table, capture: str, timestamp_us: int,
     transaction_id: str, tag: str, system: bool, partitions: Sequence[PartitionRecord],
+    table_name: str,
 ) -> VersionRecords:  # fmt: skip
     """The records of one version (``events``: its change feed) in every partition of
-    ``partitions`` (those open at ``timestamp_us``)."""
+    ``partitions`` (those open at ``timestamp_us``); ``table_name`` as records name it."""
     _, _, types = _columns(table)
     ordered = sorted(partitions, key=lambda p: p.lo)
     bounds = [p.lo for p in ordered]
@@ -220,7 +221,7 @@ def version_records(
             "record_sequence": f"{sequence:08d}",
             "server_transaction_id": transaction_id,
             "is_last_record_in_transaction_in_partition": last_of[token] == sequence,
-            "table_name": table.name,
+            "table_name": table_name,
             "column_types": [t for t in types if t["is_primary_key"] or t["name"] in shown],
             "mods": entries,
             "mod_type": kind,
