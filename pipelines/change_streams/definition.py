@@ -8,6 +8,7 @@ records are read through ``READ_<name>(...)``; the stream itself holds no data.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from catalog import ChangeStreamRecord, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
+from flush.table_locks import table_lock
 from ingest_sdk.schema import check_object_name
 from pipelines.change_streams.partitions import merge, split
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -118,6 +120,29 @@ def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple
     return False, tuple(ids)
 
 
+def _dynamic_locks(
+    session: StatementContext, for_all: bool, table_ids: tuple[int, ...]
+) -> contextlib.ExitStack:
+    """The locks of the dynamic tables a stream is about to watch, taken in path order: a
+    FULL refresh decides under its table's lock whether the table has followers (a change
+    stream is one), so none can appear between that check and its commit."""
+    catalog = session.catalog
+    uris = sorted(
+        info.uri
+        for dt in catalog.list_dynamic_tables()
+        if (for_all or dt.table_id in table_ids)
+        and (info := catalog.get_table_by_id(dt.table_id)) is not None
+    )
+    stack = contextlib.ExitStack()
+    try:
+        for uri in uris:
+            stack.enter_context(table_lock(uri))
+    except BaseException:
+        stack.close()
+        raise
+    return stack
+
+
 def _find(session: StatementContext, name: str) -> ChangeStreamRecord:
     database, schema_name, short = session.qualify(name)
     found = session.catalog.get_change_stream(database, schema_name, short)
@@ -140,13 +165,14 @@ def create_change_stream(session: StatementContext, statement: Statement) -> Dat
     if parts["if_not_exists"] and session.catalog.get_change_stream(database, schema_name, name):
         return status_frame(session, f"{name} already exists, statement succeeded.")
     try:
-        session.catalog.create_change_stream(
-            database, schema_name, name, for_all=for_all, table_ids=table_ids,
-            value_capture_type=options.get("value_capture_type", DEFAULT_CAPTURE),
-            retention_s=int(options.get("retention_period", DEFAULT_RETENTION_S)),
-            created_us=clock(), replace=bool(parts["replace"]),
-            partitions=int(options.get("partitions", 1)),
-        )  # fmt: skip
+        with _dynamic_locks(session, for_all, table_ids):
+            session.catalog.create_change_stream(
+                database, schema_name, name, for_all=for_all, table_ids=table_ids,
+                value_capture_type=options.get("value_capture_type", DEFAULT_CAPTURE),
+                retention_s=int(options.get("retention_period", DEFAULT_RETENTION_S)),
+                created_us=clock(), replace=bool(parts["replace"]),
+                partitions=int(options.get("partitions", 1)),
+            )  # fmt: skip
     except ObjectAlreadyExistsError as exc:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
     return status_frame(session, f"Change stream {name} successfully created.")
@@ -159,9 +185,10 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
         changed = session.catalog.alter_change_stream(stream.id, for_all=False, table_ids=())
     elif parts["target"] is not None:
         for_all, table_ids = _watched(session, parts["target"])
-        changed = session.catalog.alter_change_stream(
-            stream.id, for_all=for_all, table_ids=table_ids
-        )
+        with _dynamic_locks(session, for_all, table_ids):
+            changed = session.catalog.alter_change_stream(
+                stream.id, for_all=for_all, table_ids=table_ids
+            )
     elif parts["split"] is not None:
         split(session.catalog, stream, parts["split"].strip("'").lower(),
               int(parts["parts"] or 2))  # fmt: skip

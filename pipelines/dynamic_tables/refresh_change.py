@@ -136,9 +136,12 @@ def compute(
 
 def has_followers(catalog: Catalog, table_id: int) -> bool:
     """Whether anything in the catalog reads the table's changes by row id: a stream on
-    it or a dynamic table reading it. Readers of its Delta change feed from outside the
-    catalog (the ``ingest-changes`` Spark source) are not known here."""
+    it, a change stream watching it, or a dynamic table reading it. Readers of its Delta
+    change feed from outside the catalog (the ``ingest-changes`` Spark source) are not
+    known here."""
     if catalog.list_streams(table_id):
+        return True
+    if any(cs.for_all or table_id in cs.table_ids for cs in catalog.list_change_streams()):
         return True
     return any(source.kind == "table" and source.source_id == table_id
                for dt in catalog.list_dynamic_tables() for source in dt.sources)  # fmt: skip
