@@ -22,6 +22,7 @@ from ingest_sdk.durations import parse_duration
 from ingest_sdk.logs import configure_logging
 from ingest_sdk.process_exit import run_entry_point
 from ingest_sdk.wire import dumps
+from pipelines.change_streams.partitions import BalancePolicy
 
 MiB = 1024 * 1024
 log = logging.getLogger("channel_server")
@@ -112,6 +113,20 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="refresh dynamic tables on their schedule in the Spark worker (default on)",
     )  # fmt: skip
     parser.add_argument(
+        "--change-stream-check-seconds", type=float, default=5.0,
+        help="how often change stream partitions are checked for splits and merges "
+             "(default 5; 0 turns the balancer off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--change-stream-split-rows-per-s", type=float, default=20_000.0,
+        help="split a change stream partition whose changed rows per second stay above "
+             "this for 3 checks (default 20000)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--change-stream-merge-rows-per-s", type=float, default=10.0,
+        help="merge adjacent partitions whose rates both stay below this (default 10)",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("INGEST_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO (default), WARNING or ERROR; logs are JSON lines on stderr",
@@ -149,6 +164,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             idle_seconds=parse_duration(args.sql_session_idle, "SQL session idle time"),
         ),
         refresh_scheduler=args.refresh_scheduler,
+        change_stream_check_seconds=args.change_stream_check_seconds,
+        change_stream_balance=BalancePolicy(
+            split_rows_per_s=args.change_stream_split_rows_per_s,
+            merge_rows_per_s=args.change_stream_merge_rows_per_s,
+        ),
     )
 
 

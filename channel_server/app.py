@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+import channel_server.change_stream_api  # noqa: F401 - registers GET /v1/change-streams/...
 from catalog import SqliteCatalog
 from channel_server import sql_api  # noqa: F401 - registers POST /v1/sql on routes
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService
+from pipelines.change_streams.balance import Balancer
 from pipelines.transactions.commit import recover_pending
 
 __all__ = ["create_app"]
@@ -39,6 +41,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         asyncio.create_task(_sql_session_loop(service), name="SQL session expiry"),
         asyncio.create_task(_pipeline_recovery_loop(service), name="pipeline commit recovery"),
         asyncio.create_task(_refresh_worker_loop(service), name="dynamic table refreshes"),
+        asyncio.create_task(_balance_loop(service), name="change stream partitions"),
     ]
     try:
         yield
@@ -98,6 +101,22 @@ async def _refresh_worker_loop(service: IngestService) -> None:
         except Exception:
             log.exception("starting the dynamic table refresh worker failed")
         await asyncio.sleep(REFRESH_WORKER_CHECK_SECONDS)
+
+
+async def _balance_loop(service: IngestService) -> None:
+    """Split change stream partitions that stay hot, merge adjacent ones that stay cold
+    (:class:`pipelines.change_streams.balance.Balancer`)."""
+    every = service.config.change_stream_check_seconds
+    if every <= 0:
+        return
+    balancer = Balancer(service.catalog, service.config.change_stream_balance)
+    while True:
+        try:
+            for done in await asyncio.to_thread(balancer.check):
+                log.info("change stream partitions: %s", done)
+        except Exception:
+            log.exception("balancing change stream partitions failed")
+        await asyncio.sleep(every)
 
 
 def create_app(config: ServerConfig | None = None) -> web.Application:

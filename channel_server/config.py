@@ -7,6 +7,7 @@ from pathlib import Path
 
 from channel_server.sql_sessions import SqlLimits
 from ingest_sdk.errors import ConfigurationError
+from pipelines.change_streams.partitions import BalancePolicy
 
 __all__ = ["CompactionTrigger", "FlushPolicy", "Limits", "ServerConfig", "SqlLimits"]
 
@@ -70,6 +71,10 @@ class ServerConfig:
     #: Dynamic tables refresh on their schedule in the Spark worker, which then stays up
     #: while any table has a schedule.
     refresh_scheduler: bool = True
+    #: Change stream partitions are split and merged by their change rate, checked this
+    #: often (0: never; ALTER CHANGE STREAM ... SPLIT/MERGE still work).
+    change_stream_check_seconds: float = 5.0
+    change_stream_balance: BalancePolicy = field(default_factory=BalancePolicy)
 
     def __post_init__(self) -> None:
         if self.limits.max_buffer_bytes <= 0:

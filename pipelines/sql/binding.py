@@ -135,6 +135,16 @@ def _check_initialized(session: StatementContext, info: TableInfo) -> None:
         )
 
 
+def _reads_a_change_stream(table: exp.Table) -> bool:
+    """A ``READ_<change stream>(...)`` call (other table functions, such as Spark's
+    ``range``, are Spark's)."""
+    call = table.this
+    if not isinstance(call, exp.Anonymous):
+        return False
+    name = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+    return name.upper().startswith("READ_")
+
+
 class Binder:
     """Binds the names of one statement in one transaction.
 
@@ -240,7 +250,7 @@ class Binder:
             if (history := history_call(table)) is not None:
                 table.replace(self._history(table, history))
                 continue
-            if isinstance(table.this, exp.Anonymous):  # READ_<change stream>(...)
+            if _reads_a_change_stream(table):
                 table.replace(self._table_function(table))
                 continue
             if table is skip or not isinstance(table.this, exp.Identifier):
