@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from catalog import Catalog, ChangeStreamRecord, PartitionRecord
+from flush.failpoints import failpoint
 from pipelines.change_streams.read import stream_tables
 from pipelines.change_streams.timeline import seal
 from pipelines.errors import SqlError
@@ -53,6 +54,7 @@ def _apply(
             PartitionRecord(uuid.uuid4().hex, stream.uid, lo, hi, start, None, parents)
             for lo, hi in make
         ]
+        failpoint("change_stream_repartition")  # inside the catalog transaction
         return tokens, children
 
     _, made = seal(catalog, stream_tables(catalog, stream), stream.uid, repartition)
