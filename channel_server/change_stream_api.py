@@ -257,7 +257,7 @@ def _checked(
         raise InvalidRequestError(f"{exc.code}: {exc}") from exc
 
 
-@routes.get("/v1/change-streams/{name:[^/]+}/read")
+@routes.get("/v1/change-streams/{name:[^/]+}/read", allow_head=False)  # a HEAD would hold a read
 async def read_change_stream(request: web.Request) -> web.StreamResponse:
     """Check the read at the door, then stream its records as NDJSON until it ends."""
     reads = reads_of(request.app[SERVICE])
@@ -272,17 +272,17 @@ async def read_change_stream(request: web.Request) -> web.StreamResponse:
         target=_run_read, args=(catalog, stream, args, stop, pipe, reads),
         name=f"change-stream-read {stream.full_name}", daemon=True,
     )  # fmt: skip
-    response = web.StreamResponse(headers={"Cache-Control": "no-store"})
-    response.content_type = NDJSON
     try:
-        await response.prepare(request)
         thread.start()
     except BaseException:
         reads.release(stop)
         raise
     log.debug("change stream read of %s started", stream.full_name,
               extra={"change_stream": stream.full_name, "partition_token": args.token})  # fmt: skip
+    response = web.StreamResponse(headers={"Cache-Control": "no-store"})
+    response.content_type = NDJSON
     try:
+        await response.prepare(request)
         if not await _pump(request, response, pipe, reads.limits):
             # The client left, the service is stopping, or the client stalled: break the
             # connection, so that no client takes the answer for a complete one.

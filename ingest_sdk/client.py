@@ -7,19 +7,31 @@ driven from plain threads; there is one implementation, this one.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
 from ingest_sdk.channel import AsyncChannel
 from ingest_sdk.durations import parse_max_client_lag
+from ingest_sdk.errors import ConfigurationError, TransportError
 from ingest_sdk.rows import DEFAULT_TIMEZONE, ConversionOptions
 from ingest_sdk.schema import TableSchema
-from ingest_sdk.transport import DEFAULT_RETRY, DEFAULT_TIMEOUTS, RetryPolicy, Timeouts, Transport
+from ingest_sdk.transport import (
+    DEFAULT_RETRY,
+    DEFAULT_TIMEOUTS,
+    RetryPolicy,
+    Timeouts,
+    Transport,
+    error_from_answer,
+)
 from ingest_sdk.validation import ChannelStatus, OnErrorOption
+from ingest_sdk.wire import loads
 
-__all__ = ["AsyncStreamingIngestClient", "ClientLimits", "OpenChannelRequest"]
+__all__ = [
+    "AsyncStreamingIngestClient", "ClientLimits", "OpenChannelRequest", "change_stream_params",
+]  # fmt: skip
 
 MiB = 1024 * 1024
 
@@ -51,6 +63,51 @@ class OpenChannelRequest:
 
 
 DEFAULT_LIMITS = ClientLimits()
+
+
+def _timestamp(name: str, value: datetime | str | None) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    raise ConfigurationError(
+        f"{name} must be a datetime (naive: UTC) or RFC 3339 text such as "
+        f"'2026-01-31T12:00:00Z', got {type(value).__name__}"
+    )
+
+
+def change_stream_params(
+    start_timestamp: datetime | str,
+    end_timestamp: datetime | str | None = None,
+    partition_token: str | None = None,
+    heartbeat_milliseconds: int = 10_000,
+) -> dict[str, str]:
+    """The query parameters of ``GET /v1/change-streams/{name}/read``. Only the types are
+    checked here; the server checks the values (and says what to pass instead).
+
+    Raises:
+        ConfigurationError: a value of the wrong type.
+    """
+    start = _timestamp("start_timestamp", start_timestamp)
+    if start is None:
+        raise ConfigurationError("start_timestamp is required")
+    if isinstance(heartbeat_milliseconds, bool) or not isinstance(heartbeat_milliseconds, int):
+        raise ConfigurationError(
+            f"heartbeat_milliseconds must be an int (1,000 to 300,000), got "
+            f"{heartbeat_milliseconds!r}"
+        )
+    if partition_token is not None and not isinstance(partition_token, str):
+        raise ConfigurationError(
+            "partition_token must be text, a token of a child partitions record"
+        )
+    params = {"start_timestamp": start, "heartbeat_milliseconds": str(heartbeat_milliseconds)}
+    end = _timestamp("end_timestamp", end_timestamp)
+    if end is not None:
+        params["end_timestamp"] = end
+    if partition_token is not None:
+        params["partition_token"] = partition_token
+    return params
 
 
 def _status(item: Mapping[str, Any]) -> ChannelStatus:
@@ -168,6 +225,71 @@ class AsyncStreamingIngestClient:
             "DELETE", f"/v1/sql/sessions/{quote(session, safe='')}", retry=False
         )
         return bool(answer["closed"])
+
+    # -- change streams ---------------------------------------------------------------------
+
+    def read_change_stream(
+        self,
+        name: str,
+        start_timestamp: datetime | str,
+        *,
+        end_timestamp: datetime | str | None = None,
+        partition_token: str | None = None,
+        heartbeat_milliseconds: int = 10_000,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """One query of change stream ``name`` (``NAME``, ``SCHEMA.NAME`` or
+        ``DB.SCHEMA.NAME``; missing parts are ``DB`` and ``PUBLIC``), its records as they
+        come: ``async for record in client.read_change_stream(...)``.
+
+        Each record is a dict holding one of ``data_change_record``, ``heartbeat_record``
+        and ``child_partitions_record`` (``docs/change-streams.md``). Without
+        ``partition_token`` this is the first query: it returns the partitions to read,
+        as child partitions records, and ends. With one, the iterator ends when the
+        partition ends (after its child partitions record) or ``end_timestamp`` is
+        reached; until then it waits for records, a heartbeat arriving about every
+        ``heartbeat_milliseconds`` when nothing changes.
+
+        Timestamps are datetimes (naive ones are UTC) or RFC 3339 text. Opening the read
+        is retried as other calls are; once records came, nothing is retried. Close the
+        iterator to end a read early (``contextlib.aclosing``, or ``break`` and let it
+        go): that ends the read in the service too.
+
+        Raises:
+            ConfigurationError: an argument of the wrong type (at once).
+            InvalidRequestError: the service refused the arguments (400; the message
+                says what to pass), or the stream does not exist (404).
+            BackpressureError: too many reads are open on the service, after retries.
+            TransportError: the service could not be reached, or the connection broke
+                or went silent for ``heartbeat_milliseconds`` plus the request timeout
+                after records came: resume from the last record.
+            ServiceError: the read failed after it began (the error's class and message
+                come from the service: ``STREAM_STALE`` and others).
+        """
+        params = change_stream_params(
+            start_timestamp, end_timestamp, partition_token, heartbeat_milliseconds
+        )
+        path = f"/v1/change-streams/{quote(name, safe='')}/read"
+        idle = heartbeat_milliseconds / 1000 + self.transport.timeouts.request
+        return self._records(path, params, idle)
+
+    async def _records(
+        self, path: str, params: dict[str, str], idle: float
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        lines = self.transport.stream_lines(path, params=params, idle_timeout=idle)
+        try:
+            async for line in lines:
+                try:
+                    record = loads(line)
+                except ValueError as exc:
+                    raise TransportError(
+                        f"GET {path}: the answer held a line that is not JSON ({exc}); "
+                        "resume from the last record"
+                    ) from exc
+                if isinstance(record, dict) and "error" in record:
+                    raise error_from_answer(400, line)
+                yield record
+        finally:
+            await lines.aclose()
 
     # -- channels ---------------------------------------------------------------------------
 

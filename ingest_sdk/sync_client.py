@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections import deque
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from ingest_sdk.channel import AsyncChannel
@@ -43,6 +45,27 @@ class _LoopThread:
         if threading.current_thread() is self._thread:
             raise RuntimeError("a sync client cannot be used from its own loop thread")
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def iterate(self, items: AsyncGenerator[T, None]) -> Iterator[T]:
+        """An async generator as a plain iterator: each item is awaited on the loop thread.
+        Closing the iterator (or dropping it) closes the async generator too."""
+        end = object()
+
+        async def step() -> Any:
+            try:
+                return await anext(items)
+            except StopAsyncIteration:
+                return end
+
+        try:
+            while (item := self.run(step())) is not end:
+                yield item
+        finally:
+            if self.loop.is_running():
+                closing = asyncio.run_coroutine_threadsafe(items.aclose(), self.loop)
+                if threading.current_thread() is not self._thread:  # else it runs soon
+                    with contextlib.suppress(Exception):
+                        closing.result(timeout=30)
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -216,6 +239,25 @@ class StreamingIngestClient:
 
     def get_migration_history(self, name: str) -> list[dict[str, Any]]:
         return self._loop.run(self._client.get_migration_history(name))
+
+    def read_change_stream(
+        self,
+        name: str,
+        start_timestamp: datetime | str,
+        *,
+        end_timestamp: datetime | str | None = None,
+        partition_token: str | None = None,
+        heartbeat_milliseconds: int = 10_000,
+    ) -> Iterator[dict[str, Any]]:
+        """One query of change stream ``name``, its records as they come, as a plain
+        iterator that blocks for the next one; arguments, records and errors as in
+        :meth:`AsyncStreamingIngestClient.read_change_stream`. Close the iterator (or
+        ``break`` out of the loop over it) to end the read early."""
+        records = self._client.read_change_stream(
+            name, start_timestamp, end_timestamp=end_timestamp,
+            partition_token=partition_token, heartbeat_milliseconds=heartbeat_milliseconds,
+        )  # fmt: skip
+        return self._loop.iterate(records)
 
     def open_channel(self, request: OpenChannelRequest) -> Channel:
         return Channel(self._loop, self._loop.run(self._client.open_channel(request)))

@@ -11,7 +11,7 @@ batch_seq)``, so repeating one never duplicates rows.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,9 @@ class Timeouts:
 
 DEFAULT_TIMEOUTS = Timeouts()
 DEFAULT_RETRY = RetryPolicy()
+#: Longest line of a streamed answer (one change stream record); a longer one is a broken
+#: stream.
+MAX_LINE_BYTES = 1 << 30
 
 
 def _is_retriable(exc: BaseException) -> bool:
@@ -180,3 +183,86 @@ class Transport:
                 return await self._once(method, path, json=json, data=data, headers=headers,
                                         params=params, timeout=timeout)  # fmt: skip
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def stream_lines(
+        self, path: str, *, params: Mapping[str, str], idle_timeout: float
+    ) -> AsyncGenerator[bytes, None]:
+        """``GET`` an answer streamed as lines (NDJSON), and yield its lines as they come,
+        without their newline. Opening it is retried while the error says that is safe
+        (nothing was received yet); once it began, nothing is retried.
+
+        Close the generator (``aclose``) to end the request early: that closes the
+        connection, which tells the server to stop.
+
+        Args:
+            idle_timeout: seconds the answer may stay silent before it counts as broken.
+
+        Raises:
+            ServiceError: the server's error answer, as its class (after retries).
+            TransportError: the server stayed unreachable, or the connection broke or went
+                silent after the answer began (the caller resumes where it got to).
+        """
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(_is_retriable),
+            wait=_Wait(self.retry),
+            stop=stop_after_delay(self.retry.deadline),
+            reraise=True,
+        ):
+            with attempt:
+                response = await self._open_stream(path, params, idle_timeout)
+        try:
+            async for line in _lines(response.content):
+                yield line
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            raise TransportError(
+                f"GET {path} to {self.url} broke after the answer began: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            if response.content.at_eof():
+                response.release()
+            else:
+                response.close()  # the connection goes: the server stops the request
+
+    async def _open_stream(
+        self, path: str, params: Mapping[str, str], idle_timeout: float
+    ) -> aiohttp.ClientResponse:
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeouts.connect, sock_read=idle_timeout
+        )
+        try:
+            response = await self._session.get(self.url + path, params=params, timeout=timeout)
+            if response.status < 400:
+                return response
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+            raise TransportError(
+                f"GET {path} to {self.url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        raise error_from_answer(response.status, body)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The lines of a streamed body as they arrive (each newline is looked for once; a
+    line may span many chunks)."""
+    pending = bytearray()
+    async for chunk in content.iter_any():
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            if pending:
+                pending += chunk[start:end]
+                line = bytes(pending)
+                pending.clear()
+            else:
+                line = chunk[start:end]
+            if line:
+                yield line
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > MAX_LINE_BYTES:
+            raise TransportError(f"a line of the answer is longer than {MAX_LINE_BYTES} bytes")
+    if pending:
+        yield bytes(pending)
