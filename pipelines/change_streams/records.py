@@ -20,7 +20,9 @@ NEW_ROW_AND_OLD_VALUES        every column          changed columns, before
 the key columns and the columns the record's values hold (every column for the NEW_ROW
 types). Mods of one partition, table, type and column set share a record, at most
 :data:`MODS_PER_RECORD` of them. Values are JSON: integers as numbers, decimals as
-text, timestamps as RFC 3339 text in UTC with microseconds, binary as base64.
+text, timestamps as RFC 3339 text in UTC with microseconds, binary as base64, and
+VARIANT, OBJECT and ARRAY values as the JSON they hold, embedded as stored
+(``orjson.Fragment``: numbers of any size stay exact; records are written with orjson).
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ _CODES = {
 }  # fmt: skip
 
 
+#: Columns holding JSON text (canonical: equal values are equal text).
+_JSON_KINDS = (TypeKind.VARIANT, TypeKind.OBJECT, TypeKind.ARRAY)
+#: Integers a record holds as JSON numbers (others as text: JSON readers lose them).
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def rfc3339(micros: int) -> str:
     """A timestamp in µs since the epoch as ``2022-09-27T12:30:00.123456Z``."""
     return datetime.fromtimestamp(micros / 1_000_000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -91,13 +99,14 @@ def _json_values(values: pa.ChunkedArray | pa.Array, column: ColumnType) -> list
         if pa.types.is_decimal(arrow) and column.scale == 0:
             try:
                 return values.cast(pa.int64()).to_pylist()  # type: ignore[no-any-return]
-            except pa.ArrowInvalid:  # beyond 64 bits: exact text
-                pass
+            except pa.ArrowInvalid:  # some beyond 64 bits: those alone as exact text
+                return [None if v is None else int(v) if _INT64[0] <= v <= _INT64[1]
+                        else format(v, "f") for v in values.to_pylist()]  # fmt: skip
         return values.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
     if kind is TypeKind.BINARY:
         return [None if v is None else base64.b64encode(v).decode() for v in values.to_pylist()]
-    if kind in (TypeKind.VARIANT, TypeKind.OBJECT, TypeKind.ARRAY):
-        return [None if v is None else orjson.loads(v) for v in values.to_pylist()]
+    if kind in _JSON_KINDS:  # the stored canonical JSON as is: parsing would round
+        return [None if v is None else orjson.Fragment(v) for v in values.to_pylist()]
     if kind is TypeKind.FLOAT:
         return [_finite(v) for v in values.to_pylist()]
     return values.to_pylist()  # type: ignore[no-any-return]
@@ -150,6 +159,10 @@ def _mods(
     events = events.sort_by([(ROW_ID_COLUMN, "ascending"), ("_change_type", "descending")])
     columns = {c.name: _json_values(events.column(c.name), c.type) for c in table.schema}
     columns[ROW_ID_KEY] = events.column(ROW_ID_COLUMN).to_pylist()
+    # What a pre- and a post-image are compared by: the JSON values, but for JSON
+    # columns their text (a Fragment only equals itself).
+    compared = {**columns, **{c.name: events.column(c.name).to_pylist()
+                              for c in table.schema if c.type.kind in _JSON_KINDS}}  # fmt: skip
     kinds = events.column("_change_type").to_pylist()
     ids = columns[ROW_ID_KEY]
     full_row = capture in ("NEW_ROW", "NEW_ROW_AND_OLD_VALUES")
@@ -176,12 +189,12 @@ def _mods(
             emit("DELETE", index, index, value_columns)
         elif kind == "update_preimage" and index + 1 < count and ids[index + 1] == ids[index]:
             post = index + 1
-            if any(not _same(columns[k][index], columns[k][post]) for k in key):
+            if any(not _same(compared[k][index], compared[k][post]) for k in key):
                 emit("DELETE", index, index, value_columns)
                 emit("INSERT", post, None, value_columns)
             else:
                 changed = [
-                    c for c in value_columns if not _same(columns[c][index], columns[c][post])
+                    c for c in value_columns if not _same(compared[c][index], compared[c][post])
                 ]
                 if changed:
                     emit("UPDATE", post, index, changed)
