@@ -279,7 +279,7 @@ def test_a_service_that_stops_breaks_the_read_so_the_reader_resumes(server, sess
                                         heartbeat_milliseconds=1000)  # fmt: skip
     assert "heartbeat_record" in next(records)
     server.stop()  # the read does not hold the shutdown (aiohttp would wait 60 s)
-    assert reads_of(server.service).active == 0
+    wait_until(lambda: reads_of(server.service).active == 0, "the read to end")
     wait_until(lambda: not read_threads(), "the read's thread to end")
     with pytest.raises(TransportError):  # not a clean end: the reader resumes elsewhere
         for record in records:
@@ -423,3 +423,14 @@ async def test_a_client_that_never_reads_holds_up_neither_other_reads_nor_the_fl
         stalled.close()
     await asyncio.to_thread(wait_until, lambda: reads_of(server.service).active == 0,
                             "the stalled read to end once its client left")  # fmt: skip
+
+
+async def test_a_read_needs_the_token_when_the_service_has_tokens(server_factory):
+    server = server_factory(auth_tokens=frozenset({"secret"}), change_stream_check_seconds=0)
+    params = {"start_timestamp": "2026-01-31T12:00:00Z", "heartbeat_milliseconds": "1000"}
+    async with aiohttp.ClientSession(base_url=server.url) as http:
+        assert (await error_of(http, "CS", **params))[:2] == (401, "UNAUTHENTICATED")
+    async with aiohttp.ClientSession(
+        base_url=server.url, headers={"Authorization": "Bearer secret"}
+    ) as http:  # past the door: no such stream
+        assert (await error_of(http, "CS", **params))[:2] == (404, "CHANGE_STREAM_NOT_FOUND")
