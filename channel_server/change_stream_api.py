@@ -46,6 +46,7 @@ from channel_server.handlers import SERVICE, routes
 from channel_server.service import IngestService
 from ingest_sdk.errors import (
     BackpressureError,
+    ChangeStreamNotFoundError,
     IngestError,
     InvalidRequestError,
     SchemaError,
@@ -91,17 +92,6 @@ class ReadLimits:
 
 #: The limits a service's reads get (read when its first read arrives).
 LIMITS = ReadLimits()
-
-
-class ChangeStreamNotFoundError(ServiceError):
-    """No change stream of that name (404).
-
-    The SDK has no class for this code yet (it belongs in :mod:`ingest_sdk.errors`'
-    ``ERRORS_BY_CODE``); until it does, the SDK raises the 4xx fallback,
-    :class:`InvalidRequestError`, with this message.
-    """
-
-    status, code = 404, "CHANGE_STREAM_NOT_FOUND"
 
 
 class InvalidArgumentError(ServiceError):

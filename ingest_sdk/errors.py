@@ -43,6 +43,7 @@ __all__ = [
     "ERRORS_BY_CODE",
     "AuthenticationError",
     "BackpressureError",
+    "ChangeStreamNotFoundError",
     "ChannelClosedError",
     "ChannelInvalidatedError",
     "ChannelNotFoundError",
@@ -220,6 +221,12 @@ class TableNotFoundError(ServiceError):
     status, code = 404, "TABLE_NOT_FOUND"
 
 
+class ChangeStreamNotFoundError(ServiceError):
+    """No change stream of that name (a read of ``GET /v1/change-streams/{name}/read``)."""
+
+    status, code = 404, "CHANGE_STREAM_NOT_FOUND"
+
+
 class ChannelNotFoundError(ServiceError):
     status, code = 404, "CHANNEL_NOT_FOUND"
 
@@ -289,6 +296,7 @@ ERRORS_BY_CODE: dict[str, type[ServiceError]] = {
         AuthenticationError,
         TableNotFoundError,
         ChannelNotFoundError,
+        ChangeStreamNotFoundError,
         TableAlreadyExistsError,
         TableBusyError,
         ChannelInvalidatedError,

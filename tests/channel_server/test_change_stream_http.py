@@ -32,6 +32,7 @@ from ingest_sdk import (
     OpenChannelRequest,
     TransportError,
 )
+from ingest_sdk.errors import ChangeStreamNotFoundError
 from pipelines import Session
 from pipelines.change_streams.records import rfc3339
 
@@ -243,7 +244,7 @@ async def test_a_stream_dropped_during_a_read_ends_it_with_an_error(server, sess
                                             heartbeat_milliseconds=1000)  # fmt: skip
         assert "heartbeat_record" in await anext(records)
         await asyncio.to_thread(session.sql, "DROP CHANGE STREAM CS")
-        with pytest.raises(InvalidRequestError, match="was dropped or replaced during the read"):
+        with pytest.raises(ChangeStreamNotFoundError, match="was dropped or replaced during"):
             async for record in records:
                 assert "heartbeat_record" in record
 
@@ -332,7 +333,7 @@ async def test_every_mistake_is_a_4xx_naming_the_fix(server, session, http, clie
     # The SDK raises the service's message; wrong types fail before any request.
     with pytest.raises(InvalidRequestError, match="is not a partition of change stream"):
         next(client.read_change_stream("CS", start, partition_token=other))
-    with pytest.raises(InvalidRequestError, match="does not exist"):
+    with pytest.raises(ChangeStreamNotFoundError, match="does not exist"):
         next(client.read_change_stream("NOPE", start))
     with pytest.raises(InvalidRequestError, match="got '999'"):
         next(client.read_change_stream("CS", start, heartbeat_milliseconds=999))
