@@ -10,6 +10,7 @@ batch_seq)``, so repeating one never duplicates rows.
 
 from __future__ import annotations
 
+import io
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -137,7 +138,10 @@ class Transport:
                 method,
                 self.url + path,
                 json=json,
-                data=data,
+                # A stream over a copy for each attempt: aiohttp warns of raw bytes over
+                # 1 MiB (a ResourceWarning, an error where warnings are), and a retry
+                # must send the whole body again.
+                data=io.BytesIO(data) if data is not None else None,
                 headers=headers,
                 params=params,
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.timeouts.connect),

@@ -119,6 +119,18 @@ async def test_wait_for_commit_finds_every_token_of_a_coalesced_request(server):
         assert channel._acked_seq == 1  # one request carried every token
 
 
+async def test_a_request_body_over_a_mebibyte_is_sent_without_a_warning(server):
+    """aiohttp warns (ResourceWarning, an error under this suite's filterwarnings) when
+    handed raw bytes over 1 MiB; the transport sends a stream instead."""
+    async with AsyncStreamingIngestClient("c", url=server.url, max_client_lag=0.2) as client:
+        await client.create_table("db.s.big", {"ID": "INT", "S": "VARCHAR"})
+        channel = await client.open_channel(request(table="BIG"))
+        rows = [{"ID": i, "S": "x" * 1000} for i in range(3000)]  # ~3 MB in one request
+        await channel.insert_rows(rows, end_offset_token="last")
+        assert await channel.wait_for_commit("last", timeout=60) == "last"
+        assert channel._acked_seq == 1
+
+
 def test_wait_for_commit_times_out_clearly(server, client_factory):
     client = client_factory(server.url, max_client_lag=10.0)
     client.create_table("db.s.t", {"ID": "INT"})
