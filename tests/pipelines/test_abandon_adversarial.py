@@ -219,7 +219,7 @@ def test_abandon_racing_a_recovery_process_while_the_damage_is_mended(
     b, commit_id, staged = damaged(session_factory, monkeypatch)
     recovery = child(b.warehouse, f"""
         from pipelines.transactions.commit import recover_pending
-        end = time.monotonic() + 8
+        end = time.monotonic() + 60
         while time.monotonic() < end:
             recover_pending(catalog, only={{{commit_id}}})
             if not catalog.pending_commits():
@@ -233,7 +233,11 @@ def test_abandon_racing_a_recovery_process_while_the_damage_is_mended(
         done = real_recover(catalog, only=only)
         if moment == "mended_before_take_over":
             mend(staged)
-            time.sleep(3)  # the other process completes it meanwhile
+            # The other process completes it meanwhile: waited for, not timed (on a
+            # loaded machine that process starts late).
+            end = time.monotonic() + 60
+            while b.catalog.pending_commits() and time.monotonic() < end:
+                time.sleep(0.05)
         return done
 
     def mend_then_check(pending):
