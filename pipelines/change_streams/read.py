@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from catalog import Catalog, ChangeStreamRecord, PartitionRecord, Seal, TableInfo
@@ -97,6 +98,8 @@ def read_args(
         heartbeat = int(beat) if beat is not None and not isinstance(beat, bool) else None
     except (TypeError, ValueError):
         heartbeat = None
+    if heartbeat is not None and isinstance(beat, float | Decimal) and beat != heartbeat:
+        heartbeat = None  # 1000.5 is not a whole number of milliseconds (int() truncates)
     if heartbeat is None or not MIN_HEARTBEAT_MS <= heartbeat <= MAX_HEARTBEAT_MS:
         raise _error(f"heartbeat_milliseconds must be a whole number from {MIN_HEARTBEAT_MS:,} "
                      f"to {MAX_HEARTBEAT_MS:,}, got {str(beat)[:40]!r}")  # fmt: skip
