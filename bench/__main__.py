@@ -7,7 +7,15 @@ import sys
 
 import orjson
 
-from bench import backpressure, compaction, conversion, dynamic_tables, ingest, pipelines
+from bench import (
+    backpressure,
+    change_streams,
+    compaction,
+    conversion,
+    dynamic_tables,
+    ingest,
+    pipelines,
+)
 from ingest_sdk.process_exit import run_entry_point
 
 BENCHMARKS = {
@@ -23,6 +31,8 @@ BENCHMARKS = {
     "dt_incremental_vs_full": dynamic_tables.run_incremental_vs_full,
     "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
     "dt_freshness": dynamic_tables.run_freshness,
+    "cs_throughput": change_streams.run_throughput,
+    "cs_latency": change_streams.run_latency,
 }
 
 
