@@ -3,6 +3,7 @@
 The public names are re-exported here; import from ``ingest_sdk`` only.
 """
 
+from ingest_sdk.change_stream_reader import ChangeStreamReader, CheckpointPolicy
 from ingest_sdk.channel import AsyncChannel
 from ingest_sdk.client import AsyncStreamingIngestClient, ClientLimits, OpenChannelRequest
 from ingest_sdk.column_types import DECLARED_TYPE_KEY, ColumnType, TypeKind
@@ -46,11 +47,13 @@ __all__ = [
     "AsyncStreamingIngestClient",
     "AuthenticationError",
     "BackpressureError",
+    "ChangeStreamReader",
     "Channel",
     "ChannelClosedError",
     "ChannelInvalidatedError",
     "ChannelNotFoundError",
     "ChannelStatus",
+    "CheckpointPolicy",
     "ClientLimits",
     "Column",
     "ColumnType",

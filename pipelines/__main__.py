@@ -1,4 +1,5 @@
-"""The command line: ``python -m pipelines sql "statement"``, or a prompt without one.
+"""The command line: ``python -m pipelines sql "statement"``, or a prompt without one;
+``python -m pipelines tail CS`` prints a change stream's records as they come.
 
 Rows are printed as a table (``--format table``, the default), JSON lines or CSV. A SQL
 mistake prints its code and message and exits 1 (the prompt carries on). Statements run
@@ -6,6 +7,12 @@ in a session on the warehouse (``--warehouse``, default ``$INGEST_WAREHOUSE`` or
 ``./warehouse``), which must already hold one (``--create`` makes one); or, with
 ``--url``, in the running service (``POST /v1/sql``), which answers without starting
 Spark here.
+
+``tail`` reads every partition of a change stream, parents before children
+(:class:`ingest_sdk.ChangeStreamReader` with a throwaway checkpoint), and prints each
+data change record (with ``--heartbeats``, each heartbeat too) as one JSON line. It reads
+the warehouse's catalog and tables in this process (no Spark), or, with ``--url``, the
+service's ``GET /v1/change-streams/{name}/read``. Ctrl-C or SIGTERM ends it (status 0).
 """
 
 from __future__ import annotations
@@ -15,22 +22,28 @@ import contextlib
 import csv
 import os
 import secrets
+import signal
 import sys
+import tempfile
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
 
 from ingest_sdk.process_exit import run_entry_point
-from pipelines.errors import SqlError, evaluation_errors
+from pipelines.errors import ObjectNotFoundError, SqlError, evaluation_errors
 from pipelines.spark_sources.source_options import CATALOG_FILE, is_warehouse
-from pipelines.sql.statements import classify
+from pipelines.sql.statements import classify, qualified, split_name
 
 if TYPE_CHECKING:
+    from catalog import Catalog
+    from ingest_sdk import IngestError
+    from ingest_sdk.change_stream_reader import Query
     from pipelines.sql.session import Session
 
 PROMPT = "sql> "
@@ -57,12 +70,13 @@ def _positive(text: str) -> int:
     return value
 
 
-def _options(defaults: bool) -> argparse.ArgumentParser:
-    """The options, for the main parser and again for ``sql`` (so they may follow it).
+def _options(defaults: bool, output: bool = True) -> argparse.ArgumentParser:
+    """The options, for the main parser and again for ``sql`` and ``tail`` (so they may
+    follow them); ``output``: with those of printing rows (not ``tail``'s).
 
-    The ``sql`` copy has no defaults (``SUPPRESS``): argparse copies a sub-parser's
-    values over the main parser's, so a default there would undo an option given before
-    the sub-command.
+    The sub-commands' copies have no defaults (``SUPPRESS``): argparse copies a
+    sub-parser's values over the main parser's, so a default there would undo an option
+    given before the sub-command.
     """
 
     def default(value: object) -> object:
@@ -76,16 +90,29 @@ def _options(defaults: bool) -> argparse.ArgumentParser:
         f"a warehouse ({CATALOG_FILE}) unless --create is given",
     )
     options.add_argument(
-        "--create",
-        action="store_true",
-        default=default(False),
-        help="create the warehouse if the folder holds none",
-    )
-    options.add_argument(
         "--database", default=default(DEFAULT_DATABASE), help="default database (default DB)"
     )
     options.add_argument(
         "--schema", default=default(DEFAULT_SCHEMA), help="default schema (default PUBLIC)"
+    )
+    options.add_argument(
+        "--url",
+        default=default(None),
+        help="a running service (http://host:port): statements go to its POST /v1/sql "
+        "instead of a Spark session here; tail reads its GET /v1/change-streams/{name}/read",
+    )
+    options.add_argument(
+        "--token",
+        default=default(None),
+        help="with --url: the service's bearer token (default $INGEST_TOKEN)",
+    )
+    if not output:
+        return options
+    options.add_argument(
+        "--create",
+        action="store_true",
+        default=default(False),
+        help="create the warehouse if the folder holds none",
     )
     options.add_argument(
         "--format",
@@ -99,18 +126,18 @@ def _options(defaults: bool) -> argparse.ArgumentParser:
         default=default(MAX_ROWS),
         help=f"rows printed at most (default {MAX_ROWS})",
     )
-    options.add_argument(
-        "--url",
-        default=default(None),
-        help="a running service (http://host:port): statements go to its POST /v1/sql "
-        "instead of a Spark session here",
-    )
-    options.add_argument(
-        "--token",
-        default=default(None),
-        help="with --url: the service's bearer token (default $INGEST_TOKEN)",
-    )
     return options
+
+
+def _heartbeat_ms(text: str) -> int:
+    from pipelines.change_streams.read import MAX_HEARTBEAT_MS, MIN_HEARTBEAT_MS
+
+    value = int(text)
+    if not MIN_HEARTBEAT_MS <= value <= MAX_HEARTBEAT_MS:
+        raise argparse.ArgumentTypeError(
+            f"must be from {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS} milliseconds, got {value}"
+        )
+    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -122,7 +149,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "sql", help="run one statement and exit", parents=[_options(defaults=False)]
     )
     run.add_argument("statement", help="one SQL statement")
+    tail = commands.add_parser(
+        "tail",
+        help="print a change stream's data change records as JSON lines as they come, until "
+        "Ctrl-C or SIGTERM",
+        parents=[_options(defaults=False, output=False)],
+    )
+    tail.add_argument("stream", help="the change stream: NAME, SCHEMA.NAME or DB.SCHEMA.NAME")
+    tail.add_argument(
+        "--start-timestamp",
+        help="where to start, RFC 3339 (default now; with --url one second before now, so a "
+        "clock a little ahead of the service's is not refused)",
+    )
+    tail.add_argument("--end-timestamp", help="stop there (RFC 3339; default: run until stopped)")
+    tail.add_argument(
+        "--heartbeat-ms",
+        type=_heartbeat_ms,
+        default=1000,
+        help="the partitions' heartbeat interval (default 1000, at most 300000)",
+    )
+    tail.add_argument(
+        "--heartbeats", action="store_true", help="print the partitions' heartbeats too"
+    )
     args = parser.parse_args(argv)
+    if args.command == "tail" and args.create:
+        parser.error("tail reads a change stream of an existing warehouse: leave out --create")
     if args.url is not None and (args.warehouse is not None or args.create):
         parser.error("--url runs statements in the service's own warehouse: leave out "
                      "--warehouse and --create")  # fmt: skip
@@ -347,8 +398,125 @@ def open_runner(args: argparse.Namespace) -> Runner:
     return LocalRunner(folder)
 
 
+def local_query(
+    catalog: Catalog, name: tuple[str, str, str], stop: threading.Event | None = None
+) -> Query:
+    """The in-process read of change stream ``name`` as a :class:`ChangeStreamReader`'s
+    ``query``: the stream looked up and the arguments checked on every call.
+
+    Raises (when called):
+        ObjectNotFoundError: the stream does not exist (any more).
+        SqlError: ``INVALID_ARGUMENT``: the read's arguments (see ``read_args``).
+    """
+    from pipelines.change_streams.read import read, read_args
+
+    def query(
+        token: str | None, start: str, end: str | None, heartbeat_ms: int
+    ) -> Iterator[dict[str, Any]]:
+        stream = catalog.get_change_stream(*name)
+        if stream is None:
+            from catalog import full_name
+
+            raise ObjectNotFoundError(
+                f"change stream {full_name(*name)} does not exist (SHOW CHANGE STREAMS lists "
+                "them; unquoted parts of a name are upper-cased)"
+            )
+        values = {"start_timestamp": start, "end_timestamp": end, "partition_token": token,
+                  "heartbeat_milliseconds": heartbeat_ms}  # fmt: skip
+        args = read_args(values, stream, catalog.list_partitions(stream.uid))
+        return read(catalog, stream, args, stop)
+
+    return query
+
+
+def _print_record(record: dict[str, Any], _db: object) -> None:
+    sys.stdout.write(orjson.dumps(record).decode() + "\n")
+    sys.stdout.flush()
+
+
+def tail(args: argparse.Namespace) -> int:
+    """``tail``: print the stream's records until it ends (``--end-timestamp``), Ctrl-C or
+    SIGTERM (0); a stream that does not exist or a refused read: its error, 1."""
+    from catalog import SqliteCatalog, full_name
+    from ingest_sdk import (
+        ChangeStreamReader,
+        ConfigurationError,
+        IngestError,
+        StreamingIngestClient,
+    )
+
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    parts = split_name(args.stream)
+    if not 1 <= len(parts) <= 3:
+        print(f"error: {args.stream!r} is not a change stream name (NAME, SCHEMA.NAME or "
+              "DB.SCHEMA.NAME)", file=sys.stderr)  # fmt: skip
+        return 2
+    name = qualified(parts, args.database, args.schema)
+    now = datetime.now(UTC)
+    client: StreamingIngestClient | None = None
+    if args.url is not None:
+        client = StreamingIngestClient(
+            "pipelines-tail", url=args.url, token=args.token or os.environ.get("INGEST_TOKEN")
+        )
+        source: Any = client
+        where = f"the service at {args.url}"
+        now -= timedelta(seconds=1)
+    else:
+        folder = Path(args.warehouse or os.environ.get("INGEST_WAREHOUSE") or "warehouse")
+        folder = folder.expanduser().resolve()
+        where = f"warehouse {folder}"
+        if not is_warehouse(folder):
+            print(f"error: {folder} holds no warehouse (no {CATALOG_FILE}); pass --warehouse "
+                  "the folder the service uses, or --url", file=sys.stderr)  # fmt: skip
+            return 2
+        catalog = SqliteCatalog(folder / CATALOG_FILE)
+        if catalog.get_change_stream(*name) is None:
+            print(f"error OBJECT_NOT_FOUND: change stream {full_name(*name)} does not exist "
+                  f"({where})", file=sys.stderr)  # fmt: skip
+            return 1
+        source = local_query(catalog, name, stop)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pipelines-tail-") as folder_name:
+            reader = ChangeStreamReader(
+                source,
+                full_name(*name),
+                start_timestamp=args.start_timestamp or now,
+                end_timestamp=args.end_timestamp,
+                checkpoint_path=Path(folder_name) / "checkpoint.sqlite",
+                callback=_print_record,
+                heartbeat_milliseconds=args.heartbeat_ms,
+                heartbeats=args.heartbeats,
+            )
+            reader.run(stop)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SqlError as exc:
+        print(f"error {exc.code}: {exc} ({where})", file=sys.stderr)
+        return 1
+    except IngestError as exc:
+        print(f"error {_code(exc)}: {exc} ({where})", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader of our output left (| head): done
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        if client is not None:
+            client.close()
+    return 0
+
+
+def _code(exc: IngestError) -> str:
+    return str(getattr(exc, "code", type(exc).__name__))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command == "tail":
+        return tail(args)
     try:
         runner = open_runner(args)
     except UsageError as exc:
