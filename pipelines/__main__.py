@@ -442,6 +442,7 @@ def tail(args: argparse.Namespace) -> int:
         ChangeStreamReader,
         ConfigurationError,
         IngestError,
+        RetryPolicy,
         StreamingIngestClient,
     )
 
@@ -457,9 +458,12 @@ def tail(args: argparse.Namespace) -> int:
     now = datetime.now(UTC)
     client: StreamingIngestClient | None = None
     if args.url is not None:
+        # Each opening of a read retried briefly: the reader retries it again (for 2
+        # minutes), and between its tries a Ctrl-C is seen.
         client = StreamingIngestClient(
-            "pipelines-tail", url=args.url, token=args.token or os.environ.get("INGEST_TOKEN")
-        )
+            "pipelines-tail", url=args.url, token=args.token or os.environ.get("INGEST_TOKEN"),
+            retry=RetryPolicy(deadline=5.0),
+        )  # fmt: skip
         source: Any = client
         where = f"the service at {args.url}"
         now -= timedelta(seconds=1)
