@@ -217,3 +217,33 @@ def test_tail_over_url_prints_changes_and_stops_on_sigterm(watched, server_facto
     message = missing.stderr()
     assert message.startswith("error ") and "change stream DB.PUBLIC.NOPE does not exist" in message
     assert message.rstrip().endswith(f"(the service at {server.url})")
+
+
+def test_tail_runs_without_spark(watched, tmp_path):
+    """The embedded tail reads the catalog and the Delta logs in its own process: no
+    pyspark module is ever imported (so no JVM starts)."""
+    session, start = watched
+    expected = write(session)
+    end = rfc3339(clock())
+    script = (
+        "import sys\n"
+        "from ingest_sdk.process_exit import exit_process\n"
+        "from pipelines.__main__ import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print('spark imported:', any(m.startswith('pyspark') for m in sys.modules), "
+        "file=sys.stderr)\n"
+        "exit_process(code)\n"
+    )
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("INGEST_")},
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", script, "tail", "CS", "--warehouse", str(tmp_path / "warehouse"),
+         "--start-timestamp", start, "--end-timestamp", end],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip() == "spark imported: False"
+    printed = [orjson.loads(line) for line in done.stdout.splitlines()]
+    changes = [(r["data_change_record"]["mod_type"], m["keys"]["ID"])
+               for r in printed for m in r["data_change_record"]["mods"]]  # fmt: skip
+    assert per_key(changes) == per_key(expected)
