@@ -297,7 +297,14 @@ def read(
         if found:
             quiet_since = time.monotonic()
             last_beat = max(last_beat, found[-1][0])
-        if partition.end_us is not None and upto >= partition.end_us - 1:
+        # The child record only if the read's range reaches the parent's last moment: a
+        # read ending earlier ends with a heartbeat (below), so that the reader resumes
+        # the parent, whose later records it has not had, instead of moving on.
+        if (
+            partition.end_us is not None
+            and upto >= partition.end_us - 1
+            and (end is None or end >= partition.end_us - 1)
+        ):
             partitions = catalog.list_partitions(stream.uid)
             children = [p for p in partitions if partition.token in p.parents]
             yield {"child_partitions_record": {

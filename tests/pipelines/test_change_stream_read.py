@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import flush.commit_clock as commit_clock
 from flush import ChannelProgress, TableWriter
 from flush.commit_clock import now_us
+from flush.compaction import CompactionPolicy, compact_table
 from ingest_sdk import convert_rows
 from pipelines import SqlError
 from pipelines.change_streams.records import key_hash, rfc3339
@@ -812,3 +813,103 @@ def test_heartbeat_bounds_stream_names_and_tokens(watched):
         "before partition",
         "start at the start_timestamp",
     )
+
+
+# Who wrote a transaction
+def test_a_channel_flush_is_tagged_with_its_channels(watched):
+    s, token = watched
+    start = now()
+    info = s.require_table("T")
+    batch, _ = convert_rows(info.schema, [{"ID": 1, "V": "a"}, {"ID": 2, "V": "b"}])
+    first = s.catalog.reserve_row_ids(info.id, 2)
+    TableWriter(info.uri, info.schema).commit_flush(  # one flush of two channels
+        [pa.Table.from_batches([batch])],
+        [ChannelProgress("orders-p1", 1, 1, "7", 1), ChannelProgress("orders-p0", 2, 4, "9", 1)],
+        first,
+    )
+    s.sql("UPDATE T SET V = 'c' WHERE ID = 1")
+    found = changes(read(s, "CS", start, token))
+    assert [(c["mod_type"], c["transaction_tag"], c["is_system_transaction"]) for c in found] == [
+        ("INSERT", "channels=orders-p0,orders-p1", False),
+        ("UPDATE", "sql", False),
+    ]
+    assert [m["keys"]["ID"] for m in found[0]["mods"]] == [1, 2]
+
+
+def rows_by_id(session, table):
+    """A table's rows by their row id, values as a record holds them (no Spark)."""
+    from deltalake import DeltaTable
+
+    from flush import read_table
+
+    def as_json(value):
+        if isinstance(value, Decimal):
+            return int(value) if value == value.to_integral_value() else str(value)
+        return value
+
+    found = read_table(DeltaTable(session.require_table(table).uri)).to_pylist()
+    return {r.pop("_INGEST_ROW_ID"): {c: as_json(v) for c, v in r.items()} for r in found}
+
+
+@pytest.mark.parametrize(("action", "query"), [
+    ("INCREMENTAL", "SELECT ID, V, QTY * 10 AS Q FROM SRC WHERE V <> 'x'"),
+    ("FULL", "SELECT ID, V, count(*) OVER (PARTITION BY V) AS Q FROM SRC"),
+])  # fmt: skip
+def test_a_dynamic_table_refresh_is_a_system_transaction_of_its_net_change(session, action, query):
+    s = session
+    s.sql("CREATE TABLE SRC (ID NUMBER PRIMARY KEY, V VARCHAR, QTY NUMBER)")
+    s.sql("INSERT INTO SRC VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
+    s.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {query}")
+    s.sql("CREATE CHANGE STREAM CS FOR D OPTIONS (value_capture_type = 'NEW_ROW_AND_OLD_VALUES')")
+    before = rows_by_id(s, "D")
+    start = now()
+    s.sql("UPDATE SRC SET QTY = 20 WHERE ID = 2")
+    s.sql("UPDATE SRC SET V = 'x' WHERE ID = 3")  # leaves D
+    s.sql("INSERT INTO SRC VALUES (4, 'd', 4)")
+    s.sql("UPDATE SRC SET QTY = 5 WHERE ID = 1")  # and back: no net change of row 1
+    s.sql("UPDATE SRC SET QTY = 1 WHERE ID = 1")
+    s.sql("ALTER DYNAMIC TABLE D REFRESH")
+    history = s.sql("SELECT REFRESH_ACTION FROM TABLE(DYNAMIC_TABLE_REFRESH_HISTORY())")
+    assert history.collect()[0]["REFRESH_ACTION"] == action
+    after = rows_by_id(s, "D")
+    assert after != before
+    (token,) = [p["token"] for p in partitions(s, "CS")]
+    found = changes(read(s, "CS", start, token))
+    assert {(c["transaction_tag"], c["is_system_transaction"]) for c in found} == {
+        ("dynamic_table=DB.PUBLIC.D", True)
+    }
+    assert len({c["server_transaction_id"] for c in found}) == 1  # one refresh, one commit
+    # The records are D's net change: applied to D before, they give D after.
+    state = dict(before)
+    mods = [(c["mod_type"], mod) for c in found for mod in c["mods"]]
+    for kind, mod in mods:
+        row_id = mod["keys"]["METADATA$ROW_ID"]
+        old = {c: state[row_id][c] for c in mod["old_values"]} if kind != "INSERT" else {}
+        assert mod["old_values"] == old
+        if kind == "DELETE":
+            assert set(mod["old_values"]) == {"ID", "V", "Q"}
+            del state[row_id]
+        else:
+            assert row_id not in state if kind == "INSERT" else row_id in state
+            state[row_id] = mod["new_values"]
+    assert state == after
+    changed = {i for i in before.keys() | after.keys() if before.get(i) != after.get(i)}
+    assert sorted(mod["keys"]["METADATA$ROW_ID"] for _, mod in mods) == sorted(changed)
+
+
+def test_compaction_is_no_record(watched, spark):
+    s, token = watched
+    start = now()
+    for key in (1, 2, 3):  # three files
+        flush_rows(s, "T", [{"ID": key, "V": str(key)}])
+    info = s.require_table("T")
+    assert compact_table(spark, info.uri, CompactionPolicy()).status == "SUCCEEDED"
+    assert s.sql("DESCRIBE HISTORY T").collect()[0]["source"] == "COMPACTION"
+    s.sql("DELETE FROM T WHERE ID = 2")
+    found = changes(read(s, "CS", start, token))
+    assert [(c["mod_type"], [m["keys"]["ID"] for m in c["mods"]]) for c in found] == [
+        ("INSERT", [1]),
+        ("INSERT", [2]),
+        ("INSERT", [3]),
+        ("DELETE", [2]),
+    ]
