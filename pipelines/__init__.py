@@ -64,11 +64,14 @@ _REGISTERING = threading.Lock()
 
 
 def register_data_sources(spark: SparkSession) -> None:
-    """Make ``format("ingest-changes")`` (change rows, batch and streaming) and
-    ``format("ingest")`` (append, batch and streaming) known to ``spark``."""
+    """Make ``format("ingest-changes")`` (change rows, batch and streaming),
+    ``format("ingest-change-stream")`` (a change stream's records, batch and streaming)
+    and ``format("ingest")`` (append, batch and streaming) known to ``spark``."""
     from pipelines.spark_sources.change_source import ChangesDataSource
+    from pipelines.spark_sources.change_stream_source import ChangeStreamDataSource
     from pipelines.spark_sources.table_sink import TableSinkDataSource
 
     with _REGISTERING:  # two at once (sessions opened on two threads) make Spark refuse one
         spark.dataSource.register(ChangesDataSource)
+        spark.dataSource.register(ChangeStreamDataSource)
         spark.dataSource.register(TableSinkDataSource)
