@@ -1,9 +1,9 @@
-"""Reading change streams through ``SELECT * FROM READ_<cs>(...)``: the reference's
+"""What the records of ``SELECT * FROM READ_<cs>(...)`` hold: the reference's
 AccountBalance records for the four value capture types, the shapes of INSERT, UPDATE
-and DELETE, tables without a primary key, value conversion against ``SELECT``,
-heartbeats (idle tables, writers with skewed clocks), retention and bad arguments, and
-who wrote a transaction (tags, system transactions, compaction). The partition workflow
-(splits and merges) is in ``test_change_stream_partitions.py``."""
+and DELETE (key changes, copy-on-write noise), tables without a primary key, values
+against what ``SELECT`` returns, and who wrote a transaction (channels, SQL, dynamic
+table refreshes, compaction). How a read proceeds (partitions, heartbeats, retention,
+arguments) is in ``test_change_stream_partitions.py``; its helpers are here."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import copy
 import json
 import math
 import re
-import time
 from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -22,12 +21,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-import flush.commit_clock as commit_clock
 from flush import ChannelProgress, TableWriter
 from flush.commit_clock import now_us
 from flush.compaction import CompactionPolicy, compact_table
 from ingest_sdk import convert_rows
-from pipelines import SqlError
 from pipelines.change_streams.records import key_hash, rfc3339
 
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
@@ -41,10 +38,7 @@ ACCOUNTS = (
 def micros(text: str) -> int:
     """An RFC 3339 timestamp of a record as µs since the epoch."""
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // _US
-
-
-_US = datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
 
 
 def sql_value(value: Any) -> str:
@@ -123,6 +117,21 @@ def separate(session, cs, keys) -> dict[str, str]:
         if not crowded:
             return {found[0]: token for token, found in placed.items()}
         session.sql(f"ALTER CHANGE STREAM {cs} SPLIT PARTITION '{crowded[0]}'")
+
+
+def rows_by_id(session, table):
+    """A table's rows by their row id, values as a record holds them (no Spark)."""
+    from deltalake import DeltaTable
+
+    from flush import read_table
+
+    def as_json(value):
+        if isinstance(value, Decimal):
+            return int(value) if value == value.to_integral_value() else str(value)
+        return value
+
+    found = read_table(DeltaTable(session.require_table(table).uri)).to_pylist()
+    return {r.pop("_INGEST_ROW_ID"): {c: as_json(v) for c, v in r.items()} for r in found}
 
 
 # The reference's AccountBalance records (003), as transcribed from its examples; the
@@ -387,17 +396,12 @@ def test_insert_update_delete_and_a_key_change_for_each_capture_type(session, ca
 
 
 def test_a_table_without_a_primary_key_is_keyed_by_its_row_ids(session):
-    from deltalake import DeltaTable
-
-    from flush import read_table
-
     s = session
     s.sql("CREATE TABLE N (V VARCHAR, W NUMBER)")
     s.sql("CREATE CHANGE STREAM CS FOR N OPTIONS (value_capture_type = 'NEW_ROW_AND_OLD_VALUES')")
     s.sql("INSERT INTO N VALUES ('x', 1), ('y', 2), ('x', 1)")  # a duplicate row too
-    table = read_table(DeltaTable(s.require_table("N").uri)).to_pylist()
-    ids = sorted(r["_INGEST_ROW_ID"] for r in table)
-    y_id = next(r["_INGEST_ROW_ID"] for r in table if r["V"] == "y")
+    rows = rows_by_id(s, "N")
+    (y_id,) = [i for i, row in rows.items() if row["V"] == "y"]
     s.sql("UPDATE N SET W = 3 WHERE V = 'y'")
     s.sql("DELETE FROM N WHERE V = 'y'")
     types = {
@@ -408,7 +412,6 @@ def test_a_table_without_a_primary_key_is_keyed_by_its_row_ids(session):
         "W": {"name": "W", "type": {"code": "INT"}, "is_primary_key": False,
               "ordinal_position": 2},
     }  # fmt: skip
-    rows = {r["_INGEST_ROW_ID"]: {"V": r["V"], "W": r["W"]} for r in table}
     capture = "NEW_ROW_AND_OLD_VALUES"
 
     def record(kind, *mods):
@@ -416,7 +419,7 @@ def test_a_table_without_a_primary_key_is_keyed_by_its_row_ids(session):
         return expected_record(capture, kind, made, ["METADATA$ROW_ID"], types)
 
     expected = [
-        [record("INSERT", *[(i, None, rows[i]) for i in ids])],
+        [record("INSERT", *[(i, None, rows[i]) for i in sorted(rows)])],
         [record("UPDATE", (y_id, rows[y_id], {"V": "y", "W": 3}))],
         [record("DELETE", (y_id, {"V": "y", "W": 3}, None))],
     ]
@@ -593,39 +596,7 @@ def test_copy_on_write_noise_of_every_type_is_no_record(typed):
     assert [r["mod_type"] for r in changes(read(s, "CS", start, token))] == ["INSERT"]
 
 
-# Heartbeats
-def reader(session, cs, start_us, token, heartbeat_ms=1000, until_us=None):
-    """The read generator every face runs (SQL bounds a read to the statement's start;
-    this one runs until ``until_us``, or for as long as it is iterated)."""
-    from pipelines.change_streams.read import ReadArgs
-    from pipelines.change_streams.read import read as read_records
-
-    stream = session.catalog.get_change_stream("DB", "PUBLIC", cs)
-    args = ReadArgs(start_us, None, token, heartbeat_ms)
-    return read_records(session.catalog, stream, args, until_us=until_us)
-
-
-def moment(record) -> int:
-    (body,) = record.values()
-    return micros(body.get("commit_timestamp") or body.get("timestamp") or body["start_timestamp"])
-
-
-def check_progress(found):
-    """Heartbeats strictly increase, and every one is at or after every record before it
-    and before every record after it; commit timestamps never go back."""
-    beats = [moment(r) for r in found if "heartbeat_record" in r]
-    assert beats == sorted(beats) and len(set(beats)) == len(beats), beats
-    latest_beat = latest_change = -1
-    for record in found:
-        if "heartbeat_record" in record:
-            assert moment(record) >= latest_change
-            latest_beat = moment(record)
-        elif "data_change_record" in record:
-            assert moment(record) > latest_beat, "a record at or before a heartbeat"
-            assert moment(record) >= latest_change
-            latest_change = moment(record)
-
-
+# Who wrote a transaction
 @pytest.fixture
 def watched(session):
     session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
@@ -634,188 +605,6 @@ def watched(session):
     return session, token
 
 
-def test_an_idle_table_gets_a_heartbeat_each_interval_and_a_bounded_read_ends_with_one(watched):
-    s, token = watched
-    stream = s.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    started = time.monotonic()
-    until = now_us() + 3_500_000
-    arrived = []
-    found = []
-    for record in reader(s, "CS", stream.created_us, token, until_us=until):
-        arrived.append(time.monotonic() - started)
-        found.append(record)
-    assert all(list(r) == ["heartbeat_record"] for r in found)
-    check_progress(found)
-    assert 3 <= len(found) <= 5, found  # about one a second, then the end
-    assert moment(found[-1]) == until
-    assert all(b - a < 2.5 for a, b in zip([0.0, *arrived], arrived, strict=False))
-    # In SQL: the read ends with a heartbeat at the statement's start.
-    before = now_us()
-    (last,) = read(s, "CS", rfc3339(stream.created_us), token)
-    assert before <= moment(last) <= now_us()
-
-
-def test_records_come_after_the_heartbeat_before_them(watched):
-    s, token = watched
-    start = now_us()
-    records = reader(s, "CS", start, token)
-    found = [next(records)]  # the first heartbeat: nothing up to it
-    s.sql("INSERT INTO T VALUES (1, 'a')")
-    s.sql("UPDATE T SET V = 'b'")
-    while len(changes(found)) < 2 or "heartbeat_record" not in found[-1]:
-        found.append(next(records))
-    check_progress(found)
-    assert [c["mod_type"] for c in changes(found)] == ["INSERT", "UPDATE"]
-
-
-@pytest.mark.parametrize("writer", ["sql", "flush"])
-def test_a_writer_whose_clock_is_behind_commits_after_the_heartbeat(watched, monkeypatch, writer):
-    """A writer 60 s behind commits after a reader said "everything up to H": its
-    records still come after H, and commit timestamps strictly increase per table."""
-    from flush.commit_clock import commit_ts
-
-    s, token = watched
-    start = now_us()
-    records = reader(s, "CS", start, token)
-    (beat,) = next(records).values()
-    monkeypatch.setattr(commit_clock, "clock", lambda: now_us() - 60_000_000)
-    keys = iter(range(1, 100))
-
-    def write():
-        if writer == "sql":
-            s.sql(f"INSERT INTO T VALUES ({next(keys)}, 'late')")
-        else:
-            flush_rows(s, "T", [{"ID": next(keys), "V": "late"}])
-
-    write()
-    info = s.require_table("T")
-    version = max(int(r["version"]) for r in s.sql("DESCRIBE HISTORY T").collect())
-    assert commit_ts(info.uri, version) < micros(beat["timestamp"])  # stamped before H
-    found = [{"heartbeat_record": beat}]
-    while not changes(found) or "heartbeat_record" not in found[-1]:
-        found.append(next(records))
-    write()  # a second late commit, after the next heartbeat too
-    monkeypatch.undo()
-    write()  # and one on time
-    while len(changes(found)) < 3 or "heartbeat_record" not in found[-1]:
-        found.append(next(records))
-    check_progress(found)
-    stamps = [micros(c["commit_timestamp"]) for c in changes(found)]
-    assert len(stamps) == 3 and stamps == sorted(set(stamps))
-    # Every face agrees: a later read in SQL gives the same timestamps.
-    again = changes(read(s, "CS", rfc3339(start), token))
-    assert [micros(c["commit_timestamp"]) for c in again] == stamps
-
-
-# Retention and bad arguments
-def refused(session, text, code, *words, kind=SqlError):
-    with pytest.raises(kind) as caught:
-        session.sql(text).collect()
-    assert caught.value.code == code, caught.value
-    for word in words:
-        assert word in str(caught.value), caught.value
-    return caught.value
-
-
-def test_a_start_outside_retention_before_creation_or_in_the_future_is_refused(watched):
-    s, token = watched
-    table = s.require_table("T")
-    # A stream made two hours ago that keeps one hour (the catalog's own call: CREATE
-    # stamps the present).
-    old = s.catalog.create_change_stream(
-        "DB", "PUBLIC", "OLD", for_all=False, table_ids=(table.id,),
-        value_capture_type="NEW_ROW", retention_s=3600, created_us=now_us() - 7_200_000_000,
-    )  # fmt: skip
-    (old_token,) = [p.token for p in s.catalog.list_partitions(old.uid)]
-    hour_ago = now_us() - 3_600_000_000
-    message = refused(s, f"SELECT * FROM READ_OLD('{rfc3339(hour_ago - 5_000_000)}', NULL, "
-                         f"'{old_token}', 1000)", "INVALID_ARGUMENT", "retention period")  # fmt: skip
-    assert "3600 s" in str(message)
-    # Just inside the retention period: read.
-    (last,) = read(s, "OLD", rfc3339(hour_ago + 60_000_000), old_token)
-    assert list(last) == ["heartbeat_record"]
-    # Before the stream was created; at that moment; in the future.
-    stream = s.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    refused(s, f"SELECT * FROM READ_CS('{rfc3339(stream.created_us - 1)}', NULL, '{token}', "
-               "1000)", "INVALID_ARGUMENT", "the stream was created",
-            rfc3339(stream.created_us))  # fmt: skip
-    assert list(read(s, "CS", rfc3339(stream.created_us), token)[-1]) == ["heartbeat_record"]
-    refused(s, f"SELECT * FROM READ_CS('{rfc3339(now_us() + 60_000_000)}', NULL, '{token}', "
-               "1000)", "INVALID_ARGUMENT", "in the future")  # fmt: skip
-
-
-@pytest.mark.parametrize(("arguments", "code", "words"), [
-    ("start_timestamp => {start}, partition_token => '{token}', heartbeat_milliseconds => 999",
-     "INVALID_ARGUMENT", ["heartbeat_milliseconds", "1,000", "300,000", "999"]),
-    ("start_timestamp => {start}, partition_token => '{token}', "
-     "heartbeat_milliseconds => 300001", "INVALID_ARGUMENT", ["heartbeat_milliseconds", "300001"]),
-    ("start_timestamp => {start}, partition_token => '{token}', heartbeat_milliseconds => 'x'",
-     "INVALID_ARGUMENT", ["heartbeat_milliseconds"]),
-    ("start_timestamp => {start}, partition_token => '{token}', "
-     "heartbeat_milliseconds => 1000.5", "INVALID_ARGUMENT", ["heartbeat_milliseconds", "1000.5"]),
-    ("start_timestamp => {start}, partition_token => '{token}'", "INVALID_ARGUMENT",
-     ["heartbeat_milliseconds"]),
-    ("partition_token => '{token}', heartbeat_milliseconds => 1000", "INVALID_ARGUMENT",
-     ["start_timestamp is required"]),
-    ("start_timestamp => 'yesterday', heartbeat_milliseconds => 1000", "INVALID_ARGUMENT",
-     ["not a timestamp", "yesterday"]),
-    ("start_timestamp => {start}, end_timestamp => {before}, heartbeat_milliseconds => 1000",
-     "INVALID_ARGUMENT", ["end_timestamp", "before start_timestamp"]),
-    ("start_timestamp => {start}, heartbeat_milliseconds => 1000, colour => 'red'",
-     "INVALID_ARGUMENT", ["unknown argument 'colour'"]),
-    ("{start}, NULL, partition_token => '{token}', heartbeat_milliseconds => 1000",
-     "INVALID_ARGUMENT", ["all by name", "position"]),
-    ("start_timestamp => current_timestamp(), heartbeat_milliseconds => 1000",
-     "INVALID_ARGUMENT", ["start_timestamp must be a literal"]),
-    ("{start}, NULL, (SELECT 'x'), 1000", "INVALID_ARGUMENT", ["partition_token must be a literal"]),
-    ("{start}, NULL, NULL, 1000, 'options'", "INVALID_ARGUMENT", ["read_options"]),
-    ("{start}, NULL, NULL, 1000, NULL, NULL", "INVALID_ARGUMENT", ["at most 5 arguments"]),
-    ("start_timestamp => {start}, start_timestamp => {start}, heartbeat_milliseconds => 1000",
-     "INVALID_ARGUMENT", ["given twice"]),
-    ("{start}, NULL, 'nope', 1000", "INVALID_ARGUMENT", ["'nope' is not a partition", "DB.PUBLIC.CS"]),
-    ("{start}, NULL, 42, 1000", "INVALID_ARGUMENT", ["partition_token must be text"]),
-])  # fmt: skip
-def test_bad_arguments_are_refused_with_what_to_pass(watched, arguments, code, words):
-    s, token = watched
-    stream = s.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    start = f"'{rfc3339(stream.created_us + 1)}'"
-    text = arguments.format(start=start, token=token, before=f"'{rfc3339(stream.created_us)}'")
-    refused(s, f"SELECT * FROM READ_CS({text})", code, *words)
-
-
-def test_heartbeat_bounds_stream_names_and_tokens(watched):
-    s, token = watched
-    start = rfc3339(s.catalog.get_change_stream("DB", "PUBLIC", "CS").created_us)
-    for beat in (1000, 300000, "1.5e3"):  # both bounds are accepted, and whole numbers
-        assert list(read(s, "CS", start, token, heartbeat=beat)[-1]) == ["heartbeat_record"]
-    # Positional arguments in the reference's order, TIMESTAMP literals, a reserved NULL.
-    found = s.sql(f"SELECT * FROM READ_CS(TIMESTAMP '{start.replace('T', ' ')[:-1]}', NULL, "
-                  f"'{token}', 1000, NULL)").collect()  # fmt: skip
-    assert list(json.loads(found[-1][0])) == ["heartbeat_record"]
-    refused(s, f"SELECT * FROM READ_NOPE('{start}', NULL, NULL, 1000)", "OBJECT_NOT_FOUND",
-            "change stream DB.PUBLIC.NOPE does not exist")  # fmt: skip
-    # A token of another stream is not one of this stream's.
-    s.sql("CREATE CHANGE STREAM OTHER FOR T")
-    (other,) = [p["token"] for p in partitions(s, "OTHER")]
-    refused(
-        s,
-        f"SELECT * FROM READ_CS('{now()}', NULL, '{other}', 1000)",
-        "INVALID_ARGUMENT",
-        f"partition_token '{other}' is not a partition of change stream DB.PUBLIC.CS",
-    )
-    # A child's token before the child's start.
-    s.sql(f"ALTER CHANGE STREAM CS SPLIT PARTITION '{token}'")
-    child = next(p for p in partitions(s, "CS") if p["state"] == "OPEN")
-    refused(
-        s,
-        f"SELECT * FROM READ_CS('{start}', NULL, '{child['token']}', 1000)",
-        "INVALID_ARGUMENT",
-        "before partition",
-        "start at the start_timestamp",
-    )
-
-
-# Who wrote a transaction
 def test_a_channel_flush_is_tagged_with_its_channels(watched):
     s, token = watched
     start = now()
@@ -834,21 +623,6 @@ def test_a_channel_flush_is_tagged_with_its_channels(watched):
         ("UPDATE", "sql", False),
     ]
     assert [m["keys"]["ID"] for m in found[0]["mods"]] == [1, 2]
-
-
-def rows_by_id(session, table):
-    """A table's rows by their row id, values as a record holds them (no Spark)."""
-    from deltalake import DeltaTable
-
-    from flush import read_table
-
-    def as_json(value):
-        if isinstance(value, Decimal):
-            return int(value) if value == value.to_integral_value() else str(value)
-        return value
-
-    found = read_table(DeltaTable(session.require_table(table).uri)).to_pylist()
-    return {r.pop("_INGEST_ROW_ID"): {c: as_json(v) for c, v in r.items()} for r in found}
 
 
 @pytest.mark.parametrize(("action", "query"), [
@@ -913,3 +687,37 @@ def test_compaction_is_no_record(watched, spark):
         ("INSERT", [3]),
         ("DELETE", [2]),
     ]
+
+
+# Known gaps (strict: a fix makes these pass, and then the marker goes)
+@pytest.mark.xfail(strict=True, reason="records take the stream's value capture type at "
+                   "the read, not the one of when the change was captured")  # fmt: skip
+def test_a_record_keeps_the_value_capture_type_of_its_change(watched):
+    s, token = watched
+    start = now()
+    s.sql("INSERT INTO T VALUES (1, 'a')")
+    s.sql("UPDATE T SET V = 'b'")
+    s.sql("ALTER CHANGE STREAM CS SET OPTIONS (value_capture_type = 'NEW_VALUES')")
+    s.sql("UPDATE T SET V = 'c'")
+    found = changes(read(s, "CS", start, token))
+    assert [(c["value_capture_type"], c["mods"][0]["old_values"]) for c in found[1:]] == [
+        ("OLD_AND_NEW_VALUES", {"V": "a"}),
+        ("NEW_VALUES", {}),
+    ]
+
+
+@pytest.mark.xfail(strict=True, reason="a transaction is one table version: a SQL "
+                   "transaction writing two tables is two, each with its own id and time")  # fmt: skip
+def test_a_transaction_writing_two_tables_is_one_transaction(watched):
+    s, token = watched
+    s.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    s.sql("ALTER CHANGE STREAM CS SET FOR T, U")
+    start = now()
+    with s.transaction():
+        s.sql("INSERT INTO T VALUES (1, 'a')")
+        s.sql("INSERT INTO U VALUES (1, 'a')")
+    found = changes(read(s, "CS", start, token))
+    assert sorted(c["table_name"] for c in found) == ["T", "U"]
+    assert len({c["server_transaction_id"] for c in found}) == 1
+    assert len({c["commit_timestamp"] for c in found}) == 1
+    assert {c["number_of_records_in_transaction"] for c in found} == {2}
