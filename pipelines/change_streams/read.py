@@ -198,12 +198,14 @@ def _records(
     partitions: list[PartitionRecord],
 ) -> VersionRecords:  # fmt: skip
     open_now = _open_at(partitions, moment)
+    label = table_label(stream, table)  # a renamed table's records carry its new name
     key = (
         stream.uid,
         stream.value_capture_type,
         table.id,
         version,
         tuple(p.token for p in open_now),
+        label,
     )
 
     def build() -> VersionRecords:
@@ -216,8 +218,7 @@ def _records(
             ) from exc
         tag, system = _tag(table, version)
         return build_records(table, events, stream.value_capture_type, moment,
-                             f"{table.id}.{version}", tag, system, open_now,
-                             table_label(stream, table))  # fmt: skip
+                             f"{table.id}.{version}", tag, system, open_now, label)  # fmt: skip
 
     return _CACHE.get(key, build)
 

@@ -721,3 +721,15 @@ def test_a_transaction_writing_two_tables_is_one_transaction(watched):
     assert len({c["server_transaction_id"] for c in found}) == 1
     assert len({c["commit_timestamp"] for c in found}) == 1
     assert {c["number_of_records_in_transaction"] for c in found} == {2}
+
+
+def test_a_renamed_table_is_named_by_its_new_name(watched):
+    """A table keeps its identity through ALTER TABLE ... RENAME TO; its records, the
+    ones read before too, carry the name it has when they are read."""
+    s, token = watched
+    start = now()
+    s.sql("INSERT INTO T VALUES (1, 'a')")
+    assert [c["table_name"] for c in changes(read(s, "CS", start, token))] == ["T"]
+    s.sql("ALTER TABLE T RENAME TO T2")
+    s.sql("INSERT INTO T2 VALUES (2, 'b')")
+    assert [c["table_name"] for c in changes(read(s, "CS", start, token))] == ["T2", "T2"]
