@@ -156,6 +156,11 @@ def test_every_change_is_returned_once_across_parents_and_children(keyed, change
         for _, _, token, at in mods:
             assert token == owner(before if at < split_at else after, key), (key, at)
     assert any(at >= split_at for mods in found.values() for *_, at in mods)
+    # A first query after the repartition returns the partitions open then, as roots.
+    later = read(s, "CS", now())
+    roots = [c for r in later for c in r["child_partitions_record"]["child_partitions"]]
+    assert sorted(c["token"] for c in roots) == sorted(p["token"] for p in after)
+    assert all(c["parent_partition_tokens"] == [] for c in roots)
 
 
 def test_a_read_that_ends_before_its_partition_ends_ends_with_a_heartbeat(keyed):

@@ -733,3 +733,18 @@ def test_a_renamed_table_is_named_by_its_new_name(watched):
     s.sql("ALTER TABLE T RENAME TO T2")
     s.sql("INSERT INTO T2 VALUES (2, 'b')")
     assert [c["table_name"] for c in changes(read(s, "CS", start, token))] == ["T2", "T2"]
+
+
+def test_records_are_filtered_and_projected_in_sql(watched):
+    s, token = watched
+    start = now()
+    s.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b')")
+    s.sql("DELETE FROM T WHERE ID = 1")
+    found = s.sql(
+        "SELECT get_json_object(ChangeRecord, '$.data_change_record.mod_type') AS kind, "
+        "get_json_object(ChangeRecord, '$.data_change_record.mods[0].keys.ID') AS id "
+        f"FROM READ_CS(start_timestamp => '{start}', partition_token => '{token}', "
+        "heartbeat_milliseconds => 1000) "
+        "WHERE get_json_object(ChangeRecord, '$.data_change_record') IS NOT NULL"
+    ).collect()
+    assert [(r["KIND"], r["ID"]) for r in found] == [("INSERT", "1"), ("DELETE", "1")]
