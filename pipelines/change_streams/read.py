@@ -11,6 +11,7 @@ the HTTP route, the command line) runs this generator.
 
 from __future__ import annotations
 
+import heapq
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -24,7 +25,7 @@ from flush.commit_clock import clock, commit_info, version_at
 from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
 from pipelines.change_streams.records import version_records as build_records
 from pipelines.change_streams.timeline import newest_version, seal, timestamps
-from pipelines.errors import SqlError, StreamStaleError
+from pipelines.errors import ObjectNotFoundError, SqlError, StreamStaleError
 from pipelines.sql.history import commit_writer
 from pipelines.streams.changes import change_events
 
@@ -38,6 +39,10 @@ MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 300_000
 ARGUMENTS = ("start_timestamp", "end_timestamp", "partition_token", "heartbeat_milliseconds")
 #: How often a waiting partition looks for new versions (seconds).
 POLL_S = 0.05
+#: How often an open read looks again at which tables its stream watches (seconds).
+TABLES_EVERY_S = 1.0
+#: A heartbeat may use a seal this recent (µs) that another read of the stream wrote.
+SHARED_SEAL_US = 200_000
 _CACHE = RecordCache()
 
 
@@ -228,18 +233,42 @@ def _must_seal(
     end: int | None, beat_due: bool,
 ) -> bool:  # fmt: skip
     """Whether a read needs a new seal to go on: a table has versions after its seal (or
-    none), a heartbeat is due, or the end (of the read, of the partition) is reached in
-    time but not yet sealed."""
+    none), a heartbeat is due and no seal of the last moments serves it (the partitions
+    of one stream share their seals), or the end (of the read, of the partition) is
+    reached in time but not yet sealed."""
     if not tables:
         return False
-    if beat_due or any(
-        t.id not in seals or newest_version(t.uri) > seals[t.id].version for t in tables
-    ):
+    if any(t.id not in seals or newest_version(t.uri) > seals[t.id].version for t in tables):
         return True
     upto = min(seals[t.id].heartbeat_us for t in tables)
-    if end is not None and upto < end <= clock():
+    now = clock()
+    if beat_due and upto < now - SHARED_SEAL_US:
+        return True
+    if end is not None and upto < end <= now:
         return True
     return partition.end_us is not None and upto < partition.end_us - 1
+
+
+def _gone(stream: ChangeStreamRecord) -> ObjectNotFoundError:
+    return ObjectNotFoundError(
+        f"change stream {stream.full_name} was dropped or replaced during the read; its "
+        "partitions ended with it"
+    )
+
+
+def _versions(
+    catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, after: int, sealed: int,
+    start: int, limit: int, progress: dict[int, int],
+) -> Iterator[tuple[int, str, int]]:  # fmt: skip
+    """``(timestamp, table name, version)`` of the sealed versions of ``table`` after
+    ``after`` up to ``limit``, in order; ``progress`` follows what was handed out."""
+    label = table_label(stream, table)
+    for version, moment in timestamps(catalog, table, after, sealed).items():
+        if moment > limit:
+            return
+        if moment >= start:
+            yield moment, label, version
+        progress[table.id] = version
 
 
 def read(
@@ -247,57 +276,64 @@ def read(
     stop: threading.Event | None = None, until_us: int | None = None,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
     """The records of one read, as JSON-ready dicts, until the partition ends, the end
-    timestamp (or ``until_us``: a bounded read) is passed, or ``stop`` is set."""
+    timestamp (or ``until_us``: a bounded read) is passed, or ``stop`` is set.
+
+    Raises:
+        ObjectNotFoundError: the stream was dropped or replaced (before or during it).
+    """
     partitions = catalog.list_partitions(stream.uid)
     if args.token is None:
         yield from _first_query(partitions, args.start_us)
         return
-    partition = next(p for p in partitions if p.token == args.token)
+    partition = next((p for p in partitions if p.token == args.token), None)
+    if partition is None:
+        raise _gone(stream)
     end = min((e for e in (args.end_us, until_us) if e is not None), default=None)
     progress: dict[int, int] = {}
     last_beat = args.start_us - 1
     quiet_since = time.monotonic()
+    tables: list[TableInfo] = []
+    tables_read = 0.0
     while stop is None or not stop.is_set():
-        tables = stream_tables(catalog, stream)
-        for table in tables:
-            if table.id not in progress:
-                progress[table.id] = _first_version(table, catalog, args.start_us)
+        if time.monotonic() - tables_read >= TABLES_EVERY_S:
+            tables, tables_read = stream_tables(catalog, stream), time.monotonic()
+            for table in tables:
+                if table.id not in progress:
+                    progress[table.id] = _first_version(table, catalog, args.start_us)
         seals = catalog.latest_seals(progress)
-        if _must_seal(
-            tables,
-            seals,
-            partition,
-            end,
-            time.monotonic() - quiet_since >= args.heartbeat_ms / 1000,
-        ):
+        beat_due = time.monotonic() - quiet_since >= args.heartbeat_ms / 1000
+        if _must_seal(tables, seals, partition, end, beat_due):
             seals, _ = seal(catalog, tables)
+        # Read after the seals: a split or merge ends partitions in its seal's catalog
+        # transaction, so this list knows every end the seals imply.
+        partitions = catalog.list_partitions(stream.uid)
+        partition = next((p for p in partitions if p.token == args.token), None)
+        if partition is None:
+            raise _gone(stream)
         upto = min((seals[t.id].heartbeat_us for t in tables), default=clock())
         limit = upto
         if partition.end_us is not None:
             limit = min(limit, partition.end_us - 1)
         if end is not None:
             limit = min(limit, end)
-        found: list[tuple[int, str, str, dict[str, Any]]] = []
-        for table in tables:
-            sealed = seals[table.id].version
-            stamps = timestamps(catalog, table, progress[table.id], sealed)
-            for version, moment in stamps.items():
-                if moment > limit:
-                    break
-                if moment >= args.start_us:
-                    built = _records(catalog, stream, table, version, moment, partitions)
-                    for record in built.by_token.get(partition.token, ()):
-                        change = record["data_change_record"]
-                        found.append(
-                            (moment, change["table_name"], change["record_sequence"], record)
-                        )
-                progress[table.id] = version
-        found.sort(key=lambda item: item[:3])
-        for _, _, _, record in found:
-            yield record
-        if found:
-            quiet_since = time.monotonic()
-            last_beat = max(last_beat, found[-1][0])
+        # Version by version in timestamp order (tables merged), each built on demand.
+        found = heapq.merge(*(
+            _versions(catalog, stream, t, progress[t.id], seals[t.id].version, args.start_us,
+                      limit, progress)
+            for t in tables
+        ))  # fmt: skip
+        by_id = {t.id: t for t in tables}
+        labels = {table_label(stream, t): t.id for t in tables}
+        for moment, label, version in found:
+            table = by_id[labels[label]]
+            built = _records(catalog, stream, table, version, moment, partitions)
+            records = built.by_token.get(partition.token, ())
+            yield from records
+            if records:
+                quiet_since = time.monotonic()
+                last_beat = max(last_beat, moment)
+            if stop is not None and stop.is_set():
+                return
         # The child record only if the read's range reaches the parent's last moment: a
         # read ending earlier ends with a heartbeat (below), so that the reader resumes
         # the parent, whose later records it has not had, instead of moving on.
@@ -306,7 +342,6 @@ def read(
             and upto >= partition.end_us - 1
             and (end is None or end >= partition.end_us - 1)
         ):
-            partitions = catalog.list_partitions(stream.uid)
             children = [p for p in partitions if partition.token in p.parents]
             yield {"child_partitions_record": {
                 "start_timestamp": rfc3339(partition.end_us), "record_sequence": "00000000",
@@ -322,15 +357,4 @@ def read(
             last_beat = limit
             quiet_since = time.monotonic()
             yield {"heartbeat_record": {"timestamp": rfc3339(limit)}}
-        if partition.end_us is None:
-            refreshed = next(
-                (p for p in catalog.list_partitions(stream.uid) if p.token == partition.token),
-                None,
-            )
-            if refreshed is None:  # the stream was dropped or replaced
-                return
-            if refreshed.end_us is not None:
-                partition = refreshed
-                partitions = catalog.list_partitions(stream.uid)
-                continue
         time.sleep(POLL_S)

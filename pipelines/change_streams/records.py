@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import gc
 import math
 import threading
 import zlib
@@ -65,6 +66,8 @@ _CODES = {
 
 #: Columns holding JSON text (canonical: equal values are equal text).
 _JSON_KINDS = (TypeKind.VARIANT, TypeKind.OBJECT, TypeKind.ARRAY)
+#: The order of a transaction's mods by kind (stable: by row id within a kind).
+_KIND_ORDER = {"DELETE": 0, "UPDATE": 1, "INSERT": 2}
 #: Integers a record holds as JSON numbers (others as text: JSON readers lose them).
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -214,7 +217,10 @@ def version_records(
     ordered = sorted(partitions, key=lambda p: p.lo)
     bounds = [p.lo for p in ordered]
     groups: OrderedDict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
-    mods = _mods(table, events, capture)
+    # A transaction's DELETEs come first, its INSERTs last: a key one row left and another
+    # took is deleted before it is inserted, whichever row has the lower id (applied in
+    # record_sequence order, the records then give the key's state after the version).
+    mods = sorted(_mods(table, events, capture), key=lambda mod: _KIND_ORDER[mod[0]])
     for kind, listed, mod, key in mods:
         token = ordered[bisect.bisect_right(bounds, key_hash(key)) - 1].token
         groups.setdefault((token, kind, listed), []).append(mod)
@@ -251,7 +257,7 @@ class RecordCache:
     """Records of recent versions, shared by the partitions' readers of one process (each
     version is read and converted once, not once per partition). Bounded by mods."""
 
-    def __init__(self, max_mods: int = 2_000_000) -> None:
+    def __init__(self, max_mods: int = 1_000_000) -> None:
         self._entries: OrderedDict[tuple[Any, ...], VersionRecords] = OrderedDict()
         self._mods = 0
         self._max = max_mods
@@ -270,7 +276,20 @@ class RecordCache:
                 found = self._entries.get(key)
             if found is not None:
                 return found
-            made = build()
+            # The cyclic collector paused while a version's records are made: they are
+            # millions of small objects (no cycles) whose allocation would otherwise run
+            # full collections over the whole cache again and again.
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                made = build()
+            except BaseException:
+                with self._lock:
+                    self._building.pop(key, None)
+                raise
+            finally:
+                if collecting:
+                    gc.enable()
             with self._lock:
                 self._entries[key] = made
                 self._mods += made.mods
