@@ -36,7 +36,6 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 from aiohttp import web
@@ -55,8 +54,7 @@ from ingest_sdk.errors import (
 )
 from ingest_sdk.schema import split_table_name
 from pipelines.change_streams.read import ARGUMENTS, ReadArgs, read, read_args
-from pipelines.change_streams.records import rfc3339
-from pipelines.errors import SqlError
+from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA
 
 __all__ = [
@@ -356,13 +354,11 @@ def _run_read(
     """The read's thread: its records into the pipe until it ends or is stopped."""
     end: bytes | None = None
     try:
-        last: dict[str, Any] | None = None
         for record in read(catalog, stream, args, stop):
-            last = record
             if not pipe.put(orjson.dumps(record) + b"\n", stop):
                 return
-        if not stop.is_set():
-            end = _gone(catalog, stream, args, last)
+    except ObjectNotFoundError as exc:  # the stream was dropped or replaced meanwhile
+        end = _error_line(ChangeStreamNotFoundError.code, str(exc))
     except SqlError as exc:
         end = _error_line(exc.code, str(exc))
     except IngestError as exc:
@@ -375,32 +371,6 @@ def _run_read(
     finally:
         reads.release(stop)
         pipe.finish(None if stop.is_set() else end)
-
-
-def _gone(
-    catalog: Catalog, stream: ChangeStreamRecord, args: ReadArgs, last: dict[str, Any] | None
-) -> bytes | None:
-    """The error line of a read that ended because its stream was dropped or replaced
-    (:func:`read` then just returns); None when it ended as a read ends."""
-    if args.token is None or (last is not None and "child_partitions_record" in last):
-        return None
-    if args.end_us is not None and last is not None:
-        moment = last.get("heartbeat_record", {}).get("timestamp") or last.get(
-            "data_change_record", {}
-        ).get("commit_timestamp", "")
-        if str(moment) >= rfc3339(args.end_us):  # one format: text order is time order
-            return None  # it reached its end
-    now = catalog.get_change_stream(stream.database, stream.schema_name, stream.name)
-    if now is not None and now.uid == stream.uid:
-        return None
-    return _error_line(
-        ChangeStreamNotFoundError.code,
-        f"change stream {stream.full_name} was dropped or replaced during the read; its "
-        "partitions ended with it",
-    )
-
-
-# -- the event loop's side ---------------------------------------------------------------
 
 
 def _ending(request: web.Request) -> bool:
