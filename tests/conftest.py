@@ -32,6 +32,13 @@ LONG_FILES = (
     "tests/channel_server/test_sql_security.py",
     "tests/pipelines/test_dynamic_table_property.py",
     "tests/pipelines/test_dynamic_table_attack3.py",
+    "tests/channel_server/test_change_stream_http.py",
+    "tests/ingest_sdk/test_change_stream_reader.py",
+    "tests/pipelines/test_change_stream_partitions.py",
+    "tests/pipelines/test_change_stream_read.py",
+    "tests/pipelines/test_change_stream_kill.py",
+    "tests/pipelines/test_change_stream_tail.py",
+    "tests/pipelines/test_change_stream_spark.py",
 )
 
 
