@@ -73,7 +73,7 @@ import orjson
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from bench.dynamic_tables import _ingest
+from bench.dynamic_tables import FEED_BATCHES_PER_S, Feed, _ingest
 from bench.ingest import ROOT, _percentile, _Server
 from bench.pipelines import _Bench, _ms, _rows, _timed, cli
 from flush.commit_clock import clock, commit_ts
@@ -87,7 +87,7 @@ THROUGHPUT_RATIO_MIN = 0.5
 LATENCY_SECONDS = 60.0
 IDLE_SECONDS = 10.0
 FEED_ROWS_PER_S = 500
-FEED_BATCHES_PER_S = 10
+
 FEED_LAG_S = 0.2
 LATENCY_HEARTBEAT_MS = 1000
 LATENCY_P99_MAX_S = 1.5
@@ -585,53 +585,6 @@ def run_throughput(scale: float | None = None) -> dict[str, Any]:
 # -- 2. latency ----------------------------------------------------------------------------
 
 
-class _Feed:
-    """Rows into ``SRC`` through one channel at a steady rate, on a thread, until stopped."""
-
-    def __init__(self, url: str, rows_per_s: int) -> None:
-        self.url = url
-        self.batch = max(1, rows_per_s // FEED_BATCHES_PER_S)
-        self.rows = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-cs-feed", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(180)
-        if self.error is not None:
-            raise RuntimeError("the feed failed") from self.error
-
-    def _run(self) -> None:
-        from ingest_sdk import OpenChannelRequest, StreamingIngestClient
-
-        try:
-            with StreamingIngestClient(
-                "bench-cs-feed", url=self.url, max_client_lag=FEED_LAG_S
-            ) as client:
-                channel = client.open_channel(OpenChannelRequest("feed", "DB", "PUBLIC", "SRC"))
-                due = time.monotonic()
-                while not self._stop.is_set():
-                    first = self.rows
-                    channel.insert_rows(
-                        [
-                            {"ID": i, "GRP": (i // 100) % 5, "AMOUNT": i / 2, "V": str(i)}
-                            for i in range(first, first + self.batch)
-                        ],
-                        end_offset_token=str(first + self.batch - 1),
-                    )
-                    self.rows += self.batch
-                    due += 1 / FEED_BATCHES_PER_S
-                    self._stop.wait(max(0.0, due - time.monotonic()))
-                channel.wait_for_commit(str(self.rows - 1), timeout=120)
-                channel.close()
-        except BaseException as exc:
-            self.error = exc
-
-
 class _Follower:
     """Every open partition of a change stream followed over HTTP (the async SDK on an
     event loop thread of its own), children started once all their parents ended; each
@@ -795,7 +748,7 @@ def run_latency(scale: float | None = None) -> dict[str, Any]:
     warehouse = folder / "warehouse"
     _progress("cs_latency: starting the service (balancer on, every 5 s)")
     server = _CsServer(warehouse)
-    feed: _Feed | None = None
+    feed: Feed | None = None
     follower: _Follower | None = None
     try:
         from catalog import SqliteCatalog
@@ -820,7 +773,7 @@ def run_latency(scale: float | None = None) -> dict[str, Any]:
             )
             follower = _Follower(server.url, "CS", _rfc3339(clock()))
             follower.start()
-            feed = _Feed(server.url, FEED_ROWS_PER_S)
+            feed = Feed(server.url, FEED_ROWS_PER_S, max_client_lag=FEED_LAG_S)
             cpu_before = server.cpu_s()
             active_start = clock()
             feed.start()

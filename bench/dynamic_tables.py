@@ -673,11 +673,15 @@ def _full_rounds(
 # -- 4. freshness in the service ---------------------------------------------------------------
 
 
-class _Feed:
-    """Rows into ``SRC`` through one channel at a steady rate, on a thread, until stopped."""
+class Feed:
+    """Rows into ``SRC`` through one channel at a steady rate, on a thread, until stopped
+    (``max_client_lag``: the channel's)."""
 
-    def __init__(self, url: str, rows_per_s: int = FEED_ROWS_PER_S) -> None:
+    def __init__(
+        self, url: str, rows_per_s: int = FEED_ROWS_PER_S, max_client_lag: float | str = "1 second"
+    ) -> None:
         self.url = url
+        self.lag = max_client_lag
         self.batch = max(1, rows_per_s // FEED_BATCHES_PER_S)
         self.rows = 0
         self.error: BaseException | None = None
@@ -698,7 +702,7 @@ class _Feed:
 
         try:
             with StreamingIngestClient("bench-dt-feed", url=self.url,
-                                       max_client_lag="1 second") as client:  # fmt: skip
+                                       max_client_lag=self.lag) as client:  # fmt: skip
                 channel = client.open_channel(OpenChannelRequest("feed", "DB", "PUBLIC", "SRC"))
                 due = time.monotonic()
                 while not self._stop.is_set():
@@ -890,13 +894,13 @@ def run_freshness(scale: float | None = None) -> dict[str, Any]:
     heavy_seconds = max(10.0, HEAVY_SAMPLE_SECONDS * scale)
     _progress("dt_freshness: starting the service")
     service = _Service()
-    feed: _Feed | None = None
+    feed: Feed | None = None
     try:
         client = service.client
         source = "CREATE TABLE SRC (ID NUMBER, GRP NUMBER, AMOUNT FLOAT, V VARCHAR(20))"
         started, _ = _timed(functools.partial(client.sql, source))
         _progress(f"dt_freshness: worker up ({started:.1f} s), feeding {FEED_ROWS_PER_S} rows/s")
-        feed = _Feed(service.server.url)
+        feed = Feed(service.server.url)
         feed.start()
         query = "SELECT ID, GRP, AMOUNT * 2 AS A2, V FROM {} WHERE GRP <> 3"
         lag = f"TARGET_LAG = '{FRESHNESS_LAG}'"
