@@ -11,14 +11,19 @@ import itertools
 import json
 import time
 from typing import Any
+from unittest import mock
 
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import flush.commit_clock as commit_clock
 from flush.commit_clock import now_us
 from pipelines import SqlError
 from pipelines.change_streams.records import key_hash, rfc3339
 from tests.pipelines.test_change_stream_read import (
+    CAPTURES,
     changes,
     created,
     flush_rows,
@@ -476,3 +481,93 @@ def test_a_table_added_to_the_stream_reports_its_changes_from_then_on(watched):
     assert [m["keys"]["ID"] for c in changes(found) for m in c["mods"]] == [2]
     again = changes(read(s, "CS", rfc3339(start), token))
     assert [m["keys"]["ID"] for c in again for m in c["mods"]] == [2]
+
+
+# One version's records, from its change feed (no Spark): any change of any rows
+_STATE = st.dictionaries(  # row id -> (key, value); keys unique per state
+    st.integers(0, 12), st.tuples(st.integers(0, 8), st.sampled_from(["a", "b", None])),
+    max_size=10,
+).filter(lambda rows: len({k for k, _ in rows.values()}) == len(rows))  # fmt: skip
+
+
+def _feed(before, after) -> pa.Table:
+    """The change data feed of one version taking the rows ``before`` to ``after`` (an
+    unchanged row that was rewritten gives equal pre- and post-images, as Delta does)."""
+    rows = []
+    for row_id in sorted(before.keys() | after.keys()):
+        old, new = before.get(row_id), after.get(row_id)
+        if old is None:
+            rows.append((row_id, "insert", *new))
+        elif new is None:
+            rows.append((row_id, "delete", *old))
+        else:
+            rows += [(row_id, "update_preimage", *old), (row_id, "update_postimage", *new)]
+    return pa.table({
+        "K": pa.array([r[2] for r in rows], pa.int64()),
+        "V": pa.array([r[3] for r in rows], pa.string()),
+        "_INGEST_ROW_ID": pa.array([r[0] for r in rows], pa.int64()),
+        "_change_type": pa.array([r[1] for r in rows], pa.string()),
+        "_commit_version": pa.array([1] * len(rows), pa.int64()),
+    })  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=_STATE, after=_STATE, capture=st.sampled_from(CAPTURES),
+    cuts=st.sets(st.integers(1, 2**32 - 1), max_size=3), per_record=st.integers(1, 3),
+)  # fmt: skip
+def test_a_version_s_records_replay_its_change_in_each_partition(
+    before, after, capture, cuts, per_record
+):
+    """Applied in record_sequence order, a version's records take every key from its
+    state before to its state after, each key in the one partition holding it; the
+    records of a transaction are numbered across partitions, the last of each marked."""
+    from catalog import PartitionRecord, TableInfo
+    from ingest_sdk import TableSchema
+    from pipelines.change_streams import records as records_module
+
+    schema = TableSchema.parse({"K": "NUMBER(18,0)", "V": "VARCHAR"})
+    table = TableInfo(1, "DB", "PUBLIC", "P", "/nowhere", schema, 0.0, 0, 0,
+                      properties={"primary_key": ["K"]})  # fmt: skip
+    bounds = [0, *sorted(cuts), 2**32]
+    parts = [PartitionRecord(f"p{i}", "s", lo, hi, 0, None, ())
+             for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]  # fmt: skip
+    with mock.patch.object(records_module, "MODS_PER_RECORD", per_record):
+        made = records_module.version_records(
+            table, _feed(before, after), capture, 5, "1.1", "sql", False, parts, "P"
+        )
+    everything = [r["data_change_record"] for found in made.by_token.values() for r in found]
+    assert sorted(r["record_sequence"] for r in everything) == [
+        f"{i:08d}" for i in range(len(everything))
+    ]
+    assert {r["number_of_records_in_transaction"] for r in everything} <= {len(everything)}
+    assert {r["number_of_partitions_in_transaction"] for r in everything} <= {len(made.by_token)}
+    state = {k: v for k, v in before.values()}
+    for token, found in made.by_token.items():
+        assert found, "a partition without records is left out"
+        bodies = [r["data_change_record"] for r in found]
+        assert [b["is_last_record_in_transaction_in_partition"] for b in bodies] == [
+            i == len(bodies) - 1 for i in range(len(bodies))
+        ]
+        assert [b["record_sequence"] for b in bodies] == sorted(
+            b["record_sequence"] for b in bodies
+        )
+        assert all(len(b["mods"]) <= per_record for b in bodies)
+        for body in bodies:
+            for mod in body["mods"]:
+                key = mod["keys"]["K"]
+                assert owner(
+                    [{"token": p.token, "key_range_start": p.lo, "key_range_end": p.hi}
+                     for p in parts], key
+                ) == token  # fmt: skip
+                if body["mod_type"] == "DELETE":
+                    assert key in state
+                    del state[key]
+                elif body["mod_type"] == "INSERT":
+                    assert key not in state
+                    state[key] = mod["new_values"]["V"]
+                else:
+                    assert key in state
+                    if "V" in mod["new_values"]:
+                        state[key] = mod["new_values"]["V"]
+    assert state == {k: v for k, v in after.values()}
