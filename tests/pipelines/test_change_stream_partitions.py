@@ -571,3 +571,43 @@ def test_a_version_s_records_replay_its_change_in_each_partition(
                     if "V" in mod["new_values"]:
                         state[key] = mod["new_values"]["V"]
     assert state == {k: v for k, v in after.values()}
+
+
+@pytest.mark.parametrize("change", ["split", "merge"])
+def test_a_repartition_during_an_open_read_loses_and_repeats_nothing(session, change):
+    """The parents' reads are open while the stream is split (or merged) and written to:
+    each ends with the child record after exactly its own records before the change; the
+    children return the rest."""
+    s = session
+    s.sql("CREATE TABLE K (ID NUMBER PRIMARY KEY, V NUMBER)")
+    s.sql(f"CREATE CHANGE STREAM CS FOR K OPTIONS (partitions = {2 if change == 'merge' else 1})")
+    start_us = s.catalog.get_change_stream("DB", "PUBLIC", "CS").created_us
+    parents = open_partitions(s, "CS")
+    readers = {p["token"]: reader(s, "CS", start_us, p["token"]) for p in parents}
+    found = {token: [next(records)] for token, records in readers.items()}  # a heartbeat each
+    s.sql(f"INSERT INTO K VALUES {', '.join(f'({k}, 0)' for k in range(1, 41))}")
+    for token, records in readers.items():  # the parents are reading the insert
+        while not changes(found[token]) or "heartbeat_record" not in found[token][-1]:
+            found[token].append(next(records))
+    tokens = [p["token"] for p in parents]
+    if change == "split":
+        s.sql(f"ALTER CHANGE STREAM CS SPLIT PARTITION '{tokens[0]}' INTO 2")
+    else:
+        s.sql(f"ALTER CHANGE STREAM CS MERGE PARTITIONS '{tokens[0]}', '{tokens[1]}'")
+    s.sql("UPDATE K SET V = 1")
+    for token, records in readers.items():
+        found[token].extend(records)  # to its end: the child record
+        assert list(found[token][-1]) == ["child_partitions_record"]
+        check_progress(found[token])
+    (body,) = {json.dumps(found[t][-1], sort_keys=True) for t in tokens}  # the same one
+    children = json.loads(body)["child_partitions_record"]
+    for child in children["child_partitions"]:
+        found[child["token"]] = read(s, "CS", children["start_timestamp"], child["token"])
+    kinds: dict[int, list[str]] = {}
+    for records in found.values():
+        for change_record in changes(records):
+            for mod in change_record["mods"]:
+                kinds.setdefault(mod["keys"]["ID"], []).append(change_record["mod_type"])
+    assert kinds == {k: ["INSERT", "UPDATE"] for k in range(1, 41)}
+    assert all(not changes(found[t]) or changes(found[t])[-1]["mod_type"] == "INSERT"
+               for t in tokens)  # fmt: skip
