@@ -359,7 +359,8 @@ class Catalog(ABC):
 
     @abstractmethod
     def seals_between(self, table_id: int, after: int, to: int) -> list[Seal]:
-        """The seals of versions in ``[after, to]`` and the last one before, oldest first."""
+        """The seals of versions in ``[after, to]``, the last one before ``after`` and the
+        first one at or after ``to``, oldest first."""
 
     @abstractmethod
     def seal_tables(

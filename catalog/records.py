@@ -350,10 +350,14 @@ class PartitionRecord:
 @dataclass(frozen=True, slots=True)
 class Seal:
     """A table's timeline mark for change streams: every version up to ``version`` has a
-    change stream timestamp at most ``heartbeat_us``, every later one after it."""
+    change stream timestamp at most ``heartbeat_us``, every later one after it.
+    ``covers_us``: the heartbeat of the first seal of ``version`` (later seals of the
+    same version, on an idle table, raise ``heartbeat_us`` only), the bound of the
+    versions it sealed."""
 
     version: int
     heartbeat_us: int
+    covers_us: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,13 +174,15 @@ class ChangeStreamStore:
         return {row[0]: Seal(row[1], row[2]) for row in rows}
 
     def seals_between(self, table_id: int, after: int, to: int) -> list[Seal]:
-        """The seals of versions in ``[after, to]`` and the last one before ``after``,
-        oldest first."""
+        """The seals of versions in ``[after, to]``, the last one before ``after`` and the
+        first one at or after ``to``, oldest first."""
         rows = self._read(
-            "SELECT version, heartbeat_us FROM change_stream_seals WHERE table_id=? AND"
-            " version >= coalesce((SELECT max(version) FROM change_stream_seals"
-            " WHERE table_id=? AND version < ?), ?) AND version <= ? ORDER BY version",
-            (table_id, table_id, after, after, to),
+            "SELECT version, heartbeat_us, covers_us FROM change_stream_seals WHERE table_id=?"
+            " AND version >= coalesce((SELECT max(version) FROM change_stream_seals"
+            " WHERE table_id=? AND version < ?), ?) AND version <= coalesce((SELECT"
+            " min(version) FROM change_stream_seals WHERE table_id=? AND version >= ?), ?)"
+            " ORDER BY version",
+            (table_id, table_id, after, after, table_id, to, to),
         )
         return [Seal(*row) for row in rows]
 
@@ -213,9 +215,9 @@ class ChangeStreamStore:
             sealed = compute(latest)
             for table_id, seal in sealed.items():
                 db.execute(
-                    "INSERT INTO change_stream_seals VALUES (?, ?, ?) ON CONFLICT (table_id,"
+                    "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
                     " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
-                    (table_id, seal.version, seal.heartbeat_us),
+                    (table_id, seal.version, seal.heartbeat_us, seal.heartbeat_us),
                 )
                 db.execute(
                     "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ?"

@@ -132,7 +132,7 @@ CREATE INDEX IF NOT EXISTS change_stream_partitions_by_stream
     ON change_stream_partitions (stream_uid);
 CREATE TABLE IF NOT EXISTS change_stream_seals (
     table_id INTEGER NOT NULL, version INTEGER NOT NULL, heartbeat_us INTEGER NOT NULL,
-    PRIMARY KEY (table_id, version));
+    covers_us INTEGER NOT NULL, PRIMARY KEY (table_id, version));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a

@@ -60,12 +60,21 @@ class ReadArgs:
     heartbeat_ms: int
 
 
+#: Moments a read may name (µs): the calendar's, a day inside its ends in every zone.
+_EARLIEST_US = int(datetime(1, 1, 2, tzinfo=UTC).timestamp() * 1_000_000)
+_LATEST_US = int(datetime(9999, 12, 30, tzinfo=UTC).timestamp() * 1_000_000)
+
+
 def _micros(name: str, value: Any) -> int | None:
     if value is None:
         return None
     if isinstance(value, datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-        return int(moment.timestamp() * 1_000_000)
+        micros = int(moment.timestamp() * 1_000_000)
+        if not _EARLIEST_US <= micros <= _LATEST_US:
+            raise _error(f"{name} {moment.isoformat()[:40]} is outside the calendar; give a "
+                         "moment within the stream's retention period")  # fmt: skip
+        return micros
     if isinstance(value, str) and value.strip().upper() != "NULL":
         text = value.strip().replace(" ", "T", 1)
         try:
@@ -259,15 +268,15 @@ def _gone(stream: ChangeStreamRecord) -> ObjectNotFoundError:
 def _versions(
     catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, after: int, sealed: int,
     start: int, limit: int, progress: dict[int, int],
-) -> Iterator[tuple[int, str, int]]:  # fmt: skip
-    """``(timestamp, table name, version)`` of the sealed versions of ``table`` after
+) -> Iterator[tuple[int, str, int, int]]:  # fmt: skip
+    """``(timestamp, table name, table id, version)`` of the sealed versions of ``table`` after
     ``after`` up to ``limit``, in order; ``progress`` follows what was handed out."""
     label = table_label(stream, table)
     for version, moment in timestamps(catalog, table, after, sealed).items():
         if moment > limit:
             return
         if moment >= start:
-            yield moment, label, version
+            yield moment, label, table.id, version
         progress[table.id] = version
 
 
@@ -323,9 +332,8 @@ def read(
             for t in tables
         ))  # fmt: skip
         by_id = {t.id: t for t in tables}
-        labels = {table_label(stream, t): t.id for t in tables}
-        for moment, label, version in found:
-            table = by_id[labels[label]]
+        for moment, _, table_id, version in found:
+            table = by_id[table_id]
             built = _records(catalog, stream, table, version, moment, partitions)
             records = built.by_token.get(partition.token, ())
             yield from records

@@ -18,7 +18,8 @@ NEW_ROW_AND_OLD_VALUES        every column          changed columns, before
 
 (an INSERT changes every column; a DELETE's "new" side is empty). ``column_types`` lists
 the key columns and the columns an UPDATE changed; every column for an INSERT, a
-DELETE, and any change under the NEW_ROW types. Mods of one partition, table, type and column set share a record, at most
+DELETE, and any change under the NEW_ROW types. Mods of one partition, table, type and
+column set share a record, at most
 :data:`MODS_PER_RECORD` of them. Values are JSON: integers as numbers, decimals as
 text, timestamps as RFC 3339 text in UTC with microseconds, binary as base64, and
 VARIANT, OBJECT and ARRAY values as the JSON they hold, embedded as stored

@@ -48,8 +48,13 @@ def newest_version(table_uri: str) -> int:
 
 
 def timestamps(catalog: Catalog, table: TableInfo, after: int, to: int) -> dict[int, int]:
-    """The change stream timestamps (µs) of the versions ``(after, to]`` of ``table``,
-    which the caller knows are sealed."""
+    """The change stream timestamps (µs) of the versions ``(after, to]`` of ``table``.
+
+    A version ``v`` between seals ``(Va, Ha)`` and ``(Vb, Hb)`` (``Va < v <= Vb``) has
+    ``min(max(stamp, Ha + (v - Va)), Hb - (Vb - v))``: after the seal before it, within
+    the seal that covers it (a writer whose clock is behind or ahead moves no record
+    across a heartbeat), strictly increasing, and its commit stamp when clocks agree.
+    A version no seal covers yet has only the lower bound (the caller's guess)."""
     seals = catalog.seals_between(table.id, after + 1, to)
     found: dict[int, int] = {}
     previous: Seal | None = None
@@ -61,6 +66,9 @@ def timestamps(catalog: Catalog, table: TableInfo, after: int, to: int) -> dict[
         stamp = commit_ts(table.uri, version) or 0
         if previous is not None:
             stamp = max(stamp, previous.heartbeat_us + (version - previous.version))
+        if index < len(seals):
+            covering = seals[index]
+            stamp = min(stamp, covering.covers_us - (covering.version - version))
         found[version] = stamp
     return found
 
@@ -69,10 +77,11 @@ def seal(
     catalog: Catalog, tables: Iterable[TableInfo], stream_uid: str | None = None,
     repartition: Repartition | None = None,
 ) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
-    """Seal ``tables`` now with one heartbeat for all: their newest versions, at a time
-    no earlier than this process's clock, any earlier seal, or any sealed version's
-    timestamp. With ``repartition``, change ``stream_uid``'s partitions at that heartbeat
-    in the same catalog write (:mod:`.partitions`). Returns the seals and new partitions."""
+    """Seal ``tables`` now with one heartbeat for all: their newest versions, at this
+    process's clock, or later if an earlier seal is later or too close for the versions
+    since it (each takes a microsecond). With ``repartition``, change ``stream_uid``'s
+    partitions at that heartbeat in the same catalog write (:mod:`.partitions`). Returns
+    the seals and new partitions."""
     by_id = {table.id: table for table in tables}
     now = clock()
 
@@ -84,12 +93,7 @@ def seal(
             newest[table_id] = version
             last = latest.get(table_id)
             if last is not None:
-                heartbeat = max(heartbeat, last.heartbeat_us)
-                if version > last.version:  # the versions after the last seal take it
-                    stamp = commit_ts(table.uri, version) or 0
-                    heartbeat = max(heartbeat, stamp, last.heartbeat_us + version - last.version)
-            elif version >= 0:
-                heartbeat = max(heartbeat, commit_ts(table.uri, version) or 0)
+                heartbeat = max(heartbeat, last.heartbeat_us + max(0, version - last.version))
         return {table_id: Seal(version, heartbeat) for table_id, version in newest.items()}
 
     return catalog.seal_tables(by_id, compute, stream_uid, repartition, floor_us=now)

@@ -2,8 +2,9 @@
 clocks, tables whose labels collide, and exactly-once delivery across a partition tree
 that splits and merges while a writer commits and live readers follow it.
 
-Tests marked ``xfail(strict=True)`` show a defect (their reason says which); the others
-are attacks that held."""
+Seven of them found defects (fixed with them: a writer whose clock is ahead held back
+heartbeats and gave timestamps a reader could not resume from; tables whose labels
+collide were mixed up; a moment outside the calendar was a 500); the others held."""
 
 from __future__ import annotations
 
@@ -59,11 +60,6 @@ def call(start="NULL", end="NULL", token="NULL", heartbeat="1000", name="READ_CS
 
 
 # Hostile arguments
-@pytest.mark.xfail(
-    strict=True,
-    reason="a timestamp whose UTC moment is outside years 1..9999 raises a bare ValueError "
-    "(rfc3339 in the refusal message overflows) instead of INVALID_ARGUMENT",
-)
 @pytest.mark.parametrize(
     "which",
     [
@@ -136,12 +132,6 @@ def test_unicode_and_dotted_stream_names(watched):
 
 
 # Table names that collide in records
-@pytest.mark.xfail(
-    strict=True,
-    reason="read() maps versions back to tables by their record label; a FOR ALL stream "
-    'watching S2.T and a PUBLIC table named "DB.S2.T" (same label) reads one table\'s '
-    "versions for both: records lost and duplicated",
-)
 def test_a_for_all_stream_keeps_tables_with_the_same_label_apart(session):
     s = session
     s.sql("CREATE CHANGE STREAM ALLCS FOR ALL")
@@ -185,13 +175,6 @@ def ahead_then_read(s, token, monkeypatch, seconds=3.0):
     return stream, found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="after a commit stamped by a writer whose clock is ahead, an open read sends no "
-    "heartbeat until the wall clock reaches that stamp: the seal's heartbeat equals the "
-    "stamp, last_beat is set to it, and `limit > last_beat` never holds (nor does "
-    "_must_seal seal again, the seal being 'in the future')",
-)
 def test_heartbeats_keep_coming_after_a_writer_whose_clock_is_ahead(watched, monkeypatch):
     s, token = watched
     _, found = ahead_then_read(s, token, monkeypatch)
@@ -201,13 +184,6 @@ def test_heartbeats_keep_coming_after_a_writer_whose_clock_is_ahead(watched, mon
     assert beats, f"no heartbeat in {3.0 - change_at:.1f} s with heartbeat_milliseconds=1000"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a writer whose clock is ahead stamps a commit in the future; an open read "
-    "returns its record (and the seal's heartbeats) at that future timestamp, which "
-    "read_args refuses as a start ('in the future'): a reader cannot resume from its own "
-    "checkpoint, and a bounded SQL read of the same range omits the record",
-)
 def test_a_writer_whose_clock_is_ahead_gives_no_timestamps_a_reader_cannot_resume_from(
     watched, monkeypatch
 ):
@@ -428,12 +404,6 @@ def url_of(server, start, **extra):
     return f"{server.url}/v1/change-streams/CS/read?{urllib.parse.urlencode(query)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GET /v1/change-streams/{name}/read answers 500 for a start_timestamp whose UTC "
-    "moment is outside years 1..9999 (the ValueError escapes _checked, which catches only "
-    "SqlError); the route promises a 4xx for every mistake",
-)
 def test_http_a_timestamp_outside_the_calendar_is_a_4xx(served):
     server, _ = served
     status, body = http_get(url_of(server, "0001-01-01T00:00:00+01:00"))
