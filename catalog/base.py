@@ -476,6 +476,11 @@ class Catalog(ABC):
         only those still running, or left running by a process that died)."""
 
     @abstractmethod
+    def get_refresh(self, refresh_id: int) -> RefreshRecord | None:
+        """One refresh's history row, however many came after it (None: gone with its
+        table)."""
+
+    @abstractmethod
     def record_no_data(
         self, table_id: int, expected_seq: int, data_timestamp_us: int,
         source_versions: Mapping[int, int], refresh_id: int,

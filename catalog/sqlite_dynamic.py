@@ -353,6 +353,12 @@ class DynamicTableStore:
         )
         return [_refresh(row) for row in rows]
 
+    def get_refresh(self, refresh_id: int) -> RefreshRecord | None:
+        rows = self._read(
+            f"SELECT {REFRESH_COLUMNS} FROM dynamic_table_refreshes WHERE id=?", (refresh_id,)
+        )
+        return _refresh(rows[0]) if rows else None
+
     def record_no_data(
         self, table_id: int, expected_seq: int, data_timestamp_us: int,
         source_versions: Mapping[int, int], refresh_id: int,

@@ -176,10 +176,11 @@ def _failed(session: StatementContext, refresh_id: int, reason: str, error: str)
 
 
 def _row(session: StatementContext, table_id: int, refresh_id: int) -> RefreshRecord:
-    for row in session.catalog.list_refreshes(table_id, limit=50):
-        if row.id == refresh_id:
-            return row
-    raise SqlError("the dynamic table was dropped during its refresh", "OBJECT_NOT_FOUND")
+    # By id: another process refreshing in a loop may have added any number since.
+    row = session.catalog.get_refresh(refresh_id)
+    if row is None or row.dt_table_id != table_id:
+        raise SqlError("the dynamic table was dropped during its refresh", "OBJECT_NOT_FOUND")
+    return row
 
 
 def check_sources(session: StatementContext, dt: DynamicTableRecord) -> list[PinnedSource]:

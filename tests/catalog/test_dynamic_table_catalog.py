@@ -259,6 +259,17 @@ def test_create_on_a_taken_name_records_nothing(catalog, tmp_path):
 # --- set_dynamic_table ---------------------------------------------------------------------
 
 
+def test_a_refresh_row_is_found_by_id_however_many_came_after_it(catalog):
+    info, _ = make_dt(catalog)
+    first = start_refresh(catalog, info.id)
+    for _ in range(60):
+        start_refresh(catalog, info.id)
+    found = catalog.get_refresh(first)
+    assert found is not None and found.id == first and found.dt_table_id == info.id
+    assert found.state == "EXECUTING"
+    assert catalog.get_refresh(10_000_000) is None
+
+
 def test_set_changes_the_settable_fields_only(catalog):
     info, dt = make_dt(catalog)
     _, other = make_dt(catalog, "OTHER")
