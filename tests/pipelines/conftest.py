@@ -44,3 +44,14 @@ def windowed(session):
     session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
     session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
     return session
+
+
+@pytest.fixture
+def watched(session):
+    """Table ``T (ID NUMBER PRIMARY KEY, V VARCHAR)`` watched by change stream ``CS`` of
+    one partition; the session and that partition's token."""
+    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    session.sql("CREATE CHANGE STREAM CS FOR T")
+    stream = session.catalog.get_change_stream("DB", "PUBLIC", "CS")
+    (partition,) = session.catalog.list_partitions(stream.uid)
+    return session, partition.token

@@ -37,14 +37,6 @@ from tests.pipelines.test_change_stream_read import (
 )
 
 
-@pytest.fixture
-def watched(session):
-    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE CHANGE STREAM CS FOR T")
-    (token,) = [p["token"] for p in partitions(session, "CS")]
-    return session, token
-
-
 def refused(session, text, code="INVALID_ARGUMENT", kind=SqlError):
     with pytest.raises(kind) as caught:
         session.sql(text).collect()

@@ -238,15 +238,6 @@ def test_a_large_transaction_is_several_records_in_each_partition(keyed):
     assert {c["number_of_partitions_in_transaction"] for c in everything} == {3}
 
 
-@pytest.fixture
-def watched(session):
-    """Table T (ID, V) watched by CS of one partition, and that partition's token."""
-    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE CHANGE STREAM CS FOR T")
-    (token,) = [p["token"] for p in partitions(session, "CS")]
-    return session, token
-
-
 # Heartbeats
 def reader(session, cs, start_us, token, heartbeat_ms=1000, until_us=None):
     """The read generator every face runs (SQL bounds a read to the statement's start;

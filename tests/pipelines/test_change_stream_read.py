@@ -597,14 +597,6 @@ def test_copy_on_write_noise_of_every_type_is_no_record(typed):
 
 
 # Who wrote a transaction
-@pytest.fixture
-def watched(session):
-    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE CHANGE STREAM CS FOR T")
-    (token,) = [p["token"] for p in partitions(session, "CS")]
-    return session, token
-
-
 def test_a_channel_flush_is_tagged_with_its_channels(watched):
     s, token = watched
     start = now()
