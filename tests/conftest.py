@@ -39,6 +39,7 @@ LONG_FILES = (
     "tests/pipelines/test_change_stream_kill.py",
     "tests/pipelines/test_change_stream_tail.py",
     "tests/pipelines/test_change_stream_spark.py",
+    "tests/pipelines/test_change_stream_attack.py",
 )
 
 
