@@ -12,7 +12,6 @@ check every few seconds; an embedded application may call :meth:`Balancer.check`
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from collections import defaultdict
@@ -25,7 +24,7 @@ from catalog import Catalog, ChangeStreamRecord, PartitionRecord, TableInfo
 from flush.tables import ROW_ID_COLUMN
 from pipelines.change_streams.partitions import BalancePolicy, choose, merge, open_partitions, split
 from pipelines.change_streams.read import stream_tables
-from pipelines.change_streams.records import _json_values, key_hash
+from pipelines.change_streams.records import json_values, partition_of
 from pipelines.change_streams.timeline import newest_version
 from pipelines.errors import SqlError
 
@@ -47,20 +46,18 @@ def _row_counts(
     )
     events = pa.table(reader)
     kinds = events.column("_change_type").cast(pa.string()).to_pylist()
-    ordered = sorted(partitions, key=lambda p: p.lo)
-    bounds = [p.lo for p in ordered]
+    token_of = partition_of(partitions)
     counts: dict[str, int] = defaultdict(int)
     columns = [
         events.column(k).to_pylist()
         if k == ROW_ID_COLUMN
-        else _json_values(events.column(k), table.schema[k].type)
+        else json_values(events.column(k), table.schema[k].type)
         for k in key
     ]  # fmt: skip  (hashed as records hash their keys)
     for index in range(events.num_rows):
         if kinds[index] == "update_preimage":
             continue
-        value = key_hash([column[index] for column in columns])
-        counts[ordered[bisect.bisect_right(bounds, value) - 1].token] += 1
+        counts[token_of([column[index] for column in columns])] += 1
     return counts
 
 

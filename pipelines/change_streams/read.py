@@ -30,8 +30,8 @@ from pipelines.sql.history import commit_writer
 from pipelines.streams.changes import change_events
 
 __all__ = [
-    "ARGUMENTS", "MAX_HEARTBEAT_MS", "MIN_HEARTBEAT_MS", "ReadArgs", "read", "read_args",
-    "stream_tables",
+    "ARGUMENTS", "MAX_HEARTBEAT_MS", "MIN_HEARTBEAT_MS", "ReadArgs", "open_at", "read",
+    "read_args", "stream_tables",
 ]  # fmt: skip
 
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 1_000, 300_000
@@ -166,14 +166,15 @@ def table_label(stream: ChangeStreamRecord, table: TableInfo) -> str:
     return table.full_name
 
 
-def _open_at(partitions: list[PartitionRecord], moment: int) -> list[PartitionRecord]:
+def open_at(partitions: list[PartitionRecord], moment: int) -> list[PartitionRecord]:
+    """The partitions open at ``moment`` (it is in their ``[start_us, end_us)``)."""
     return [
         p for p in partitions if p.start_us <= moment and (p.end_us is None or moment < p.end_us)
     ]
 
 
 def _first_query(partitions: list[PartitionRecord], start: int) -> Iterator[dict[str, Any]]:
-    for sequence, partition in enumerate(_open_at(partitions, start)):
+    for sequence, partition in enumerate(open_at(partitions, start)):
         yield {"child_partitions_record": {
             "start_timestamp": rfc3339(start), "record_sequence": f"{sequence:08d}",
             "child_partitions": [{"token": partition.token, "parent_partition_tokens": []}],
@@ -211,7 +212,7 @@ def _records(
     catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, version: int, moment: int,
     partitions: list[PartitionRecord],
 ) -> VersionRecords:  # fmt: skip
-    open_now = _open_at(partitions, moment)
+    open_now = open_at(partitions, moment)
     label = table_label(stream, table)  # a renamed table's records carry its new name
     key = (
         stream.uid,

@@ -49,8 +49,8 @@ from flush.tables import ROW_ID_COLUMN
 from ingest_sdk.column_types import ColumnType, TypeKind
 
 __all__ = [
-    "MODS_PER_RECORD", "ROW_ID_KEY", "RecordCache", "VersionRecords", "key_hash", "rfc3339",
-    "version_records",
+    "MODS_PER_RECORD", "ROW_ID_KEY", "RecordCache", "VersionRecords", "json_values", "key_hash",
+    "partition_of", "rfc3339", "version_records",
 ]  # fmt: skip
 
 MODS_PER_RECORD = 1000
@@ -92,7 +92,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _json_values(values: pa.ChunkedArray | pa.Array, column: ColumnType) -> list[Any]:
+def json_values(values: pa.ChunkedArray | pa.Array, column: ColumnType) -> list[Any]:
     """A column's values as JSON-ready Python values (see the module docstring)."""
     kind, arrow = column.kind, values.type
     if pa.types.is_timestamp(arrow):
@@ -130,6 +130,14 @@ def key_hash(key: list[Any]) -> int:
     return zlib.crc32(orjson.dumps(key))
 
 
+def partition_of(partitions: Sequence[PartitionRecord]) -> Callable[[list[Any]], str]:
+    """The token of the partition among ``partitions`` (adjacent key ranges covering the
+    key space: those open at one moment) that holds a key (its JSON-ready values)."""
+    ordered = sorted(partitions, key=lambda p: p.lo)
+    bounds = [p.lo for p in ordered]
+    return lambda key: ordered[bisect.bisect_right(bounds, key_hash(key)) - 1].token
+
+
 @dataclass(frozen=True, slots=True)
 class VersionRecords:
     """The data change records of one table version, by partition token, in order."""
@@ -161,7 +169,7 @@ def _mods(
     """``(mod_type, value columns, mod, key)`` of one version's events, by row id."""
     key, value_columns, _ = _columns(table)
     events = events.sort_by([(ROW_ID_COLUMN, "ascending"), ("_change_type", "descending")])
-    columns = {c.name: _json_values(events.column(c.name), c.type) for c in table.schema}
+    columns = {c.name: json_values(events.column(c.name), c.type) for c in table.schema}
     columns[ROW_ID_KEY] = events.column(ROW_ID_COLUMN).to_pylist()
     # What a pre- and a post-image are compared by: the JSON values, but for JSON
     # columns their text (a Fragment only equals itself).
@@ -215,16 +223,14 @@ def version_records(
     """The records of one version (``events``: its change feed) in every partition of
     ``partitions`` (those open at ``timestamp_us``); ``table_name`` as records name it."""
     _, _, types = _columns(table)
-    ordered = sorted(partitions, key=lambda p: p.lo)
-    bounds = [p.lo for p in ordered]
+    token_of = partition_of(partitions)
     groups: OrderedDict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
     # A transaction's DELETEs come first, its INSERTs last: a key one row left and another
     # took is deleted before it is inserted, whichever row has the lower id (applied in
     # record_sequence order, the records then give the key's state after the version).
     mods = sorted(_mods(table, events, capture), key=lambda mod: _KIND_ORDER[mod[0]])
     for kind, listed, mod, key in mods:
-        token = ordered[bisect.bisect_right(bounds, key_hash(key)) - 1].token
-        groups.setdefault((token, kind, listed), []).append(mod)
+        groups.setdefault((token_of(key), kind, listed), []).append(mod)
     chunks = [
         (group, entries[start : start + MODS_PER_RECORD])
         for group, entries in groups.items()

@@ -53,6 +53,7 @@ from pipelines.change_streams.read import (
     MAX_HEARTBEAT_MS,
     MIN_HEARTBEAT_MS,
     ReadArgs,
+    open_at,
     read,
     stream_tables,
 )
@@ -188,10 +189,8 @@ _Planned = tuple[str, int, bool, bool]
 
 
 def _open_at(lineage: Mapping[str, PartitionRecord], moment: int) -> list[str]:
-    return sorted(
-        t for t, p in lineage.items()
-        if p.start_us <= moment and (p.end_us is None or moment < p.end_us)
-    )  # fmt: skip
+    """The tokens of the partitions open at ``moment``, sorted."""
+    return sorted(p.token for p in open_at(list(lineage.values()), moment))
 
 
 def _plan(
