@@ -37,6 +37,27 @@ Repartition = Callable[
 _SEAL_KEPT_US = 31 * 86_400 * 1_000_000
 
 
+#: A stream's partitions, oldest first.
+_LINEAGE = (
+    f"SELECT {PARTITION_COLUMNS} FROM change_stream_partitions WHERE stream_uid=?"
+    " ORDER BY start_us, lo"
+)
+
+
+def _latest_query(table_ids: Iterable[int]) -> tuple[str, tuple[int, ...]]:
+    """The query of the tables' newest seals (their newest version, highest heartbeat)."""
+    ids = tuple(sorted(set(table_ids)))
+    return (
+        "SELECT table_id, max(version), max(heartbeat_us) FROM change_stream_seals"
+        f" WHERE table_id IN ({', '.join('?' * len(ids))}) GROUP BY table_id",
+        ids,
+    )
+
+
+def _latest(rows: Iterable[tuple[Any, ...]]) -> dict[int, Seal]:
+    return {row[0]: Seal(row[1], row[2]) for row in rows}
+
+
 def _partition(row: tuple[Any, ...]) -> PartitionRecord:
     values = list(row)
     values[6] = tuple(orjson.loads(values[6]))
@@ -154,24 +175,10 @@ class ChangeStreamStore:
             return dropped == 1
 
     def list_partitions(self, stream_uid: str) -> list[PartitionRecord]:
-        rows = self._read(
-            f"SELECT {PARTITION_COLUMNS} FROM change_stream_partitions WHERE stream_uid=?"
-            " ORDER BY start_us, lo",
-            (stream_uid,),
-        )
-        return [_partition(row) for row in rows]
+        return [_partition(row) for row in self._read(_LINEAGE, (stream_uid,))]
 
     def latest_seals(self, table_ids: Iterable[int]) -> dict[int, Seal]:
-        ids = sorted(set(table_ids))
-        if not ids:
-            return {}
-        marks = ", ".join("?" * len(ids))
-        rows = self._read(
-            "SELECT table_id, max(version), max(heartbeat_us) FROM change_stream_seals"
-            f" WHERE table_id IN ({marks}) GROUP BY table_id",
-            tuple(ids),
-        )
-        return {row[0]: Seal(row[1], row[2]) for row in rows}
+        return _latest(self._read(*_latest_query(table_ids)))
 
     def seals_between(self, table_id: int, after: int, to: int) -> list[Seal]:
         """The seals of versions in ``[after, to]``, the last one before ``after`` and the
@@ -202,17 +209,8 @@ class ChangeStreamStore:
         Raises:
             ValueError: a partition to end is not open (another repartition ended it).
         """
-        ids = sorted(set(table_ids))
         with self._immediate() as db:
-            latest = {
-                row[0]: Seal(row[1], row[2])
-                for row in db.execute(
-                    "SELECT table_id, max(version), max(heartbeat_us) FROM change_stream_seals"
-                    f" WHERE table_id IN ({', '.join('?' * len(ids))}) GROUP BY table_id",
-                    tuple(ids),
-                )
-            } if ids else {}  # fmt: skip
-            sealed = compute(latest)
+            sealed = compute(_latest(db.execute(*_latest_query(table_ids)).fetchall()))
             for table_id, seal in sealed.items():
                 db.execute(
                     "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
@@ -227,14 +225,7 @@ class ChangeStreamStore:
             if repartition is None or stream_uid is None:
                 return sealed, []
             heartbeat = max([floor_us, *(s.heartbeat_us for s in sealed.values())])
-            current = [
-                _partition(row)
-                for row in db.execute(
-                    f"SELECT {PARTITION_COLUMNS} FROM change_stream_partitions"
-                    " WHERE stream_uid=? ORDER BY start_us, lo",
-                    (stream_uid,),
-                )
-            ]
+            current = [_partition(row) for row in db.execute(_LINEAGE, (stream_uid,))]
             ended, added = repartition(heartbeat, current)
             for token in ended:
                 if (
