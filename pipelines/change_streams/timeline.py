@@ -20,7 +20,7 @@ and every partition, agree. Seals older than the longest retention are forgotten
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from catalog import Catalog, PartitionRecord, Seal, TableInfo
@@ -28,7 +28,7 @@ from catalog.sqlite_change_streams import Repartition
 from flush.commit_clock import clock, commit_ts
 from flush.tables import logged_versions
 
-__all__ = ["newest_version", "seal", "sealed_upto", "timestamps"]
+__all__ = ["newest_version", "seal", "timestamps"]
 
 #: The newest version seen per table folder, to probe the next one from.
 _NEWEST: dict[str, int] = {}
@@ -97,11 +97,3 @@ def seal(
         return {table_id: Seal(version, heartbeat) for table_id, version in newest.items()}
 
     return catalog.seal_tables(by_id, compute, stream_uid, repartition, floor_us=now)
-
-
-def sealed_upto(seals: Mapping[int, Seal], table_ids: Iterable[int]) -> int | None:
-    """The heartbeat every one of ``table_ids`` is sealed up to (None: one never was)."""
-    found = [seals.get(table_id) for table_id in table_ids]
-    if any(s is None for s in found):
-        return None
-    return min((s.heartbeat_us for s in found if s is not None), default=None)
