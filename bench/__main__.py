@@ -1,11 +1,15 @@
 """`make bench`: run every benchmark and print its JSON result (one document per line).
 
-``python -m bench conversion`` runs one of them by name.
+``python -m bench conversion`` runs one of them by name. ``--scale S`` multiplies each
+one's sizes (rows, files, producers, measuring windows; each has a floor that still runs
+every step); without it each runs at scale 1, the run docs/benchmarks.md reports, unless
+its environment knobs say otherwise (its module's docstring: ``BENCH_QUICK=1`` and
+others). ``--scale 0.001`` is the smoke run the test suite makes of every entry
+(tests/bench/test_smoke.py): seconds to a minute each, numbers that mean nothing.
 """
 
-import sys
-
-import orjson
+from collections.abc import Callable
+from typing import Any
 
 from bench import (
     backpressure,
@@ -16,9 +20,10 @@ from bench import (
     ingest,
     pipelines,
 )
+from bench.pipelines import cli
 from ingest_sdk.process_exit import run_entry_point
 
-BENCHMARKS = {
+BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "conversion": conversion.run,
     "ingest": ingest.run,
     "compaction": compaction.run,
@@ -27,6 +32,7 @@ BENCHMARKS = {
     "stream_read_vs_scan": pipelines.run_stream_read,
     "append_only_growth": pipelines.run_append_only_growth,
     "consuming_insert": pipelines.run_consuming_insert,
+    "plan_guard": pipelines.run_plan_guard,
     "dt_no_data": dynamic_tables.run_no_data,
     "dt_incremental_vs_full": dynamic_tables.run_incremental_vs_full,
     "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
@@ -37,9 +43,7 @@ BENCHMARKS = {
 
 
 def main() -> None:
-    names = sys.argv[1:] or list(BENCHMARKS)
-    for name in names:
-        print(orjson.dumps(BENCHMARKS[name]()).decode(), flush=True)
+    cli("python -m bench", __doc__, BENCHMARKS)
 
 
 if __name__ == "__main__":

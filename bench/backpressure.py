@@ -39,6 +39,8 @@ Knobs (environment, or ``python -m bench.backpressure --help``):
 ``BENCH_BACKPRESSURE_SECONDS`` (45) per run, ``BENCH_QUICK=1`` (15 s per run),
 ``BENCH_BACKPRESSURE_CLIENT`` (``one``/``sdk``), ``BENCH_BACKPRESSURE_RETRY_DEADLINE`` (30),
 ``BENCH_BACKPRESSURE_REQUEST_MB`` (1.0), ``BENCH_BACKPRESSURE_TABLES`` (``one``/``each``).
+``scale`` (``python -m bench backpressure --scale S``) multiplies the producers (16, at
+least 2) and the seconds per run (45, at least 1, in place of the two knobs above).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ import orjson
 import pyarrow as pa
 
 from bench.conversion import SCHEMA, make_rows
+from bench.pipelines import _rows
 from ingest_sdk import (
     ClientLimits,
     OpenChannelRequest,
@@ -75,6 +78,7 @@ from ingest_sdk import (
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024
 PRODUCERS = 16  # the first half send rows (insert_rows), the second half Arrow (insert_batch)
+SECONDS = 45.0  # per run
 LIMITED_BUFFER_MB = 8.0
 BASELINE_BUFFER_MB = 512.0
 MAX_CLIENT_LAG = 1.0  # the SDK's default
@@ -102,7 +106,7 @@ def _env_float(name: str, default: float) -> float:
 def default_seconds() -> float:
     if os.environ.get("BENCH_BACKPRESSURE_SECONDS"):
         return float(os.environ["BENCH_BACKPRESSURE_SECONDS"])
-    return 15.0 if os.environ.get("BENCH_QUICK", "") not in ("", "0") else 45.0
+    return 15.0 if os.environ.get("BENCH_QUICK", "") not in ("", "0") else SECONDS
 
 
 # -- the server process ----------------------------------------------------------------------
@@ -374,8 +378,8 @@ def _summarise(report: dict[str, Any], seconds: float, client_mode: str) -> dict
 
 
 def _run_once(
-    folder: Path, buffer_limit_mb: float, seconds: float, rows_per_request: int,
-    client_mode: str, retry_deadline: float, tables: str,
+    folder: Path, buffer_limit_mb: float, producer_count: int, seconds: float,
+    rows_per_request: int, client_mode: str, retry_deadline: float, tables: str,
 ) -> dict[str, Any]:  # fmt: skip
     context = multiprocessing.get_context("spawn")
     name = f"buffer_{buffer_limit_mb:g}mb"
@@ -386,20 +390,20 @@ def _run_once(
     reports: list[dict[str, Any]] = []
     try:
         table_names = (
-            [f"bench.public.bp_{i}" for i in range(PRODUCERS)] if tables == "each"
-            else ["bench.public.bp"] * PRODUCERS
+            [f"bench.public.bp_{i}" for i in range(producer_count)] if tables == "each"
+            else ["bench.public.bp"] * producer_count
         )  # fmt: skip
         with StreamingIngestClient("bench-admin", url=server.url) as admin:
             for table_name in sorted(set(table_names)):
                 admin.create_table(table_name, SCHEMA.declarations())
         idle_rss = _proc_status(server.process.pid).get("VmRSS", 0)
         cpu_before = _cpu_seconds(server.process.pid)
-        barrier = context.Barrier(PRODUCERS + 1)
+        barrier = context.Barrier(producer_count + 1)
         results = context.Queue()
-        for i in range(PRODUCERS):
+        for i in range(producer_count):
             process = context.Process(
                 target=_producer,
-                args=(server.url, table_names[i], i, i >= PRODUCERS // 2, rows_per_request,
+                args=(server.url, table_names[i], i, i >= producer_count // 2, rows_per_request,
                       seconds, client_mode, retry_deadline, barrier, results),
                 daemon=True,
             )  # fmt: skip
@@ -409,7 +413,7 @@ def _run_once(
             barrier.wait(timeout=SETUP_TIMEOUT)
         except threading.BrokenBarrierError:
             with contextlib.suppress(Exception):
-                while len(reports) < PRODUCERS:
+                while len(reports) < producer_count:
                     reports.append(results.get(timeout=2))
             raise RuntimeError(
                 f"producers did not start: {[r['error'] for r in reports if r['error']]}; "
@@ -420,7 +424,7 @@ def _run_once(
         started = time.perf_counter()
         setup_seconds = started - begun
         deadline = started + seconds + REPORT_GRACE
-        while len(reports) < PRODUCERS and time.perf_counter() < deadline:
+        while len(reports) < producer_count and time.perf_counter() < deadline:
             with contextlib.suppress(Exception):
                 reports.append(results.get(timeout=max(0.1, deadline - time.perf_counter())))
         reported_after = time.perf_counter() - started
@@ -448,9 +452,9 @@ def _run_once(
         stop_seconds = time.perf_counter() - stopping
     by_index = {r["producer"]: r for r in reports}
     producers = []
-    for i in range(PRODUCERS):
+    for i in range(producer_count):
         report = by_index.get(i) or {
-            "producer": i, "kind": "arrow" if i >= PRODUCERS // 2 else "rows", "returns_s": [],
+            "producer": i, "kind": "arrow" if i >= producer_count // 2 else "rows", "returns_s": [],
             "progress": [], "error": {"type": "NoReport", "message": "no report in time",
                                       "at_s": None},
         }  # fmt: skip
@@ -508,11 +512,13 @@ def _run_once(
 
 
 def run(
-    seconds: float | None = None, client_mode: str | None = None,
+    scale: float | None = None, seconds: float | None = None, client_mode: str | None = None,
     retry_deadline: float | None = None, request_mb: float | None = None,
     tables: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    seconds = seconds if seconds is not None else default_seconds()
+    producers = PRODUCERS if scale is None else _rows(scale, PRODUCERS, least=2)
+    if seconds is None:
+        seconds = default_seconds() if scale is None else max(1.0, SECONDS * scale)
     client_mode = client_mode or os.environ.get("BENCH_BACKPRESSURE_CLIENT", "one")
     if client_mode not in CLIENT_MODES:
         raise ValueError(f"client mode must be one of {CLIENT_MODES}, not {client_mode!r}")
@@ -532,8 +538,8 @@ def run(
     try:
         for label, limit in (("limited", LIMITED_BUFFER_MB), ("baseline", BASELINE_BUFFER_MB)):
             try:
-                runs[label] = _run_once(folder, limit, seconds, rows_per_request, client_mode,
-                                        retry_deadline, tables)  # fmt: skip
+                runs[label] = _run_once(folder, limit, producers, seconds, rows_per_request,
+                                        client_mode, retry_deadline, tables)  # fmt: skip
             except Exception as exc:  # report the other run; the error says what broke
                 runs[label] = {"buffer_limit_mb": limit,
                                "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}  # fmt: skip
@@ -542,8 +548,9 @@ def run(
     limited, baseline = runs["limited"], runs["baseline"]
     result: dict[str, Any] = {
         "benchmark": "backpressure_fairness",
-        "producers": PRODUCERS,
-        "producer_kinds": ["rows"] * (PRODUCERS // 2) + ["arrow"] * (PRODUCERS - PRODUCERS // 2),
+        "scale": scale,
+        "producers": producers,
+        "producer_kinds": ["rows"] * (producers // 2) + ["arrow"] * (producers - producers // 2),
         "seconds_per_run": seconds,
         "client_mode": client_mode,
         "admitted_means": ADMITTED_MEANS[client_mode],
@@ -594,7 +601,7 @@ def main() -> None:
     parser.add_argument("--tables", choices=["one", "each"], default=None)
     args = parser.parse_args()
     seconds = args.seconds if args.seconds is not None else (15.0 if args.quick else None)
-    result = run(seconds, args.client, args.retry_deadline, args.request_mb, args.tables)
+    result = run(None, seconds, args.client, args.retry_deadline, args.request_mb, args.tables)
     print(orjson.dumps(result).decode(), flush=True)
 
 

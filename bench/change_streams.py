@@ -272,7 +272,7 @@ def _instrumented(catalog: Any) -> Iterator[_Phases]:
     cache = RecordCache()
     targets = [
         (read_module, "change_events", "cdf_read_load_cdf_and_cast"),
-        (records, "_json_values", "values_to_python_lists"),
+        (records, "json_values", "values_to_python_lists"),
         (records, "_mods", "mods_sort_and_row_loop"),
         (read_module, "build_records", "group_into_records_key_hash"),
         (read_module, "_tag", "commit_info_transaction_tag"),
@@ -741,8 +741,8 @@ def _beat_latencies(beats: list[tuple[str, int]], window: tuple[int, int]) -> di
 
 def run_latency(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
-    seconds = max(10.0, LATENCY_SECONDS * scale)
-    idle = max(5.0, IDLE_SECONDS * min(1.0, scale * 10))
+    seconds = max(2.0, LATENCY_SECONDS * scale)
+    idle = max(1.0, IDLE_SECONDS * min(1.0, scale * 10))
     load = _Load()
     folder = Path(tempfile.mkdtemp(prefix="bench-cs-latency-"))
     warehouse = folder / "warehouse"

@@ -18,6 +18,9 @@ files of 10,000 rows) is measured once each way, for information.
 Targets (issue 4): within 2x of delta-rs's throughput (ours warm vs
 ``optimize.compact()``); the filtered scan at least 5x faster after compaction with
 clustering.
+
+``scale`` (``python -m bench compaction --scale S``) multiplies the files of both tables
+(1,000, at least 2).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction
 
+from bench.pipelines import _rows
 from flush import create_table
 from flush.compaction import CompactionPolicy, compact_table
 from flush.parquet_files import write_parquet_file
@@ -166,7 +170,9 @@ def _measure(
     }
 
 
-def run(files: int = 1000, rows_per_file: int = 1000) -> dict[str, Any]:
+def run(scale: float | None = None, rows_per_file: int = 1000) -> dict[str, Any]:
+    scale = 1.0 if scale is None else scale
+    files = _rows(scale, 1000, least=2)
     folder = Path(tempfile.mkdtemp(prefix="bench-compaction-"))
     try:
         source = str(folder / "cold")
@@ -188,6 +194,7 @@ def run(files: int = 1000, rows_per_file: int = 1000) -> dict[str, Any]:
         ratio, speedup = small["throughput_ratio_warm_vs_delta_rs"], small["scan_speedup"]
         return {
             "benchmark": "compaction",
+            "scale": scale,
             **small,
             "larger_table_informational": large,
             "targets": {

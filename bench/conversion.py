@@ -6,6 +6,9 @@ ints, strings, floats and timestamps, and within 2x of ``from_pylist``.
 ``run_json`` (``python -m bench.conversion json``) measures the JSON rows path of
 the server: ``loads_exact`` against ``orjson.loads`` on the same 10,000-row bodies
 (issue 9), alone and followed by ``convert_rows``.
+
+``scale`` (``python -m bench conversion --scale S``) multiplies the rows of a batch and
+of a body (10,000; at least 100).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from bench.pipelines import _rows
 from ingest_sdk import OnErrorOption, TableSchema, convert_rows
 from ingest_sdk.wire import loads_exact
 
@@ -74,7 +78,9 @@ def _rate(func: Any, rows: list[dict[str, Any]], repeats: int) -> dict[str, floa
     }
 
 
-def run(batch_rows: int = 10_000, batches: int = 5, repeats: int = 5) -> dict[str, Any]:
+def run(scale: float | None = None, batches: int = 5, repeats: int = 5) -> dict[str, Any]:
+    scale = 1.0 if scale is None else scale
+    batch_rows = _rows(scale, 10_000)
     rows = make_rows(batch_rows * batches)
     chunks = [rows[i : i + batch_rows] for i in range(0, len(rows), batch_rows)]
     arrow_schema = SCHEMA.to_arrow()
@@ -110,6 +116,7 @@ def run(batch_rows: int = 10_000, batches: int = 5, repeats: int = 5) -> dict[st
     ratio = base_rate["rows_per_s_best"] / ours_rate["rows_per_s_best"]
     return {
         "benchmark": "row_conversion",
+        "scale": scale,
         "rows": len(rows),
         "batch_rows": batch_rows,
         "columns": len(SCHEMA),
@@ -177,8 +184,10 @@ def _best_ms(func: Callable[[], Any], repeats: int) -> dict[str, float]:
     }
 
 
-def run_json(rows: int = 10_000, repeats: int = 15) -> dict[str, Any]:
+def run_json(scale: float | None = None, repeats: int = 15) -> dict[str, Any]:
     """orjson.loads (the baseline, which rounds long numbers) against loads_exact, per body."""
+    scale = 1.0 if scale is None else scale
+    rows = _rows(scale, 10_000)
     results: dict[str, Any] = {}
     for name, body in json_bodies(rows).items():
         last = loads_exact(body)["rows"][-1]
@@ -204,8 +213,8 @@ def run_json(rows: int = 10_000, repeats: int = 15) -> dict[str, Any]:
                 "slowdown": round(ours_all["best_ms"] / base_all["best_ms"], 2),
             },
         }
-    return {"benchmark": "json_rows_parse", "rows": rows, "python": sys.version.split()[0],
-            "bodies": results}  # fmt: skip
+    return {"benchmark": "json_rows_parse", "scale": scale, "rows": rows,
+            "python": sys.version.split()[0], "bodies": results}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -876,12 +876,12 @@ def _phase(
 
 def _calibrate(service: _Service, seconds: float) -> tuple[int, list[float]]:
     """Rows of the long query's left side for about ``seconds`` (cost is linear in it)."""
-    rows, runs = 20_000, []
-    for _ in range(6):  # the first run is cold; grow until a run takes 3 s or more
+    rows, runs = max(1000, round(20_000 * min(1.0, seconds / HEAVY_QUERY_S))), []
+    for _ in range(6):  # the first run is cold; grow until a run takes 3 s (or `seconds`)
         took, _ = _timed(functools.partial(service.client.sql, _heavy_query(rows, None),
                                            timeout=900))  # fmt: skip
         runs.append(round(took, 2))
-        if took >= 3.0 and len(runs) > 1:
+        if took >= min(3.0, seconds) and len(runs) > 1:
             break
         rows *= 4 if took < 0.75 else 2
     return max(1000, round(rows * seconds / took)), runs
@@ -889,9 +889,9 @@ def _calibrate(service: _Service, seconds: float) -> tuple[int, list[float]]:
 
 def run_freshness(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
-    seconds = max(10.0, FRESHNESS_SECONDS * scale)
-    heavy_s = max(5.0, HEAVY_QUERY_S * scale)
-    heavy_seconds = max(10.0, HEAVY_SAMPLE_SECONDS * scale)
+    seconds = max(2.0, FRESHNESS_SECONDS * scale)
+    heavy_s = max(0.5, HEAVY_QUERY_S * scale)
+    heavy_seconds = max(2.0, HEAVY_SAMPLE_SECONDS * scale)
     _progress("dt_freshness: starting the service")
     service = _Service()
     feed: Feed | None = None
@@ -913,7 +913,7 @@ def run_freshness(scale: float | None = None) -> dict[str, Any]:
             "FROM C1 WHERE ID % 2 = 0",
             f"CREATE DYNAMIC TABLE C3 {lag} AS SELECT ID, A3, V FROM C2 WHERE A3 > 0",
         ], ["C1", "C2", "C3"], seconds)  # fmt: skip
-        _progress(f"dt_freshness: sizing the long query to about {heavy_s:.0f} s")
+        _progress(f"dt_freshness: sizing the long query to about {heavy_s:g} s")
         heavy_rows, calibration = _calibrate(service, heavy_s)
         loaded: dict[str, Any] = {}
         for shape, partitions in (("default_partitions", None), ("partitions_200", 200)):

@@ -8,6 +8,10 @@ Side by side, on the same generated 8-column rows:
 
 Reported: rows/s, p50/p99 latency from ``insert_rows`` to its token being committed,
 the server's peak RSS and buffer use, and the ratios to (1) and (2).
+
+``scale`` (``python -m bench ingest --scale S``) multiplies the floor's rows (1M, at
+least 1,000), the peer's batches (100, at least 2), the producers (8, at least 2) and
+each run's batches per producer (3,000, 100 and 120; at least 2, 1 and 2).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from bench.conversion import SCHEMA, make_rows
+from bench.pipelines import _rows
 from ingest_sdk import OpenChannelRequest, StreamingIngestClient, convert_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,12 +216,16 @@ def this_system(
     }
 
 
-def run(producers: int = 8, small_batches: int = 3000, big_batches: int = 100) -> dict[str, Any]:
+def run(scale: float | None = None) -> dict[str, Any]:
+    scale = 1.0 if scale is None else scale
+    producers = _rows(scale, 8, least=2)
+    small_batches, big_batches = _rows(scale, 3000, least=2), _rows(scale, 100, least=1)
+    paced_batches = _rows(scale, 120, least=2)
     folder = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
     try:
-        all_rows = _arrow(make_rows(1_000_000, seed=2))
+        all_rows = _arrow(make_rows(_rows(scale, 1_000_000, least=1000), seed=2))
         floor = floor_parquet(all_rows, folder)
-        peer_rows = make_rows(100 * 100, seed=1)
+        peer_rows = make_rows(_rows(scale, 100, least=2) * 100, seed=1)
         peer = peer_write_deltalake(
             [_arrow(peer_rows[i : i + 100]) for i in range(0, len(peer_rows), 100)], folder
         )
@@ -227,7 +236,7 @@ def run(producers: int = 8, small_batches: int = 3000, big_batches: int = 100) -
             arrow_10k = this_system(server.url, producers, big_batches, 10_000, arrow=True,
                                     lag=1.0, table_name="bench.public.big")  # fmt: skip
             # Latency at a sustainable load: 8 producers x 20 batches/s x 100 rows for 6 s.
-            paced = this_system(server.url, producers, 120, 100, arrow=False, lag=1.0,
+            paced = this_system(server.url, producers, paced_batches, 100, arrow=False, lag=1.0,
                                 table_name="bench.public.paced", rate=20.0)  # fmt: skip
             rss = server.peak_rss_bytes()
             flushes = server.metric("flush_duration_seconds_count")
@@ -240,6 +249,7 @@ def run(producers: int = 8, small_batches: int = 3000, big_batches: int = 100) -
         floor_share = arrow_10k["rows_per_s"] / floor["rows_per_s"]
         return {
             "benchmark": "ingest_end_to_end",
+            "scale": scale,
             "floor_pyarrow_parquet": floor,
             "peer_write_deltalake_per_batch": peer,
             "this_system_dict_rows_100": dict_100,

@@ -20,9 +20,11 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSeri
 #: at the end (pytest-xdist would order files by their number of tests).
 LONG_FILES = (
     "tests/test_docs.py",
+    "tests/bench/test_smoke.py",
     "tests/pipelines/test_dynamic_table_adversarial.py",
     "tests/pipelines/test_multi_table_kill.py",
     "tests/channel_server/test_dynamic_table_service.py",
+    "tests/pipelines/test_dynamic_table_moved_source.py",
     "tests/pipelines/test_concurrent_writers.py",
     "tests/pipelines/test_consumption_crash.py",
     "tests/pipelines/test_dynamic_table_kill.py",
