@@ -469,6 +469,13 @@ class Catalog(ABC):
     def update_refresh(self, refresh_id: int, **values: Any) -> None: ...
 
     @abstractmethod
+    def fold_refresh(self, refresh_id: int, into_id: int, **values: Any) -> bool:
+        """Fold history row ``refresh_id`` into the earlier row ``into_id`` of the same
+        table, atomically: set ``values`` on ``into_id`` and remove ``refresh_id`` (a
+        failure repeated tick after tick keeps one row). False (nothing changed) if
+        either row is gone or they are rows of different tables."""
+
+    @abstractmethod
     def list_refreshes(
         self, dt_table_id: int | None = None, limit: int = 20_000, executing: bool = False
     ) -> list[RefreshRecord]:

@@ -76,6 +76,16 @@ def _refresh(row: tuple[Any, ...]) -> RefreshRecord:
     return RefreshRecord(*values)
 
 
+def _refresh_update(values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """The ``SET`` list and its arguments for the history columns ``values`` sets."""
+    unknown = set(values) - _REFRESH_SETTABLE
+    if unknown:
+        raise ValueError(f"cannot set {sorted(unknown)} of a refresh")
+    if "source_versions" in values:
+        values = {**values, "source_versions": orjson.dumps(values["source_versions"]).decode()}
+    return ", ".join(f"{column}=?" for column in values), list(values.values())
+
+
 def claim_refresh(db: sqlite3.Connection, commit_id: int, plan: Mapping[str, Any]) -> None:
     """Inside :meth:`decide_commit`'s transaction: claim the refresh a commit's plan
     applies (its expected ``refresh_seq``, no other commit holding the table).
@@ -326,15 +336,25 @@ class DynamicTableStore:
             return _insert_refresh(db, record)
 
     def update_refresh(self, refresh_id: int, **values: Any) -> None:
-        unknown = set(values) - _REFRESH_SETTABLE
-        if unknown:
-            raise ValueError(f"cannot set {sorted(unknown)} of a refresh")
-        if "source_versions" in values:
-            values["source_versions"] = orjson.dumps(values["source_versions"]).decode()
-        columns = ", ".join(f"{column}=?" for column in values)
+        columns, args = _refresh_update(values)
         with self._immediate() as db:
             db.execute(f"UPDATE dynamic_table_refreshes SET {columns} WHERE id=?",
-                       (*values.values(), refresh_id))  # fmt: skip
+                       (*args, refresh_id))  # fmt: skip
+
+    def fold_refresh(self, refresh_id: int, into_id: int, **values: Any) -> bool:
+        columns, args = _refresh_update(values)
+        with self._immediate() as db:
+            tables = db.execute(
+                "SELECT dt_table_id FROM dynamic_table_refreshes WHERE id IN (?, ?)",
+                (refresh_id, into_id),
+            ).fetchall()
+            if refresh_id == into_id or len(tables) != 2 or tables[0] != tables[1]:
+                return False
+            if values:
+                db.execute(f"UPDATE dynamic_table_refreshes SET {columns} WHERE id=?",
+                           (*args, into_id))  # fmt: skip
+            db.execute("DELETE FROM dynamic_table_refreshes WHERE id=?", (refresh_id,))
+        return True
 
     def list_refreshes(
         self, dt_table_id: int | None = None, limit: int = HISTORY_MAX_ROWS,

@@ -9,18 +9,21 @@ catalog records the refresh (data timestamp, source versions, history) in the sa
 transaction that ends that commit, so a refresh killed at any step is applied once or
 not at all. A refresh that finds its sources unchanged runs no Spark job and writes no
 Delta commit: it moves the data timestamp in the catalog (NO_DATA).
+
+A refresh never ends with an exception (but for its table dropped meanwhile): a failure
+is its row's FAILED state with a reason code, an error no rule knows is INTERNAL_ERROR
+with its text (and its traceback in the log), and no row is left EXECUTING but a
+decided commit's, which recovery completes and records.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from deltalake import DeltaTable
 
 from catalog import (
@@ -40,6 +43,7 @@ from pipelines.dynamic_tables.refresh_change import (
     dt_app_id,
     has_followers,
 )
+from pipelines.dynamic_tables.sources import check_sources
 from pipelines.errors import SqlError, evaluation_errors
 from pipelines.sql.history import data_changed
 from pipelines.transactions.commit import TableWrites, commit_consumer, recover_pending
@@ -73,7 +77,8 @@ def refresh(
 ) -> RefreshRecord:
     """Refresh the dynamic table for ``data_timestamp_us`` (now by default); returns its
     history row (SUCCEEDED, SKIPPED or FAILED). Never raises for a failure of the
-    refresh itself: that is in the row (``reason``, ``error``)."""
+    refresh itself, expected or not: that is in the row (``reason``, ``error``). Raises
+    only when the dynamic table was dropped (OBJECT_NOT_FOUND: no row is left)."""
     catalog = session.catalog
     dt = _current(session, table_id)
     moment = data_timestamp_us if data_timestamp_us is not None else clock()
@@ -82,14 +87,9 @@ def refresh(
     if dt.data_timestamp_us is None:
         trigger = INITIAL
     info = catalog.get_table_by_id(table_id)
-    looked = None
-    if info is not None and dt.data_timestamp_us is not None and moment > dt.data_timestamp_us:
-        with contextlib.suppress(RefreshFailed):  # the full path below records it
-            looked = _sources_at(session, dt, moment)
-    if looked is not None and looked[1] and info is not None:
-        quick = _no_data(session, dt, info, moment, trigger, looked[0])
-        if quick is not None:
-            return _row(session, table_id, quick)
+    looked, quick = _quick(session, dt, info, moment, trigger)
+    if quick is not None:
+        return _row(session, table_id, quick)
     owner = new_owner()
     IN_FLIGHT.add(owner)  # alive for recovery while this thread works on it
     refresh_id = catalog.add_refresh({
@@ -97,6 +97,39 @@ def refresh(
         "refresh_uid": uuid.uuid4().hex, "trigger": trigger, "state": "EXECUTING",
         "data_timestamp_us": moment, "started_at": time.time(), "owner": owner,
     })  # fmt: skip
+    try:
+        _attempt(session, dt, info, moment, refresh_id, looked)
+    finally:
+        IN_FLIGHT.discard(owner)
+        session.release_views()
+    return _row(session, table_id, refresh_id)
+
+
+def _quick(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo | None, moment: int,
+    trigger: str,
+) -> tuple[tuple[list[PinnedSource], bool] | None, int | None]:  # fmt: skip
+    """The common refresh, whose sources did not change (NO_DATA: one catalog write, no
+    history row before): the sources as looked at, and the NO_DATA row's id if it was
+    that one. Whatever fails here is left to the full path, which records it."""
+    if info is None or dt.data_timestamp_us is None or moment <= dt.data_timestamp_us:
+        return None, None
+    try:
+        looked = _sources_at(session, dt, moment)
+        if not looked[1]:
+            return looked, None
+        return looked, _no_data(session, dt, info, moment, trigger, looked[0])
+    except Exception:  # the full path below meets it again and records it
+        return None, None
+
+
+def _attempt(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo | None, moment: int,
+    refresh_id: int, looked: tuple[list[PinnedSource], bool] | None,
+) -> None:  # fmt: skip
+    """The refresh past its EXECUTING row, which it always ends (SUCCEEDED, SKIPPED or
+    FAILED), but for a decided commit that recovery completes and records."""
+    catalog = session.catalog
     try:
         if info is None:
             raise RefreshFailed("the dynamic table was dropped", "DROPPED")
@@ -115,21 +148,41 @@ def refresh(
         elif _refreshed_meanwhile(session, dt):  # it lost a race to another refresh's commit
             _concurrent(session, refresh_id)
         else:
-            _failed(session, refresh_id, *_reason(session, exc))
+            _failed(session, refresh_id, *_moved(session, dt, _reason(session, exc)))
     except IngestError as exc:
         _failed(session, refresh_id, getattr(exc, "code", "CONVERSION"), str(exc))
-    except OSError:  # the table's folder went with a DROP meanwhile
-        if catalog.get_dynamic_table(table_id) is not None:
-            raise
-        raise SqlError(
-            f"dynamic table {info.full_name if info else table_id} was dropped "
-            "during its refresh; nothing was written",
-            "OBJECT_NOT_FOUND",
-        ) from None
-    finally:
-        IN_FLIGHT.discard(owner)
-        session.release_views()
-    return _row(session, table_id, refresh_id)
+    except Exception as exc:  # no refresh ends with an exception
+        if catalog.get_dynamic_table(dt.table_id) is None:  # e.g. its folder gone: OSError
+            raise SqlError(
+                f"dynamic table {info.full_name if info else dt.table_id} was dropped "
+                "during its refresh; nothing was written", "OBJECT_NOT_FOUND",
+            ) from None  # its history went with it: no row to end  # fmt: skip
+        log.exception("refresh %s of dynamic table %s failed", refresh_id, dt.table_id)
+        _failed(session, refresh_id, *_moved(session, dt, _unexpected(session, exc)))
+
+
+def _unexpected(session: StatementContext, exc: Exception) -> tuple[str, str]:
+    """The reason and message of a failure no rule above knows (the log has the
+    traceback): INTERNAL_ERROR, with the error's text."""
+    text = session_text(session, str(exc)) or "no message"
+    return "INTERNAL_ERROR", (
+        f"the refresh failed on an unexpected error ({text[:500]}); the table is unchanged "
+        "and the service log has the details"
+    )
+
+
+def _moved(
+    session: StatementContext, dt: DynamicTableRecord, found: tuple[str, str]
+) -> tuple[str, str]:
+    """``found``, unless a source moved while the refresh ran (it was checked before
+    the read): then the reason the sources' check gives now."""
+    try:
+        check_sources(session, dt)
+    except RefreshFailed as exc:
+        return exc.reason, str(exc)
+    except Exception:  # the first error is the one to record
+        log.debug("checking the sources again failed", exc_info=True)
+    return found
 
 
 def _refreshed_meanwhile(session: StatementContext, dt: DynamicTableRecord) -> bool:
@@ -181,48 +234,6 @@ def _row(session: StatementContext, table_id: int, refresh_id: int) -> RefreshRe
     if row is None or row.dt_table_id != table_id:
         raise SqlError("the dynamic table was dropped during its refresh", "OBJECT_NOT_FOUND")
     return row
-
-
-def check_sources(session: StatementContext, dt: DynamicTableRecord) -> list[PinnedSource]:
-    """The table sources as recorded, each still the table the definition was checked
-    against, with its columns unchanged; views not dropped or replaced. Versions are
-    pinned later (``to`` is -1 here).
-
-    Raises:
-        RefreshFailed: SOURCE_DROPPED, SOURCE_REPLACED, SOURCE_CHANGED, VIEW_DROPPED or
-            VIEW_REPLACED, naming the source and the fix (CREATE OR REPLACE).
-    """
-    catalog = session.catalog
-    pinned: list[PinnedSource] = []
-    fix = "; CREATE OR REPLACE DYNAMIC TABLE defines it again over what exists now"
-    for position, source in enumerate(dt.sources):
-        if source.kind == "view":
-            view = catalog.get_view(*_split(source.name))
-            if view is None:
-                raise RefreshFailed(f"view {source.name}, which the query reads, was dropped"
-                                    + fix, "VIEW_DROPPED")  # fmt: skip
-            if view.uid != source.marker:
-                raise RefreshFailed(f"view {source.name}, which the query reads, was replaced"
-                                    + fix, "VIEW_REPLACED")  # fmt: skip
-            continue
-        info = catalog.get_table_by_id(source.source_id)
-        if info is None:
-            named = session.find_table(*_split(source.name))
-            code = "SOURCE_REPLACED" if named is not None else "SOURCE_DROPPED"
-            raise RefreshFailed(f"table {source.name}, which the query reads, was "
-                                f"{'replaced' if named else 'dropped'}" + fix, code)  # fmt: skip
-        if orjson.dumps(info.schema.declarations()).decode() != source.marker:
-            raise RefreshFailed(f"the columns of {info.full_name}, which the query reads, "
-                                "changed" + fix, "SOURCE_CHANGED")  # fmt: skip
-        pinned.append(PinnedSource(position, info, source.version, -1))
-    return pinned
-
-
-def _split(name: str) -> tuple[str, str, str]:
-    from pipelines.sql.statements import split_name
-
-    database, schema, table = split_name(name)
-    return database, schema, table
 
 
 def _pin(session: StatementContext, pinned: list[PinnedSource], moment: int) -> list[PinnedSource]:

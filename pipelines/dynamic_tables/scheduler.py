@@ -8,6 +8,12 @@ catalog (``last_tick_us``), so a restarted scheduler goes on where the last one
 stopped: ticks missed meanwhile become one SKIPPED row (SCHEDULE_OVERRUN), never a
 backlog. A table whose upstream has no refresh for the tick (failed, skipped or
 suspended) skips it too, naming the upstream: it never reads two snapshots.
+
+Failures stay with their table: a refresh records its own failure (never raises), and
+anything else that goes wrong with one table's tick is logged and recorded as its
+FAILED row (INTERNAL_ERROR); the tick counts as handled and the round goes on. A table
+failing tick after tick for one reason keeps one FAILED row whose ``skipped_ticks``
+counts the repeats, as a table skipping tick after tick keeps one SKIPPED row.
 """
 
 from __future__ import annotations
@@ -15,14 +21,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from catalog import DynamicTableRecord, RefreshRecord
 from flush.commit_clock import clock
 from pipelines.dynamic_tables.definition import graph_nodes
-from pipelines.dynamic_tables.refresh import SCHEDULED, refresh
+from pipelines.dynamic_tables.refresh import INITIAL, SCHEDULED, refresh, session_text
 from pipelines.dynamic_tables.schedule import Refresh, due, effective_periods
+from pipelines.errors import SqlError
 from pipelines.transactions.snapshot_pins import refreshed_versions
 
 if TYPE_CHECKING:
@@ -48,7 +56,8 @@ def _handled(dt: DynamicTableRecord) -> int | None:
 
 def run_due(session: StatementContext, now_us: int | None = None) -> list[RefreshRecord]:
     """Run every refresh due at ``now_us`` (the commit clock's now by default); returns
-    their history rows, skipped ones included, in the order they ran."""
+    their history rows, skipped ones included, in the order they ran. One table's
+    failure is its own history row: the round goes on for the others."""
     now = now_us if now_us is not None else clock()
     tables = _tables(session)
     nodes = graph_nodes(session)
@@ -56,20 +65,90 @@ def run_due(session: StatementContext, now_us: int | None = None) -> list[Refres
     last = {name: _handled(dt) for name, (_, dt) in tables.items()}
     done: list[RefreshRecord] = []
     for item in due(runnable, last, now):
-        table_id, _ = tables[item.name]
-        dt = session.catalog.get_dynamic_table(table_id)
-        if dt is None:  # dropped meanwhile
-            continue
-        if item.skipped_ticks:
-            done.append(_skip(session, table_id, item.name, item.last_skipped_us or item.tick_us,
-                              "SCHEDULE_OVERRUN", item.skipped_ticks))  # fmt: skip
-        blocked = _upstream_missing(session, dt, item)
-        if blocked:
-            done.append(_skip(session, table_id, item.name, item.tick_us, blocked, 1))
-        else:
-            done.append(refresh(session, table_id, SCHEDULED, item.tick_us))
-        session.catalog.set_dynamic_table(table_id, last_tick_us=item.tick_us)
+        done.extend(_tick(session, tables[item.name][0], item))
     return done
+
+
+def _tick(session: StatementContext, table_id: int, item: Refresh) -> list[RefreshRecord]:
+    """One table's due tick, which it handles whatever happens (``last_tick_us``): its
+    history rows. An unexpected error is logged and recorded as the tick's FAILED row."""
+    try:
+        done = _run_tick(session, table_id, item)
+    except Exception as exc:  # never the round's end: the other tables go on
+        log.exception("the scheduled refresh of %s failed", item.name)
+        done = _crashed(session, table_id, item, exc)
+    try:
+        if session.catalog.get_dynamic_table(table_id) is not None:
+            session.catalog.set_dynamic_table(table_id, last_tick_us=item.tick_us)
+    except Exception:  # the tick comes again next round
+        log.exception("could not record %s's tick as handled", item.name)
+    return done
+
+
+def _run_tick(session: StatementContext, table_id: int, item: Refresh) -> list[RefreshRecord]:
+    dt = session.catalog.get_dynamic_table(table_id)
+    if dt is None:  # dropped meanwhile
+        return []
+    done: list[RefreshRecord] = []
+    if item.skipped_ticks:
+        done.append(_skip(session, table_id, item.name, item.last_skipped_us or item.tick_us,
+                          "SCHEDULE_OVERRUN", item.skipped_ticks))  # fmt: skip
+    blocked = _upstream_missing(session, dt, item)
+    if blocked:
+        done.append(_skip(session, table_id, item.name, item.tick_us, blocked, 1))
+        return done
+    try:
+        record = refresh(session, table_id, SCHEDULED, item.tick_us)
+    except SqlError as exc:
+        if exc.code == "OBJECT_NOT_FOUND" and session.catalog.get_dynamic_table(table_id) is None:
+            return done  # dropped while it refreshed: its history went with it
+        raise
+    return [*done, _folded(session, table_id, record)]
+
+
+def _folded(session: StatementContext, table_id: int, record: RefreshRecord) -> RefreshRecord:
+    """A scheduled refresh failing for the reason its previous one failed for is folded
+    into that row (``skipped_ticks`` counts the repeats; the latest tick, end and
+    error): a table failing on every tick keeps one FAILED row. Returns the row."""
+    if record.state != "FAILED" or record.trigger not in (SCHEDULED, INITIAL):
+        return record
+    newest = session.catalog.list_refreshes(table_id, limit=2)
+    if len(newest) < 2 or newest[0].id != record.id:
+        return record
+    previous = newest[1]
+    if (previous.state, previous.trigger, previous.reason) != ("FAILED", record.trigger,
+                                                               record.reason):  # fmt: skip
+        return record
+    repeats = previous.skipped_ticks + 1 + record.skipped_ticks
+    if not session.catalog.fold_refresh(record.id, previous.id, skipped_ticks=repeats,
+                                        data_timestamp_us=record.data_timestamp_us,
+                                        ended_at=record.ended_at, error=record.error):  # fmt: skip
+        return record
+    return session.catalog.get_refresh(previous.id) or record
+
+
+def _crashed(
+    session: StatementContext, table_id: int, item: Refresh, exc: Exception
+) -> list[RefreshRecord]:
+    """The FAILED row (INTERNAL_ERROR) of a tick whose handling raised outside any
+    refresh's own row; none if even that cannot be written (logged)."""
+    now = time.time()
+    try:
+        if session.catalog.get_dynamic_table(table_id) is None:
+            return []  # dropped meanwhile: its history went with it
+        text = session_text(session, str(exc))[:500] or "no message"
+        refresh_id = session.catalog.add_refresh({
+            "dt_table_id": table_id, "name": item.name, "refresh_uid": uuid.uuid4().hex,
+            "trigger": SCHEDULED, "action": "FAILED", "state": "FAILED",
+            "reason": "INTERNAL_ERROR", "error": f"the scheduled refresh failed on an "
+            f"unexpected error ({text}); the service log has the details",
+            "data_timestamp_us": item.tick_us, "started_at": now, "ended_at": now,
+        })  # fmt: skip
+        record = session.catalog.get_refresh(refresh_id)
+        return [_folded(session, table_id, record)] if record is not None else []
+    except Exception:
+        log.exception("could not record the failure of %s's tick", item.name)
+        return []
 
 
 def _upstream_missing(session: StatementContext, dt: DynamicTableRecord, item: Refresh) -> str:
@@ -92,8 +171,6 @@ def _upstream_missing(session: StatementContext, dt: DynamicTableRecord, item: R
 def _skip(
     session: StatementContext, table_id: int, name: str, tick: int, reason: str, ticks: int
 ) -> RefreshRecord:
-    import uuid
-
     now = time.time()
     last = next(iter(session.catalog.list_refreshes(table_id, limit=1)), None)
     if last is not None and last.state == "SKIPPED" and last.reason == reason:

@@ -757,6 +757,26 @@ def test_refresh_rows_round_trip_and_update(catalog):
     assert catalog.list_refreshes(info.id) == [updated]
 
 
+def test_fold_refresh_merges_a_row_into_an_earlier_one_of_its_table(catalog):
+    first, _ = make_dt(catalog, "A")
+    second, _ = make_dt(catalog, "B")
+    kept, folded, other = (start_refresh(catalog, t.id, T0 + n)
+                           for n, t in enumerate([first, first, second]))  # fmt: skip
+    assert catalog.fold_refresh(other, kept, skipped_ticks=1) is False  # another table's
+    assert catalog.fold_refresh(kept, kept, skipped_ticks=1) is False
+    assert catalog.fold_refresh(folded + 1000, kept, skipped_ticks=1) is False
+    with pytest.raises(ValueError):
+        catalog.fold_refresh(folded, kept, name="X")
+    assert [r.id for r in catalog.list_refreshes()] == [other, folded, kept]
+    assert catalog.fold_refresh(folded, kept, skipped_ticks=3, error="again",
+                                data_timestamp_us=T0 + 9) is True  # fmt: skip
+    (row,) = catalog.list_refreshes(first.id)
+    assert (row.id, row.skipped_ticks, row.error, row.data_timestamp_us) == (
+        kept, 3, "again", T0 + 9)  # fmt: skip
+    assert catalog.get_refresh(folded) is None
+    assert [r.id for r in catalog.list_refreshes(second.id)] == [other]
+
+
 def test_list_refreshes_is_newest_first(catalog):
     first, _ = make_dt(catalog, "A")
     second, _ = make_dt(catalog, "B")
