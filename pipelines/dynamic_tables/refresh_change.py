@@ -44,9 +44,10 @@ from pipelines.dynamic_tables.diff import (
     id_diff,
     value_diff,
 )
-from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
+from pipelines.dynamic_tables.exact_rewrite import exact_rewrite
+from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change
 from pipelines.errors import SqlError, StreamStaleError
-from pipelines.sql.binding import Binder, parse
+from pipelines.sql.binding import Binder
 from pipelines.streams.changes import ACTION as CHANGE_ACTION
 from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
 from pipelines.streams.changes import read_changes
@@ -186,19 +187,19 @@ def _bound(
 
     binder = Binder(session, Transaction(session.catalog, session.spark, read_only=True),
                     (dt.default_database, dt.default_schema), sources=sources)  # fmt: skip
-    tree = binder.bind(parse(dt.query))
+    bound = binder.bind(dt.query)
     if sorted({t.id for t in binder.tables}) != sorted(item.info.id for item in pinned):
         raise RefreshFailed("the query now reads other tables than when it was defined (a "
                             "view it reads was changed); CREATE OR REPLACE DYNAMIC TABLE "
                             "defines it again", "SOURCE_CHANGED")  # fmt: skip
+    names = list(info.schema.names)
     if rewritten:
         try:
-            tree = rewrite(tree, {view: list(t.schema.names)  # type: ignore[arg-type]
-                                  for view, t in binder.source_views.items()})  # fmt: skip
+            frame = exact_rewrite(session, bound, binder.source_views)
         except RewriteError as exc:
             raise RefreshFailed(str(exc), exc.code) from None
-    frame = session.run_spark(tree.sql("spark"))
-    names = list(info.schema.names)
+    else:
+        frame = session.run_spark(bound)
     extra = [ROW_ID_COLUMN, ACTION] if rewritten else []
     if len(frame.columns) != len(names) + len(extra):
         raise RefreshFailed("the query now gives other columns than the dynamic table has; "

@@ -1,9 +1,14 @@
 """Binding a query's names to our objects: each table, stream or CHANGES clause a query
-names becomes a Spark temporary view of what the transaction sees, and the query text
-is rewritten to read those views. Spark then evaluates the query as written.
+names becomes a Spark temporary view of what the transaction sees, and exactly those
+characters of the query text are replaced (:mod:`pipelines.sql.source_text`): Spark then
+evaluates the query as written.
 
-``SYSTEM$STREAM_HAS_DATA('s')`` is answered here, as a literal TRUE or FALSE in place of
-the call, so Spark never sees a function it does not have.
+Spark's parser says which words are table names (:mod:`pipelines.sql.spark_reading`).
+Our clauses, which Spark's grammar lacks (``AT``/``BEFORE``/``CHANGES``, ``VERSION AS
+OF``, ``READ_<change stream>(...)``, ``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``), are
+read by sqlglot first and replaced by views the same way. ``SYSTEM$STREAM_HAS_DATA('s')``
+is answered here, as a literal TRUE or FALSE in place of the call, so Spark never sees a
+function it does not have.
 """
 
 from __future__ import annotations
@@ -21,9 +26,19 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.history import data_changed
-from pipelines.sql.plan_guard import check_tree
+from pipelines.sql.plan_guard import RefusedStatementError
 from pipelines.sql.refresh_history import FUNCTION as HISTORY_FUNCTION
 from pipelines.sql.refresh_history import history_call, history_frame
+from pipelines.sql.source_text import (
+    Splice,
+    check_one_statement,
+    extent,
+    has_extensions,
+    parse_with_spans,
+    quoted_names,
+    span,
+)
+from pipelines.sql.spark_reading import Reference, name_parts, references
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
 from pipelines.streams.changes import ChangeMode
 from pipelines.transactions.snapshot_pins import consistent_pins
@@ -36,7 +51,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Binder", "check_writable", "parse"]
+__all__ = ["Binder", "check_writable", "parse", "quote", "result_names"]
 
 _VIEW_NUMBERS = itertools.count(1)
 #: How deep views may read views (a guard against runaway definitions, far above use).
@@ -46,7 +61,8 @@ _STREAM_NAME = re.compile(NAME)
 
 
 def parse(text: str) -> exp.Expression:
-    """One statement as sqlglot's Spark dialect reads it (after quoting METADATA$ names).
+    """One statement as sqlglot's Spark dialect reads it (after quoting METADATA$ names),
+    for readers of a statement's shape; what runs is never regenerated from it.
 
     Raises:
         SqlError: a syntax error, with sqlglot's description of where.
@@ -64,23 +80,12 @@ def parse(text: str) -> exp.Expression:
             f"expected one statement, got {len(found)}; send statements one at a time",
             "SQL_COMPILATION_ERROR",
         )
-    check_tree(found[0])  # the first wall of the SQL boundary: refused names
     return found[0]
 
 
-def _names_a_cte(table: exp.Table) -> bool:
-    """Whether a one-part name means a CTE in its scope: one defined by a WITH of a query
-    around it (a CTE in a subquery does not hide a table of the same name outside it)."""
-    name = table.name.upper()
-    node: exp.Expression | None = table.parent
-    while node is not None:
-        with_ = node.args.get("with") or node.args.get("with_")
-        if isinstance(with_, exp.With) and any(
-            cte.alias_or_name.upper() == name for cte in with_.expressions
-        ):
-            return True
-        node = node.parent
-    return False
+def quote(name: str) -> str:
+    """A name in backquotes, as Spark reads it back exactly."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def syntax_error(exc: Exception) -> str:
@@ -145,6 +150,16 @@ def _reads_a_change_stream(table: exp.Table) -> bool:
     return name.upper().startswith("READ_")
 
 
+def result_names(binder: Binder, frame: DataFrame) -> DataFrame:
+    """A query's result with Snowflake's column names: a name the statement wrote without
+    quotes is upper-cased (``SELECT 1 AS x`` gives ``X``); a column of a table read, and a
+    name written in backquotes or double quotes, keeps its case. Only the names of the
+    result change; Spark resolved every name inside the query case-insensitively."""
+    kept = binder.quoted | binder.columns
+    names = [name if name in kept else name.upper() for name in frame.columns]
+    return frame if names == frame.columns else frame.toDF(*names)
+
+
 class Binder:
     """Binds the names of one statement in one transaction.
 
@@ -180,6 +195,10 @@ class Binder:
         self.fixed_reads = False
         self.defaults = defaults
         self.within = within
+        #: Names the texts bound wrote in backquotes, and the columns of the views made:
+        #: result columns so named keep their case (:func:`result_names`).
+        self.quoted: set[str] = set()
+        self.columns: set[str] = set()
 
     def names(self, table: exp.Table) -> tuple[str, str, str]:
         """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE`` (or, in
@@ -202,27 +221,21 @@ class Binder:
         check_writable(self.session, info, what)
         return info
 
-    def view(self, frame: object, table: exp.Table) -> exp.Table:
-        """Register ``frame`` as a temporary view; the reference that replaces ``table``."""
+    def view(self, frame: object, label: str) -> str:
+        """Register ``frame`` as a temporary view; its name (``label``: what errors call it)."""
         view = f"ingest_v{next(_VIEW_NUMBERS)}"
         frame.createOrReplaceTempView(view)  # type: ignore[attr-defined]
         self.session.views.append(view)
-        self.session.view_names[view] = ".".join(self.names(table)) if not table.args.get(
-            "changes") else table.name  # fmt: skip
-        alias = table.args.get("alias") or exp.TableAlias(
-            this=exp.to_identifier(table.name, quoted=True)
-        )
-        # TABLESAMPLE belongs to the reference: kept, or the sample would read every row.
-        return exp.Table(this=exp.to_identifier(view), alias=alias,
-                         sample=table.args.get("sample"))  # fmt: skip
+        self.session.view_names[view] = label
+        self.columns.update(frame.columns)  # type: ignore[attr-defined]
+        return view
 
-    def bind_query(self, tree: exp.Expression) -> exp.Expression:
+    def bind_query(self, text: str) -> str:
         """:meth:`bind` a query so that the dynamic tables of one graph it reads are read
         at one data timestamp: if they stand at different ones, those first read by this
         query are pinned (:func:`consistent_pins`) and the query is bound again."""
-        original = tree.copy()
         pinned_before = set(self.txn.versions)
-        bound = self.bind(tree)
+        bound = self.bind(text)
         first_read = [t.id for t in self.tables if t.id not in pinned_before]
         pins = consistent_pins(self.session.catalog, first_read)
         if not pins:
@@ -232,68 +245,102 @@ class Binder:
             self.txn.handles.pop(table_id, None)
         self.tables, self.expanded, self.streams = [], [], []
         self.source_views = {}
-        return self.bind(original)
+        return self.bind(text)
 
-    def bind(self, tree: exp.Expression, skip: exp.Table | None = None) -> exp.Expression:
-        """Replace every table, stream and CHANGES reference in ``tree`` (in place) but
-        ``skip`` (a DML target) and CTE names; record the streams read. Calls of
-        SYSTEM$STREAM_HAS_DATA become their answer."""
-        for call in list(tree.find_all(exp.Anonymous)):
+    def bind(self, text: str) -> str:
+        """The query text with every table, stream, view and clause of ours replaced by
+        what it reads (the characters around them kept as written); the streams read are
+        recorded. Names Spark takes for a CTE are left to Spark."""
+        check_one_statement(text)
+        text = self._our_clauses(spark_sql_text(text))
+        self.quoted |= quoted_names(text)
+        own = {view.lower() for view in self.session.views}
+        splice = Splice(text)
+        for reference in references(self.session.spark, text):
+            if len(reference.parts) == 1 and reference.parts[0].lower() in own:
+                continue  # a view this binder made (a DML target, a clause of ours)
+            written = text[reference.start : reference.end]
+            replacement, label = self._reference(reference, written)
+            alias = "" if reference.aliased else f" AS {quote(label)}"
+            if reference.alias_at == reference.end:
+                splice.replace(reference.start, reference.end, replacement + alias)
+            else:
+                splice.replace(reference.start, reference.end, replacement)
+                splice.replace(reference.alias_at, reference.alias_at, alias)
+        return splice.render()
+
+    def _reference(self, reference: Reference, written: str) -> tuple[str, str]:
+        """What replaces a table name Spark read, and the alias it goes by."""
+        if re.match(r"IDENTIFIER\s*\(", written, re.I):
+            raise RefusedStatementError(
+                "IDENTIFIER(...) is not supported: write the table or function name itself"
+            )
+        if reference.time_travel:  # read by sqlglot as our clause before; never here
+            raise SqlError(f"cannot read the time travel on {written[:80]!r}; write "
+                           "AT(VERSION => n) or AT(TIMESTAMP => '...')",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        parts = [name if quoted else name.upper() for name, quoted in name_parts(written)]
+        if len(parts) != len(reference.parts) or len(parts) > 3:
+            raise SqlError(f"cannot read from {written[:80]!r}: a name has one to three parts "
+                           "(db.schema.name)", "SQL_COMPILATION_ERROR")  # fmt: skip
+        database, schema = self.defaults or (self.session.database, self.session.schema)
+        name = parts[-1]
+        schema = parts[-2] if len(parts) > 1 else schema
+        database = parts[-3] if len(parts) > 2 else database
+        return self._named(database, schema, name), name
+
+    def _our_clauses(self, text: str) -> str:
+        """The text with our clauses and functions replaced (read by sqlglot, as Spark's
+        grammar lacks them); the text itself when it holds none."""
+        if not has_extensions(text):
+            return text
+        tree = parse_with_spans(text)
+        splice = Splice(text)
+        for call in tree.find_all(exp.Anonymous):
             if call.name.upper() == STREAM_HAS_DATA:
-                call.replace(self._stream_has_data(call))
-        # Unquoted names are upper-cased, as on the ingest side, so a result's columns
-        # are named as the reference system names them (Spark resolves names either way).
-        for identifier in tree.find_all(exp.Identifier):
-            if not identifier.quoted:
-                identifier.set("this", identifier.this.upper())
-        for table in list(tree.find_all(exp.Table)):
-            if (history := history_call(table)) is not None:
-                table.replace(self._history(table, history))
+                splice.replace(*span(call), self._stream_has_data(call, text))
+        for table in tree.find_all(exp.Table):
+            found = self._clause(table)
+            if found is None:
                 continue
-            if _reads_a_change_stream(table):
-                table.replace(self._table_function(table))
-                continue
-            if table is skip or not isinstance(table.this, exp.Identifier):
-                continue
-            if not table.args.get("db") and _names_a_cte(table):
-                continue
-            table.replace(self._frame_for(table))
-        return tree
+            start, end, replacement, label = found
+            alias = "" if table.args.get("alias") else f" AS {quote(label)}"
+            splice.replace(start, end, replacement + alias)
+        return splice.render()
 
-    def _history(self, table: exp.Table, call: exp.Anonymous) -> exp.Table:
-        """``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))`` as a view of its rows."""
-        defaults = self.defaults or (self.session.database, self.session.schema)
-        view = f"ingest_v{next(_VIEW_NUMBERS)}"
-        history_frame(self.session, call, defaults).createOrReplaceTempView(view)
-        self.session.views.append(view)
-        self.session.view_names[view] = HISTORY_FUNCTION
-        alias = table.args.get("alias") or exp.TableAlias(
-            this=exp.to_identifier(HISTORY_FUNCTION, quoted=True)
-        )
-        return exp.Table(this=exp.to_identifier(view), alias=alias)
+    def _clause(self, table: exp.Table) -> tuple[int, int, str, str] | None:
+        """A table reference that holds a clause of ours: its characters (name through
+        clause, not the alias), what replaces them and the alias it goes by."""
+        names = [table.args.get(k) for k in ("catalog", "db", "this")]
+        first = min(span(n)[0] for n in names if n is not None)
+        if (history := history_call(table)) is not None:
+            defaults = self.defaults or (self.session.database, self.session.schema)
+            frame = history_frame(self.session, history, defaults)
+            return first, span(table.this)[1], self.view(frame, HISTORY_FUNCTION), HISTORY_FUNCTION
+        if _reads_a_change_stream(table):
+            defaults = self.defaults or (self.session.database, self.session.schema)
+            call = table.this
+            label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+            frame = self.session.table_function(table, defaults)
+            return first, span(call)[1], self.view(frame, label), label
+        clauses = [table.args.get(k) for k in ("when", "version", "changes")]
+        if not isinstance(table.this, exp.Identifier) or not any(clauses):
+            return None
+        end = max(extent(node)[1] for node in (*clauses, table.this) if node is not None)
+        changes = table.args.get("changes")
+        if changes is not None:
+            self.fixed_reads = True
+            return first, end, self.view(self._changes(table, changes), table.name), table.name
+        database, schema, name = self.names(table)
+        return first, end, self.view(self._travel(table), ".".join((database, schema, name))), name
 
-    def _table_function(self, table: exp.Table) -> exp.Table:
-        """A table-valued call (a change stream's ``READ_<name>(...)``) as a view of the
-        rows the session's :meth:`~pipelines.sql.context.StatementContext.table_function`
-        returns for it."""
-        defaults = self.defaults or (self.session.database, self.session.schema)
-        view = f"ingest_v{next(_VIEW_NUMBERS)}"
-        self.session.table_function(table, defaults).createOrReplaceTempView(view)
-        self.session.views.append(view)
-        call = table.this
-        label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
-        self.session.view_names[view] = label
-        alias = table.args.get("alias") or exp.TableAlias(
-            this=exp.to_identifier(label, quoted=True)
-        )
-        return exp.Table(this=exp.to_identifier(view), alias=alias)
-
-    def _stream_has_data(self, call: exp.Anonymous) -> exp.Expression:
+    def _stream_has_data(self, call: exp.Anonymous, text: str) -> str:
         """``SYSTEM$STREAM_HAS_DATA('name')``: TRUE when a commit after the stream's offset,
         up to the version this transaction reads, added or removed rows (an empty net
         change may answer TRUE, as in the reference system; see
         :func:`pipelines.sql.history.data_changed`). Reading it pins the stream in the
-        transaction like a read, but consumes nothing."""
+        transaction like a read, but consumes nothing. As a projection of its own it is
+        named as the call was written."""
         arguments = call.expressions
         if len(arguments) != 1 or not (
             isinstance(arguments[0], exp.Literal) and arguments[0].is_string
@@ -303,15 +350,21 @@ class Binder:
                 f"{STREAM_HAS_DATA}('MY_STREAM') or '<db>.<schema>.<stream>'",
                 "SQL_COMPILATION_ERROR",
             )
-        text = arguments[0].name.strip()
-        if _STREAM_NAME.fullmatch(text) is None:
+        stream_name = arguments[0].name.strip()
+        if _STREAM_NAME.fullmatch(stream_name) is None:
             raise SqlError(
-                f"{STREAM_HAS_DATA}: {text[:80]!r} is not a stream name; write NAME, "
+                f"{STREAM_HAS_DATA}: {stream_name[:80]!r} is not a stream name; write NAME, "
                 "SCHEMA.NAME or DB.SCHEMA.NAME (double quotes inside the string keep case: "
                 "'\"My Stream\"')",
                 "SQL_COMPILATION_ERROR",
             )
-        parts = split_name(text)
+        answer = "TRUE" if self._stream_changed(split_name(stream_name)) else "FALSE"
+        if isinstance(call.parent, exp.Select):
+            written = text[slice(*span(call))].replace("`", "")
+            return f"{answer} AS {quote(written)}"
+        return answer
+
+    def _stream_changed(self, parts: list[str]) -> bool:
         default_database, default_schema = self.defaults or (self.session.database,
                                                              self.session.schema)  # fmt: skip
         schema = parts[-2] if len(parts) > 1 else default_schema
@@ -325,70 +378,61 @@ class Binder:
             )
         self.session.check_stream_fresh(stream)
         read = self.txn.stream_read(stream)
-        answer = exp.Boolean(this=data_changed(read.table.uri, read.offset, read.to))
-        if isinstance(call.parent, exp.Select):  # a projection: named as the call was written
-            return exp.alias_(answer, call.sql("spark").strip("`").replace("`(", "(", 1),
-                              quoted=True)  # fmt: skip
-        return answer
+        return data_changed(read.table.uri, read.offset, read.to)
 
-    def _frame_for(self, table: exp.Table) -> exp.Expression:
-        changes = table.args.get("changes")
-        if changes is not None:
-            self.fixed_reads = True
-            return self.view(self._changes(table, changes), table)
+    def _travel(self, table: exp.Table) -> DataFrame:
+        """Time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...), or Spark's
+        t VERSION | TIMESTAMP AS OF ..., which means AT."""
         database, schema, name = self.names(table)
-        stream = self.session.catalog.get_stream(database, schema, name)
         info = self.session.find_table(database, schema, name)
-        when, as_of = table.args.get("when"), table.args.get("version")
-        travel = when is not None or as_of is not None
-        if travel and info is None and self.session.catalog.get_view(database, schema, name):
+        if info is None and self.session.catalog.get_view(database, schema, name):
             raise SqlError(f"time travel reads a table; {database}.{schema}.{name} is a view: "
                            "read its tables AT (...) in a query of your own",
                            "SQL_COMPILATION_ERROR")  # fmt: skip
-        if when is not None or as_of is not None:
-            # Time travel: t AT | BEFORE (VERSION | TIMESTAMP | STREAM => ...), or Spark's
-            # t VERSION | TIMESTAMP AS OF ..., which means AT.
-            if info is None:
-                raise SqlError(
-                    f"time travel needs a table; {database}.{schema}.{name} is not one",
-                    "SQL_COMPILATION_ERROR",
-                )
-            if when is not None:
-                at, kind, value = when.this.upper(), when.args["kind"].upper(), when.expression
-            else:
-                assert as_of is not None
-                at, kind, value = "AT", str(as_of.this).upper(), as_of.expression
-            version = self.session.point(info, at, kind, value)
-            self.fixed_reads = True
-            frame = read_delta(self.session.spark, info.uri, version).drop(ROW_ID_COLUMN)
-            table.set("when", None)
-            table.set("version", None)
-            return self.view(frame, table)
+        if info is None:
+            raise SqlError(f"time travel needs a table; {database}.{schema}.{name} is not one",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        when, as_of = table.args.get("when"), table.args.get("version")
+        if when is not None:
+            at, kind, value = when.this.upper(), when.args["kind"].upper(), when.expression
+        else:
+            assert as_of is not None  # _clause saw one of the two
+            at, kind, value = "AT", str(as_of.this).upper(), as_of.expression
+        version = self.session.point(info, at, kind, value)
+        self.fixed_reads = True
+        return read_delta(self.session.spark, info.uri, version).drop(ROW_ID_COLUMN)
+
+    def _named(self, database: str, schema: str, name: str) -> str:
+        """What replaces the name of a table, stream or view: a view of what this
+        transaction reads of it, or a view's body bound, in parentheses."""
+        label = ".".join((database, schema, name))
+        stream = self.session.catalog.get_stream(database, schema, name)
+        info = self.session.find_table(database, schema, name)
         if info is not None:
             if not self.analysis:
                 _check_initialized(self.session, info)
             self.tables.append(info)
             if self.sources is None:
-                return self.view(self.txn.table_frame(info), table)
-            bound = self.view(self.sources(info), table)
-            self.source_views[bound.name] = info
+                return self.view(self.txn.table_frame(info), label)
+            bound = self.view(self.sources(info), label)
+            self.source_views[bound] = info
             return bound
         if stream is not None:
             self.streams.append(stream.id)
             self.session.check_stream_fresh(stream)
-            return self.view(self.txn.stream_frame(stream, ChangeMode(stream.mode)), table)
+            return self.view(self.txn.stream_frame(stream, ChangeMode(stream.mode)), label)
         view = self.session.catalog.get_view(database, schema, name)
         if view is not None:
-            return self._expand(view, table)
+            return self._expand(view)
         raise ObjectNotFoundError(
             f"object {database}.{schema}.{name} does not exist: no table, stream or view of "
             "that name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
             + (f"; view {self.within[-1]} reads it" if self.within else "")
         )
 
-    def _expand(self, view: ViewRecord, table: exp.Table) -> exp.Expression:
-        """A view's body, bound, in place of its name (a subquery named as the reference
-        was). A view reading a stream is refused: that read would never be consumed."""
+    def _expand(self, view: ViewRecord) -> str:
+        """A view's body, bound, in parentheses in place of its name. A view reading a
+        stream is refused: that read would never be consumed."""
         if view.full_name in self.within:
             chain = " -> ".join([*self.within[self.within.index(view.full_name) :], view.full_name])
             raise SqlError(f"views read each other in a cycle ({chain}); a view cannot read "
@@ -398,11 +442,13 @@ class Binder:
                            "...); flatten them", "STATEMENT_TOO_COMPLEX")  # fmt: skip
         inner = Binder(self.session, self.txn, (view.default_database, view.default_schema),
                        (*self.within, view.full_name), self.analysis, self.sources)  # fmt: skip
-        body = inner.bind(parse(view.query))
+        body = inner.bind(view.query.rstrip().removesuffix(";"))
         self.tables.extend(inner.tables)
         self.source_views.update(inner.source_views)
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
+        self.quoted |= inner.quoted
+        self.columns |= inner.columns
         if inner.streams:
             stream = self.session.catalog.get_stream_by_id(inner.streams[0])
             raise SqlError(
@@ -411,10 +457,7 @@ class Binder:
                 "stream in the statement itself",
                 "SQL_COMPILATION_ERROR",
             )
-        alias = table.args.get("alias") or exp.TableAlias(
-            this=exp.to_identifier(table.name, quoted=True)
-        )
-        return exp.Subquery(this=body, alias=alias)
+        return f"({body}\n)"
 
     def _changes(self, table: exp.Table, changes: exp.Changes) -> object:
         from pipelines.streams.changes import read_changes

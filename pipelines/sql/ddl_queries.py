@@ -37,7 +37,8 @@ from pipelines.errors import (
     spark_errors,
 )
 from pipelines.sql import dml
-from pipelines.sql.binding import Binder, check_writable, parse
+from pipelines.sql.binding import Binder, check_writable, result_names
+from pipelines.sql.binding import quote as quote_name
 from pipelines.sql.ddl_common import (
     COLUMN_DEFINITION,
     drop_table_info,
@@ -45,6 +46,7 @@ from pipelines.sql.ddl_common import (
     split_columns,
     status_frame,
 )
+from pipelines.sql.source_text import parse_with_spans
 from pipelines.sql.statements import Statement, classify, split_name
 from pipelines.transactions.commit import when_free
 from pipelines.transactions.transaction import Transaction, autocommit_attempts
@@ -77,11 +79,8 @@ def query_frame(
     if kind != "query":
         raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES) after it, got "
                        f"{' '.join(text.split())[:60]!r}", "SQL_COMPILATION_ERROR")  # fmt: skip
-    tree = parse(text)
-    if not isinstance(tree, exp.Query):
-        raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES)", "SQL_COMPILATION_ERROR")
     binder = Binder(session, txn, within=within, analysis=analysis)
-    return binder, session.run_spark(binder.bind_query(tree).sql("spark"))
+    return binder, result_names(binder, session.run_spark(binder.bind_query(text)))
 
 
 # CREATE TABLE ... AS SELECT
@@ -315,14 +314,13 @@ def truncate(session: StatementContext, statement: Statement) -> DataFrame:
     for attempt in autocommit_attempts():
         with attempt:
             txn = Transaction(session.catalog, session.spark)
-            target = exp.Table(
-                this=exp.to_identifier(info.name, quoted=True),
-                db=exp.to_identifier(info.schema_name, quoted=True),
-                catalog=exp.to_identifier(info.database, quoted=True),
-            )
+            text = "DELETE FROM " + ".".join(map(quote_name, (info.database, info.schema_name,
+                                                          info.name)))  # fmt: skip
             try:
                 with evaluation_errors():
-                    dml.run_delete(session, txn, exp.Delete(this=target))
+                    tree = parse_with_spans(text)
+                    assert isinstance(tree, exp.Delete)
+                    dml.run_delete(session, txn, tree, text)
                 txn.commit(statement.text)
             finally:
                 session.release_views()

@@ -2,7 +2,9 @@
 hidden row id; the transaction stages them and commits them through ``flush``.
 
 Each statement becomes one Spark query over the transaction's view of the target
-(with its row ids) and its sources: for UPDATE the new state of every matching row,
+(with its row ids) and its sources, made of the statement's own characters (each
+expression, source and condition exactly as written; sqlglot only says where each one
+is): for UPDATE the new state of every matching row,
 for DELETE the ids of the matching rows, for MERGE the clause each source row takes.
 Results are checked with the ingest conversion rules (types, lengths, NOT NULL), so a
 row inserted by SQL is stored exactly as the same row ingested through a channel.
@@ -22,7 +24,8 @@ from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import Column, quote_identifier
 from pipelines.errors import SqlError
-from pipelines.sql.binding import Binder
+from pipelines.sql.binding import Binder, quote
+from pipelines.sql.source_text import extent
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -88,8 +91,8 @@ def _target(binder: Binder, txn: Transaction, table: exp.Table) -> tuple[TableIn
     """The DML target, the view of it with row ids, and the alias statements use."""
     info = binder.target(table, _statement_name(table))
     alias = table.alias or table.name
-    view = binder.view(txn.table_frame(info, row_ids=True), table)
-    return info, view.name, _q(alias)
+    view = binder.view(txn.table_frame(info, row_ids=True), info.full_name)
+    return info, view, quote(alias)
 
 
 def _statement_name(table: exp.Table) -> str:
@@ -100,11 +103,44 @@ def _statement_name(table: exp.Table) -> str:
     return type(node).__name__.upper() if node is not None else "this statement"
 
 
-def _sql(node: exp.Expression | None) -> str:
-    return node.sql("spark") if node is not None else ""
+def _written(text: str, *nodes: exp.Expression) -> str:
+    """The characters of ``text`` from the first node to the last, as written."""
+    return text[extent(nodes[0])[0] : extent(nodes[-1])[1]]
 
 
-def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) -> DataFrame:
+def _clause(text: str, node: exp.Expression | None, keyword: str) -> str:
+    """A clause as written without its keyword (``FROM a, b`` gives ``a, b``)."""
+    if node is None:
+        return ""
+    written = _written(text, node)
+    if written[: len(keyword)].upper() != keyword:
+        raise SqlError(f"cannot read the {keyword} clause {written[:60]!r}",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    return written[len(keyword) :].strip()
+
+
+#: What each statement may hold (sqlglot reads more; what we would not carry is refused).
+_ALLOWED: dict[type[exp.Expression], set[str]] = {
+    exp.Insert: {"this", "expression"},
+    exp.Update: {"this", "expressions", "from_", "where"},
+    exp.Delete: {"this", "using", "where"},
+    exp.Merge: {"this", "using", "on", "whens"},
+}
+
+
+def _only_known(tree: exp.Expression) -> None:
+    allowed = _ALLOWED[type(tree)]
+    for key, value in tree.args.items():
+        if key not in allowed and value not in (None, False, []):
+            shown = key.upper().replace("_", " ")
+            raise SqlError(f"{type(tree).__name__.upper()} with {shown} is not supported",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+
+
+def run_insert(
+    session: StatementContext, txn: Transaction, tree: exp.Insert, text: str
+) -> DataFrame:
+    _only_known(tree)
     binder = Binder(session, txn)
     target = tree.this
     listed = target.expressions if isinstance(target, exp.Schema) else []
@@ -114,8 +150,7 @@ def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) ->
         raise SqlError(
             "INSERT needs VALUES (...) or a query after the table", "SQL_COMPILATION_ERROR"
         )
-    query = binder.bind_query(tree.expression)
-    frame = session.run_spark(_sql(query))
+    frame = session.run_spark(binder.bind_query(_written(text, tree.expression)))
     columns = [_column(info, c) for c in listed] if listed else list(info.schema.columns)
     if len(frame.columns) != len(columns):
         raise SqlError(
@@ -140,9 +175,11 @@ def run_insert(session: StatementContext, txn: Transaction, tree: exp.Insert) ->
     return _result(session, number_of_rows_inserted=rows.num_rows)
 
 
-def run_update(session: StatementContext, txn: Transaction, tree: exp.Update) -> DataFrame:
+def run_update(
+    session: StatementContext, txn: Transaction, tree: exp.Update, text: str
+) -> DataFrame:
+    _only_known(tree)
     binder = Binder(session, txn)
-    binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
     assigned = {}
     if not tree.expressions:
@@ -155,15 +192,15 @@ def run_update(session: StatementContext, txn: Transaction, tree: exp.Update) ->
                 "SQL_COMPILATION_ERROR",
             )
         column = _column(info, assignment.this)
-        assigned[column.name] = _sql(assignment.expression)
+        assigned[column.name] = _written(text, assignment.expression)
     values = [f"{assigned.get(c, f'{alias}.{_q(c)}')} AS {_q(c)}" for c in info.schema.names]
-    sources = tree.args.get("from_") or tree.args.get("from")
-    extra = f", {_sql(sources)[len('FROM ') :]}" if sources is not None else ""
-    where = f" {_sql(tree.args.get('where'))}" if tree.args.get("where") else ""
-    text = f"SELECT {', '.join(values)}, {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
+    sources = _clause(text, tree.args.get("from_"), "FROM")
+    extra = f", {sources}" if sources else ""
+    where = _where(text, tree)
+    query = f"SELECT {', '.join(values)}, {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
     # A row matched by several source rows is updated once, by one of them (Snowflake's
     # default), and counted as multi-joined.
-    joined = session.run_spark(text).toArrow()
+    joined = session.run_spark(binder.bind(query)).toArrow()
     ids = joined.column(ROW_ID_COLUMN)
     firsts = pc.index_in(pc.unique(ids), value_set=ids)
     counts = pc.value_counts(ids).field("counts")
@@ -175,15 +212,23 @@ def run_update(session: StatementContext, txn: Transaction, tree: exp.Update) ->
                    number_of_multi_joined_rows_updated=multi)  # fmt: skip
 
 
-def run_delete(session: StatementContext, txn: Transaction, tree: exp.Delete) -> DataFrame:
+def _where(text: str, tree: exp.Expression) -> str:
+    """`` WHERE <condition as written>`` (a line break after it ends a trailing comment)."""
+    node = tree.args.get("where")
+    return f" WHERE {_clause(text, node, 'WHERE')}\n" if node is not None else ""
+
+
+def run_delete(
+    session: StatementContext, txn: Transaction, tree: exp.Delete, text: str
+) -> DataFrame:
+    _only_known(tree)
     binder = Binder(session, txn)
-    binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
     using = tree.args.get("using")
-    extra = f", {', '.join(_sql(u) for u in using)}" if using else ""
-    where = f" {_sql(tree.args.get('where'))}" if tree.args.get("where") else ""
-    text = f"SELECT DISTINCT {alias}.{_RID} FROM {view} AS {alias}{extra}{where}"
-    ids = session.run_spark(text).toArrow().column(0).combine_chunks().cast(pa.int64())
+    extra = f", {_written(text, *using)}" if using else ""
+    query = f"SELECT DISTINCT {alias}.{_RID} FROM {view} AS {alias}{extra}{_where(text, tree)}"
+    ids = session.run_spark(binder.bind(query)).toArrow().column(0)
+    ids = ids.combine_chunks().cast(pa.int64())
     txn.stage(info, ChangeSet(delta_schema(info.schema).empty_table(), deleted=ids))
     session.consumed(txn, binder)
     return _result(session, number_of_rows_deleted=len(ids))
@@ -212,12 +257,14 @@ def _check_deterministic(matched: pa.ChunkedArray, is_update: pa.ChunkedArray) -
         )
 
 
-def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge) -> DataFrame:
+def run_merge(
+    session: StatementContext, txn: Transaction, tree: exp.Merge, text: str
+) -> DataFrame:
+    _only_known(tree)
     binder = Binder(session, txn)
-    binder.bind(tree, skip=tree.this)
     info, view, alias = _target(binder, txn, tree.this)
-    source = _sql(tree.args["using"])
-    on = _sql(tree.args["on"])
+    source = _written(text, tree.args["using"])
+    on = _written(text, tree.args["on"])
     clauses, kinds = [], []
     for index, when in enumerate(tree.args["whens"].expressions):
         if when.args.get("source"):
@@ -225,7 +272,8 @@ def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge) -> D
         matched = f"{alias}.{_RID} IS {'NOT ' if when.args.get('matched') else ''}NULL"
         condition = when.args.get("condition")
         clauses.append(
-            f"WHEN {matched}{f' AND ({_sql(condition)})' if condition else ''} THEN {index}"
+            f"WHEN {matched}{f' AND ({_written(text, condition)})' if condition else ''} "
+            f"THEN {index}"
         )
         kinds.append(when)
     choice = f"CASE {' '.join(clauses)} END"
@@ -240,7 +288,8 @@ def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge) -> D
                         "cannot read an assignment of MERGE's UPDATE SET", "SQL_COMPILATION_ERROR"
                     )
                 assigned = {
-                    _column(info, a.this).name: _sql(a.expression) for a in then.expressions
+                    _column(info, a.this).name: _written(text, a.expression)
+                    for a in then.expressions
                 }
                 branches.append(f"WHEN {index} THEN {assigned.get(name, f'{alias}.{_q(name)}')}")
             elif isinstance(then, exp.Insert):
@@ -255,16 +304,17 @@ def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge) -> D
                     raise SqlError("the INSERT clause of MERGE lists a different number of "
                                    "columns and values", "SQL_COMPILATION_ERROR")  # fmt: skip
                 value = given.get(name)
-                branches.append(f"WHEN {index} THEN {_sql(value) if value is not None else 'NULL'}")
+                written = _written(text, value) if value is not None else "NULL"
+                branches.append(f"WHEN {index} THEN {written}")
         if not branches:  # only DELETE clauses: the values are never written
             values.append(f"{alias}.{_q(name)} AS {_q(name)}")
         else:
             values.append(f"CASE {choice} {' '.join(branches)} END AS {_q(name)}")
-    text = (
+    query = (
         f"SELECT {', '.join(values)}, {alias}.{_RID}, {choice} AS __clause"
         f" FROM {source} LEFT JOIN {view} AS {alias} ON {on} WHERE ({choice}) IS NOT NULL"
     )
-    data = session.run_spark(text).toArrow()
+    data = session.run_spark(binder.bind(query)).toArrow()
     clause = data.column("__clause")
     deletes = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Var)]
     inserts = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Insert)]

@@ -3,14 +3,15 @@
 Statements come from anyone holding a token, so every query text our layer hands to
 Spark passes this guard first:
 
-1. :func:`check_tree`, on our own parse of the statement (sqlglot), refuses by name what
-   is refused everywhere: ``IDENTIFIER(...)`` (names built at run time), qualified
-   function names, refused functions and script transforms. The text Spark receives is
-   generated from this very tree, so a refused name never reaches Spark's analysis (which
-   reads a file for some functions, e.g. from_protobuf's descriptor). It also gives plain
-   messages; the next wall does not depend on it.
-2. :func:`guarded_frame` lets Spark parse and analyse the text without running any
-   command, then walks the analyzed plan in the JVM: every plan node and expression must
+1. :func:`check_parsed`, on Spark's own parse of the final text (its unresolved plan,
+   before anything is analysed), refuses by name what is refused everywhere:
+   ``IDENTIFIER(...)`` (names built at run time), qualified function names, refused
+   functions and table functions, and script transforms. Nothing of the text reaches
+   Spark's analysis (which reads a file for some functions, e.g. from_protobuf's
+   descriptor) before this check, and it reads the text exactly as Spark will. It also
+   gives plain messages; the next wall does not depend on it.
+2. :func:`guarded_frame` lets Spark analyse the text without running any command, then
+   walks the analyzed plan in the JVM: every plan node and expression must
    be of a class on the allowlist (:mod:`pipelines.sql.plan_classes`, drawn up from Spark's
    built-in functions and a corpus of queries, less :data:`DENIED_FUNCTIONS`), and the
    only relations it may read are the temporary views our binder made for this
@@ -27,11 +28,8 @@ keep analysis from touching files.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
-
-from sqlglot import exp
 
 from pipelines.errors import SqlError, spark_errors
 from pipelines.sql.plan_classes import ALLOWED_CLASSES
@@ -41,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "analyzed_nodes",
-    "check_tree", "guarded_frame", "plan_classes",
+    "check_parsed", "guarded_frame", "plan_classes",
 ]  # fmt: skip
 
 _REFLECTION = "calls any Java method of the service's JVM"
@@ -101,30 +99,33 @@ class RefusedStatementError(SqlError):
     code = "STATEMENT_NOT_ALLOWED"
 
 
-def check_tree(tree: exp.Expression) -> None:
-    """Refuse, on our own parse of a statement, what is refused by name: ``IDENTIFIER``,
-    qualified or refused functions, and script transforms.
+def check_parsed(spark: SparkSession, parsed: Any) -> None:
+    """Refuse, on Spark's unresolved plan of a statement, what is refused by name:
+    ``IDENTIFIER``, qualified or refused functions and table functions, and script
+    transforms.
 
     Raises:
         RefusedStatementError: naming the construct.
     """
-    for node in tree.walk():
-        if isinstance(node, exp.QueryTransform):
+    for name, node in _walker(spark)._walk(parsed, ()):
+        short = _short(name)
+        if short == "ScriptTransformation":
             raise RefusedStatementError(f"{_CONSTRUCTS['ScriptTransformation']} is not allowed")
-        if not isinstance(node, exp.Func):
-            continue
-        name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
-        if name == "identifier":
+        if "UnresolvedIdentifier" in short:
             raise RefusedStatementError(
                 "IDENTIFIER(...) is not supported: write the table or function name itself"
             )
-        if isinstance(node.parent, exp.Dot) and node.parent.expression is node:
-            raise RefusedStatementError(
-                f"the function {node.parent.sql('spark')[:120]!r} is not a built-in SQL "
-                "function: write the built-in's name alone (user functions are not supported)"
-            )
-        _check_function(name, DENIED_FUNCTIONS, "function")
-        _check_function(name, DENIED_TABLE_FUNCTIONS, "table function")
+        if short == "UnresolvedFunction":
+            parts = [str(p) for p in _list(node.nameParts())]
+            if len(parts) > 1:
+                raise RefusedStatementError(
+                    f"the function {'.'.join(parts)[:120]!r} is not a built-in SQL function: "
+                    "write the built-in's name alone (user functions are not supported)"
+                )
+            _check_function(parts[0].lower(), DENIED_FUNCTIONS, "function")
+        elif short == "UnresolvedTableValuedFunction":
+            parts = [str(p) for p in _list(node.name())]
+            _check_function(parts[-1].lower(), DENIED_TABLE_FUNCTIONS, "table function")
 
 
 def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> DataFrame:
@@ -155,12 +156,9 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
                     "this statement cannot run here: statements may only query and change the "
                     "warehouse's tables (no Spark commands or settings)"
                 )
-            # A few functions read a file while Spark analyses them (a protobuf descriptor,
-            # an avro schema): their names are refused on Spark's own parse as well, in case
-            # the first wall was passed by.
-            reader = _ANALYSIS_READS.search(str(parsed.treeString()))
-            if reader is not None:
-                _check_function(reader.group(1).lower(), DENIED_FUNCTIONS, "function")
+            # Before analysis: a few functions read a file while Spark analyses them (a
+            # protobuf descriptor, an avro schema).
+            check_parsed(spark, parsed)
             execution = state.executePlan(
                 parsed, jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()
             )
@@ -258,6 +256,8 @@ class _Walker:
                     continue
                 raise RefusedStatementError(f"{_CONSTRUCTS['View']} is not allowed here")
             yield name, node
+            if _short(name) == "UnresolvedWith":  # a parsed plan's CTE bodies
+                stack.extend(pair._2() for pair in _list(node.cteRelations()))
             is_plan, is_subquery, is_leaf = self._kind(name, node)
             if not is_leaf:
                 _push(stack, node.children())
@@ -302,6 +302,10 @@ def _push(stack: list[Any], seq: Any) -> None:
         stack.append(seq.apply(index))
 
 
+def _list(seq: Any) -> list[Any]:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
 _WALKERS: dict[int, _Walker] = {}
 
 
@@ -325,10 +329,6 @@ _DENIED_CLASSES = {
     "XPathBoolean": "xpath_boolean", "XPathString": "xpath_string", "XPathList": "xpath",
     "XmlToStructs": "from_xml", "SchemaOfXml": "schema_of_xml", "SparkVersion": "version",
 }  # fmt: skip
-#: Functions that read files during analysis, as Spark's parsed plan prints their calls.
-_ANALYSIS_READS = re.compile(
-    r"'(?:[\w`]+\.)*`?(from_protobuf|to_protobuf|from_avro|to_avro|schema_of_avro)`?\(", re.I
-)
 #: Parsed plans that are commands whatever their base class.
 _COMMANDS = {"InsertIntoDir", "InsertIntoStatement", "CacheTable", "UncacheTable",
              "SetCommand", "ResetCommand"}  # fmt: skip

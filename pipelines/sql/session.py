@@ -37,19 +37,19 @@ from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
     StreamStaleError,
-    UnsupportedStatementError,
     evaluation_errors,
 )
 from pipelines.sql import ddl, dml
-from pipelines.sql.binding import Binder, parse
+from pipelines.sql.binding import Binder, result_names
 from pipelines.sql.plan_guard import guarded_frame
+from pipelines.sql.source_text import parse_with_spans
 from pipelines.sql.statements import (
     DEFAULT_DATABASE,
     DEFAULT_SCHEMA,
-    SUPPORTED,
     Statement,
     classify,
     qualified,
+    spark_sql_text,
     split_name,
 )  # fmt: skip
 from pipelines.transactions.commit import busy_message, recover_pending
@@ -225,28 +225,25 @@ class Session:
         return result
 
     def _in(self, txn: Transaction, statement: Statement) -> DataFrame:
-        tree = parse(statement.text)
         runner = _DML.get(statement.kind)
-        if runner is not None:
-            kind = {"insert": exp.Insert, "update": exp.Update, "delete": exp.Delete,
-                    "merge": exp.Merge}[statement.kind]  # fmt: skip
-            if not isinstance(tree, kind):
-                raise SqlError(f"cannot read this {statement.kind.upper()} statement",
-                               "SQL_COMPILATION_ERROR")  # fmt: skip
-            try:
-                with evaluation_errors():  # raised while Spark computed the change
-                    result = runner(self, txn, tree)
-                txn.statements.append(statement.text.strip())
-                return result
-            finally:
-                if txn is not self._transaction:  # an explicit transaction may reuse them
-                    self.release_views()
-        if not isinstance(tree, exp.Query):
-            raise UnsupportedStatementError(
-                f"unsupported statement {statement.text.strip()[:60]!r}; supported: {SUPPORTED}"
-            )
-        binder = Binder(self, txn)
-        return self.run_spark(binder.bind_query(tree).sql("spark"))
+        if runner is None:  # a query: Spark reads it (no other parser's reading decides)
+            binder = Binder(self, txn)
+            return result_names(binder, self.run_spark(binder.bind_query(statement.text)))
+        text = spark_sql_text(statement.text.rstrip().removesuffix(";"))
+        tree = parse_with_spans(text)
+        kind = {"insert": exp.Insert, "update": exp.Update, "delete": exp.Delete,
+                "merge": exp.Merge}[statement.kind]  # fmt: skip
+        if not isinstance(tree, kind):
+            raise SqlError(f"cannot read this {statement.kind.upper()} statement",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
+        try:
+            with evaluation_errors():  # raised while Spark computed the change
+                result = runner(self, txn, tree, text)
+            txn.statements.append(statement.text.strip())
+            return result
+        finally:
+            if txn is not self._transaction:  # an explicit transaction may reuse them
+                self.release_views()
 
     def _transaction_control(self, statement: Statement) -> DataFrame:
         if statement.kind == "begin":

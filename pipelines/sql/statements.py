@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pipelines.errors import SqlError, UnsupportedStatementError
 
 __all__ = [
-    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "MAX_NESTING", "NAME", "OPTION", "Statement",
+    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "LITERALS", "MAX_NESTING", "NAME", "OPTION", "Statement",
     "check_nesting", "classify", "qualified", "spark_sql_text", "split_name",
 ]  # fmt: skip
 
@@ -164,6 +164,8 @@ _QUERY_KINDS = {
     "SELECT": "query",
     "WITH": "query",
     "VALUES": "query",
+    "FROM": "query",
+    "TABLE": "query",
     "(": "query",
     "INSERT": "insert",
     "UPDATE": "update",
@@ -192,7 +194,7 @@ _METADATA = re.compile(
 )
 #: String literals, quoted names and comments. An unterminated one runs to the end of the text,
 #: so no start is scanned twice (``/*/*/*...`` would otherwise cost quadratic time).
-_LITERALS = re.compile(
+LITERALS = re.compile(
     r"'(?:[^'\\]|\\.|'')*(?:'|\Z)|`[^`]*(?:`|\Z)|\"(?:[^\"]|\"\")*(?:\"|\Z)|--[^\n]*|/\*.*?(?:\*/|\Z)",
     re.S,
 )
@@ -200,6 +202,8 @@ _LITERALS = re.compile(
 #: any parser sees them (each parser recurses once per level).
 MAX_NESTING = 32
 _BRACKETS = re.compile(r"[()\[\]{}]|\b(?:CASE|END)\b", re.I)
+#: A chain of prefix operators (``NOT NOT ...``, ``- - ...``) nests as deep as it is long.
+_PREFIX_RUN = re.compile(rf"(?:(?:\bNOT\b|[-+~!])\s*){{{MAX_NESTING + 1}}}", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +232,7 @@ def spark_sql_text(text: str) -> str:
     def quoted(match: re.Match[str]) -> str:
         return f"`{match.group(1).upper()}`"
 
-    for literal in _LITERALS.finditer(text):
+    for literal in LITERALS.finditer(text):
         out.append(_METADATA.sub(quoted, text[position : literal.start()]))
         token = literal.group(0)
         closed = len(token) > 1 and token[-1] == token[0]
@@ -261,7 +265,7 @@ def check_nesting(text: str) -> None:
     # must not cancel an open parenthesis.
     brackets = cases = deepest = 0
     position = 0
-    for literal in [*_LITERALS.finditer(text), None]:
+    for literal in [*LITERALS.finditer(text), None]:
         stop = literal.start() if literal is not None else len(text)
         for bracket in _BRACKETS.finditer(text, position, stop):
             token = bracket.group(0).upper()
@@ -272,14 +276,33 @@ def check_nesting(text: str) -> None:
             else:
                 brackets += 1 if token in "([{" else -1
             deepest = max(deepest, brackets + cases)
+        if _PREFIX_RUN.search(text, position, stop):
+            deepest = max(deepest, MAX_NESTING + 1)
         if literal is not None:
+            _check_comment(literal.group(0))
             position = literal.end()
     if deepest > MAX_NESTING:
         raise SqlError(
-            f"the statement nests parentheses, brackets or CASE {deepest} levels deep; at most "
-            f"{MAX_NESTING} are allowed: flatten it (a WITH clause names a subquery once)",
+            f"the statement nests parentheses, brackets, CASE or prefix operators (NOT, -) "
+            f"more than {MAX_NESTING} levels deep, the most allowed: flatten it (a WITH clause "
+            "names a subquery once)",
             "STATEMENT_TOO_COMPLEX",
         )
+
+
+def _check_comment(token: str) -> None:
+    """Refuse an unterminated ``/*`` comment, and a ``/*`` inside one: Spark nests
+    bracketed comments, Snowflake and our readers of the text do not, so a nested one
+    would be read two ways (and Spark's lexer spends memory on every level)."""
+    if not token.startswith("/*"):
+        return
+    if len(token) < 4 or not token.endswith("*/"):
+        raise SqlError("syntax error: a /* comment is never closed; end it with */",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    if "/*" in token[2:]:
+        raise SqlError("syntax error: a /* comment holds another /*; comments do not nest: "
+                       "close each comment with */ before opening the next",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
 
 
 def classify(text: str) -> Statement:
@@ -297,7 +320,7 @@ def classify(text: str) -> Statement:
         match = pattern.fullmatch(text)
         if match is not None:
             return Statement(kind, text, match.groupdict())
-    stripped = _LITERALS.sub(" ", text).lstrip().lstrip("(")
+    stripped = LITERALS.sub(" ", text).lstrip().lstrip("(")
     first = re.match(r"[A-Za-z]+", stripped)
     word = "(" if text.lstrip().startswith("(") else (first.group(0) if first else "")
     query_kind = _QUERY_KINDS.get(word.upper())

@@ -198,10 +198,10 @@ CASES = [
     bad("UNDROP TABLE t", U, UNSUP, *UNSUPPORTED, id="undrop"),
     bad("SELEC 1", U, UNSUP, *UNSUPPORTED, id="misspelt-select"),
     bad("CREATE STREAM s2 ON TABLE t APPEND_ONLY = MAYBE", U, UNSUP, *UNSUPPORTED, id="stream-bad-append-only"),
-    bad("VALUES (1)", U, UNSUP, *UNSUPPORTED, id="bare-values"),
     # Syntax errors
     bad("SELECT FROM WHERE", S, COMPILE, "compilation error", "line 1", id="select-from-where"),
-    bad("SELECT * FROM t WHERE", S, COMPILE, "compilation error", "line 1", id="dangling-where"),
+    # (Spark reads "SELECT * FROM t WHERE" as t aliased WHERE, and answers it.)
+    bad("SELECT * FROM t WHERE AND", S, COMPILE, "compilation error", "line 1", id="dangling-where"),
     bad("SELECT * FROM t WHERE a = = 1", S, COMPILE, "compilation error", id="double-equals"),
     bad("INSERT INTO tgt VALUES (1,", S, COMPILE, "compilation error", "line 1", id="unclosed-values"),
     bad("UPDATE t SET s = WHERE a = 1", S, COMPILE, "compilation error", id="update-no-value"),

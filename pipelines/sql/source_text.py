@@ -1,0 +1,201 @@
+"""A statement's own text, and edits spliced into it at the places a parser reports.
+
+Spark runs the text the user wrote. What the product must change in it (a table's name
+becomes the view of what the transaction sees, a clause of ours becomes its answer) is
+replaced at its exact character positions, and every other character is kept, so no
+parser's regeneration of the text can change what a statement means.
+
+Two readers report positions. Spark's own parser reads plain queries
+(:mod:`pipelines.sql.spark_reading`). sqlglot reads what Spark's grammar lacks: the
+structure of Snowflake's DML (``UPDATE ... FROM``, ``DELETE ... USING``) and our clauses
+(``AT``/``BEFORE``, ``CHANGES``, ``SYSTEM$STREAM_HAS_DATA``, ``READ_<name>(...)``,
+``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``). :func:`parse_with_spans` records, for every
+node of sqlglot's tree, the characters it was read from.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Any
+
+from sqlglot import exp
+from sqlglot.dialects.spark import Spark
+from sqlglot.errors import SqlglotError
+
+from pipelines.errors import SqlError
+from pipelines.sql.statements import LITERALS
+
+__all__ = [
+    "Splice", "check_one_statement", "extent", "has_extensions", "parse_with_spans",
+    "quoted_names", "span",
+]  # fmt: skip
+
+_SPAN = "span"
+
+
+class Splice:
+    """A text and the replacements of some of its character ranges (never overlapping)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._edits: list[tuple[int, int, str]] = []
+
+    def replace(self, start: int, end: int, text: str) -> None:
+        """Replace ``self.text[start:end]`` by ``text`` (``start == end``: insert)."""
+        for other_start, other_end, _ in self._edits:
+            if start < other_end and other_start < end:
+                raise SqlError("two parts of the statement overlap where the binder replaces "
+                               "them; simplify the statement", "SQL_COMPILATION_ERROR")  # fmt: skip
+        self._edits.append((start, end, text))
+
+    def render(self, start: int = 0, end: int | None = None) -> str:
+        """The characters ``start`` to ``end`` with the replacements inside them made."""
+        end = len(self.text) if end is None else end
+        out, position = [], start
+        for edit_start, edit_end, text in sorted(self._edits):
+            if edit_start < start or edit_end > end:
+                continue
+            out.append(self.text[position:edit_start])
+            out.append(text)
+            position = edit_end
+        out.append(self.text[position:end])
+        return "".join(out)
+
+
+def _spanning(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Record on the node a parse method returns the tokens it consumed, widened to the
+    widest of every method that returned it (an outer method often consumed the keyword
+    that introduced it: ``CASE``, a table's qualifier)."""
+
+    @functools.wraps(method)
+    def parse(self: Any, *args: Any, **kwargs: Any) -> Any:
+        first = self._index
+        node = method(self, *args, **kwargs)
+        if isinstance(node, exp.Expression) and self._index > first:
+            start = self._tokens[first].start
+            end = self._tokens[self._index - 1].end + 1
+            known = node.meta.get(_SPAN)
+            if known is not None:
+                start, end = min(start, known[0]), max(end, known[1])
+            node.meta[_SPAN] = (start, end)
+        return node
+
+    return parse
+
+
+class _SpanningParser(Spark.Parser):  # type: ignore[misc,name-defined]
+    pass
+
+
+for _name in dir(Spark.Parser):
+    if _name.startswith("_parse") and callable(getattr(Spark.Parser, _name)):
+        setattr(_SpanningParser, _name, _spanning(getattr(Spark.Parser, _name)))
+
+_DIALECT = Spark()
+
+
+def parse_with_spans(text: str) -> exp.Expression:
+    """One statement as sqlglot's Spark dialect reads it, each node knowing its span.
+
+    Raises:
+        SqlError: a syntax error (SQL_COMPILATION_ERROR), or not exactly one statement.
+    """
+    from pipelines.sql.binding import syntax_error
+
+    try:
+        tokens = _DIALECT.tokenize(text)
+        trees = _SpanningParser(dialect=_DIALECT).parse(tokens, text)
+    except SqlglotError as exc:
+        raise SqlError(syntax_error(exc), "SQL_COMPILATION_ERROR") from None
+    except RecursionError:
+        raise SqlError("the statement is too complex to read; split it or flatten it",
+                       "STATEMENT_TOO_COMPLEX") from None  # fmt: skip
+    found = [t for t in trees if t is not None]
+    if len(found) != 1:
+        raise SqlError(f"expected one statement, got {len(found)}; send statements one at a "
+                       "time", "SQL_COMPILATION_ERROR")  # fmt: skip
+    return found[0]
+
+
+def span(node: exp.Expression) -> tuple[int, int]:
+    """The characters ``node`` was read from, ``[start, end)``.
+
+    Raises:
+        SqlError: the parser did not report them: the statement is refused rather than
+            carried inexactly.
+    """
+    found = node.meta.get(_SPAN)
+    if found is None:
+        raise SqlError(f"cannot carry {type(node).__name__} {node.sql('spark')[:60]!r} exactly "
+                       "as written; rewrite that part of the statement",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+    return found  # type: ignore[no-any-return]
+
+
+def extent(node: exp.Expression) -> tuple[int, int]:
+    """The characters of ``node`` and everything read as part of it, ``[start, end)``
+    (an argument list, joins attached to a table).
+
+    Raises:
+        SqlError: no part of it has a known span (see :func:`span`).
+    """
+    spans = [n.meta[_SPAN] for n in node.walk() if _SPAN in n.meta]
+    if not spans:
+        span(node)  # raises, naming the node
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+#: One of our clauses or functions where a ``(`` follows: AT/BEFORE/CHANGES (unquoted),
+#: our functions, a change stream's READ_<name> (quoted or not); or a time travel.
+_OURS = re.compile(
+    r"(?<![\w$`])(?:AT|BEFORE|CHANGES)\s*\("
+    r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_REFRESH_HISTORY|READ_(?:[^`]|``)*)`\s*\("
+    r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_REFRESH_HISTORY|READ_[\w$]*)\s*\("
+    r"|\bAS\s+OF\b",
+    re.I,
+)
+
+
+def _code(text: str) -> tuple[str, list[str]]:
+    """The text with its string literals and comments blanked, and the names it writes in
+    backquotes (one linear pass: a hostile megabyte costs milliseconds)."""
+    out, names, position = [], [], 0
+    for literal in LITERALS.finditer(text):
+        token = literal.group(0)
+        out.append(text[position : literal.start()])
+        if token.startswith("`"):
+            out.append(token)
+            if len(token) > 1 and token.endswith("`"):
+                names.append(token[1:-1].replace("``", "`"))
+        else:
+            out.append(" ")
+        position = literal.end()
+    out.append(text[position:])
+    return "".join(out), names
+
+
+def has_extensions(text: str) -> bool:
+    """Whether the text holds one of our clauses or functions (outside strings and
+    comments), or a time travel (``VERSION AS OF``): only then is sqlglot's reading of a
+    query needed."""
+    return _OURS.search(_code(text)[0]) is not None
+
+
+def check_one_statement(text: str) -> None:
+    """Refuse a text of several statements (a ``;`` between two).
+
+    Raises:
+        SqlError: naming how many there are.
+    """
+    count = sum(1 for part in _code(text)[0].split(";") if part.strip())
+    if count > 1:
+        raise SqlError(f"expected one statement, got {count}; send statements one at a time",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
+
+
+def quoted_names(text: str) -> set[str]:
+    """The identifiers the text writes in backquotes (a result column so named keeps its
+    case)."""
+    return set(_code(text)[1])
