@@ -21,7 +21,7 @@ from sqlglot.errors import ErrorLevel, SqlglotError
 from catalog import TableInfo
 from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.errors import SqlError
-from pipelines.sql.binding import parse
+from pipelines.sql.source_text import parse_with_spans
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -46,7 +46,7 @@ def exact_rewrite(
     """
     columns = {view: list(info.schema.names) for view, info in source_views.items()}
     try:
-        tree = rewrite(parse(bound), columns)  # type: ignore[arg-type]
+        tree = rewrite(parse_with_spans(bound), columns)  # type: ignore[arg-type]
         # A construct sqlglot cannot write back in Spark's dialect stops here (it would
         # only warn, and drop an argument).
         text = tree.sql("spark", unsupported_level=ErrorLevel.RAISE)

@@ -17,9 +17,7 @@ import itertools
 import re
 from typing import TYPE_CHECKING
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
 from catalog import TableInfo, ViewRecord, full_name
 from flush.spark_tables import read_delta
@@ -51,7 +49,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Binder", "check_writable", "parse", "quote", "result_names"]
+__all__ = ["Binder", "check_writable", "quote", "result_names"]
 
 _VIEW_NUMBERS = itertools.count(1)
 #: How deep views may read views (a guard against runaway definitions, far above use).
@@ -60,52 +58,9 @@ STREAM_HAS_DATA = "SYSTEM$STREAM_HAS_DATA"
 _STREAM_NAME = re.compile(NAME)
 
 
-def parse(text: str) -> exp.Expression:
-    """One statement as sqlglot's Spark dialect reads it (after quoting METADATA$ names),
-    for readers of a statement's shape; what runs is never regenerated from it.
-
-    Raises:
-        SqlError: a syntax error, with sqlglot's description of where.
-    """
-    try:
-        trees = sqlglot.parse(spark_sql_text(text), read="spark")
-    except SqlglotError as exc:
-        raise SqlError(syntax_error(exc), "SQL_COMPILATION_ERROR") from None
-    except RecursionError:
-        raise SqlError("the statement is too complex to read; split it or flatten it",
-                       "STATEMENT_TOO_COMPLEX") from None  # fmt: skip
-    found = [t for t in trees if t is not None]
-    if len(found) != 1:
-        raise SqlError(
-            f"expected one statement, got {len(found)}; send statements one at a time",
-            "SQL_COMPILATION_ERROR",
-        )
-    return found[0]
-
-
 def quote(name: str) -> str:
     """A name in backquotes, as Spark reads it back exactly."""
     return "`" + name.replace("`", "``") + "`"
-
-
-def syntax_error(exc: Exception) -> str:
-    """A parser's error in plain words: what was expected, where, and the text there (no
-    parser class names, no terminal escape codes)."""
-    errors = getattr(exc, "errors", None) or []
-    if not errors:
-        return "syntax error: the statement cannot be read; check it against the SQL reference"
-    first = errors[0]
-    near = _PRINTABLE.sub("", f"{first.get('start_context') or ''}{first.get('highlight') or ''}")
-    description = _PRINTABLE.sub("", str(first.get("description") or "unexpected text"))
-    description = _PARSER_CLASS.sub("this expression", description)
-    return (
-        f"syntax error at line {first.get('line')}, column {first.get('col')}: "
-        f"{description[:200]} (near {near[-60:]!r})"
-    )
-
-
-_PARSER_CLASS = re.compile(r"<class '[\w.]+'>")
-_PRINTABLE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def _part(identifier: exp.Identifier | None) -> str | None:

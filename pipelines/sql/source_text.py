@@ -102,8 +102,6 @@ def parse_with_spans(text: str) -> exp.Expression:
     Raises:
         SqlError: a syntax error (SQL_COMPILATION_ERROR), or not exactly one statement.
     """
-    from pipelines.sql.binding import syntax_error
-
     try:
         tokens = _DIALECT.tokenize(text)
         trees = _SpanningParser(dialect=_DIALECT).parse(tokens, text)
@@ -117,6 +115,26 @@ def parse_with_spans(text: str) -> exp.Expression:
         raise SqlError(f"expected one statement, got {len(found)}; send statements one at a "
                        "time", "SQL_COMPILATION_ERROR")  # fmt: skip
     return found[0]
+
+
+def syntax_error(exc: Exception) -> str:
+    """A parser's error in plain words: what was expected, where, and the text there (no
+    parser class names, no terminal escape codes)."""
+    errors = getattr(exc, "errors", None) or []
+    if not errors:
+        return "syntax error: the statement cannot be read; check it against the SQL reference"
+    first = errors[0]
+    near = _PRINTABLE.sub("", f"{first.get('start_context') or ''}{first.get('highlight') or ''}")
+    description = _PRINTABLE.sub("", str(first.get("description") or "unexpected text"))
+    description = _PARSER_CLASS.sub("this expression", description)
+    return (
+        f"syntax error at line {first.get('line')}, column {first.get('col')}: "
+        f"{description[:200]} (near {near[-60:]!r})"
+    )
+
+
+_PARSER_CLASS = re.compile(r"<class '[\w.]+'>")
+_PRINTABLE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def span(node: exp.Expression) -> tuple[int, int]:
