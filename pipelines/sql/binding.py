@@ -55,6 +55,7 @@ _VIEW_NUMBERS = itertools.count(1)
 #: How deep views may read views (a guard against runaway definitions, far above use).
 MAX_VIEW_DEPTH = 32
 STREAM_HAS_DATA = "SYSTEM$STREAM_HAS_DATA"
+_TABLE_QUERY = re.compile(r"\bTABLE\s*$", re.I)
 _STREAM_NAME = re.compile(NAME)
 
 
@@ -154,6 +155,8 @@ class Binder:
         #: result columns so named keep their case (:func:`result_names`).
         self.quoted: set[str] = set()
         self.columns: set[str] = set()
+        #: The views this binder made (lower case): the only ones a name it binds may be.
+        self.made: set[str] = set()
 
     def names(self, table: exp.Table) -> tuple[str, str, str]:
         """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE`` (or, in
@@ -183,6 +186,7 @@ class Binder:
         self.session.views.append(view)
         self.session.view_names[view] = label
         self.columns.update(frame.columns)  # type: ignore[attr-defined]
+        self.made.add(view.lower())
         return view
 
     def bind_query(self, text: str) -> str:
@@ -209,14 +213,15 @@ class Binder:
         check_one_statement(text)
         text = self._our_clauses(spark_sql_text(text))
         self.quoted |= quoted_names(text)
-        own = {view.lower() for view in self.session.views}
         splice = Splice(text)
         for reference in references(self.session.spark, text):
-            if len(reference.parts) == 1 and reference.parts[0].lower() in own:
+            if len(reference.parts) == 1 and reference.parts[0].lower() in self.made:
                 continue  # a view this binder made (a DML target, a clause of ours)
             written = text[reference.start : reference.end]
             replacement, label = self._reference(reference, written)
-            alias = "" if reference.aliased else f" AS {quote(label)}"
+            # ``TABLE t`` (a query of one table) takes no alias.
+            bare = reference.aliased or _TABLE_QUERY.search(text, 0, reference.start)
+            alias = "" if bare else f" AS {quote(label)}"
             if reference.alias_at == reference.end:
                 splice.replace(reference.start, reference.end, replacement + alias)
             else:

@@ -74,7 +74,10 @@ def references(spark: SparkSession, text: str) -> list[Reference]:
             names = frozenset(str(pair._1()).lower() for pair in _list(node.cteRelations()))
             stack.append((node.child(), (), scope | names))
             continue
-        for child in _list(node.children()):
+        children = _list(node.children())
+        if kind == "RelationTimeTravel":  # ``t@v1``: its relation is not a child
+            children = [node.relation()]
+        for child in children:
             stack.append((child, ((kind, node), *above[:1]), scope))
         for plan in _list(node.subqueries()):
             stack.append((plan, (), scope))

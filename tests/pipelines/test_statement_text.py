@@ -221,3 +221,20 @@ def test_spark_reports_table_names_with_their_positions(spark):
         (("db", "s", "u"), "db.`s`.u", False, ")"),  # an alias goes after the sample
         (("w",), "w", True, "w"),
     ]
+
+
+def test_table_queries_and_spark_time_travel(world):
+    assert len(values(world.sql("TABLE R UNION ALL TABLE R"))) == 6
+    assert values(world.sql("SELECT COUNT(*) FROM (TABLE R)")) == [(3,)]
+    assert len(values(world.sql("TABLE R"))) == 3
+    with pytest.raises(SqlError, match="AT\\(VERSION => n\\)"):
+        world.sql("SELECT * FROM R@v1")  # Spark's own spelling reaches no Spark catalog
+
+
+def test_a_view_made_for_an_earlier_statement_cannot_be_named(world):
+    world.sql("SELECT * FROM R").collect()  # leaves ingest_v<N> in an embedded session
+    made = [v for v in world.views if v.startswith("ingest_v")]
+    assert made
+    with pytest.raises(SqlError) as error:
+        world.sql(f"SELECT * FROM {made[-1]}")
+    assert error.value.code == "OBJECT_NOT_FOUND"
