@@ -69,8 +69,6 @@ REASONS = {
     "NON_DETERMINISTIC": "a non-deterministic function (rand, uuid, ...)",
     "TIME_DEPENDENT": "a function of the current time (current_timestamp, ...)",
     "UNSUPPORTED": "a plan node the classifier does not know (fails closed)",
-    "REWRITE_INEXACT": "the incremental rewrite cannot carry the query exactly (Spark's "
-    "plans of the rewritten and the written query differ)",
 }
 
 

@@ -26,9 +26,7 @@ from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
-from pipelines.dynamic_tables.classify import PlanClass
 from pipelines.dynamic_tables.classify import classify as classify_plan
-from pipelines.dynamic_tables.exact_rewrite import inexact_reason
 from pipelines.dynamic_tables.refresh import BUILDING, INITIAL, MANUAL, RefreshFailed, refresh
 from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -175,9 +173,6 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
         _check_reads(session, binder, shown, existing)
         schema = _ctas_schema(frame, None)
         verdict = classify_plan(session.spark, frame, session.views)
-        if verdict.incremental and mode != "FULL":
-            inexact = inexact_reason(session, query, defaults, txn)
-            verdict = PlanClass((inexact,)) if inexact else verdict
     finally:
         session.release_views()
     if mode in ("INCREMENTAL", "INCREMENTAL_STRICT") and not verdict.incremental:
