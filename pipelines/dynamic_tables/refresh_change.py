@@ -44,10 +44,10 @@ from pipelines.dynamic_tables.diff import (
     id_diff,
     value_diff,
 )
-from pipelines.dynamic_tables.exact_rewrite import exact_rewrite
-from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change
+from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
 from pipelines.errors import SqlError, StreamStaleError
 from pipelines.sql.binding import Binder
+from pipelines.sql.source_text import parse_with_spans
 from pipelines.streams.changes import ACTION as CHANGE_ACTION
 from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
 from pipelines.streams.changes import read_changes
@@ -195,9 +195,11 @@ def _bound(
     names = list(info.schema.names)
     if rewritten:
         try:
-            frame = exact_rewrite(session, bound, binder.source_views)
+            tree = rewrite(parse_with_spans(bound), {view: list(t.schema.names)  # type: ignore[arg-type]
+                                                     for view, t in binder.source_views.items()})
         except RewriteError as exc:
             raise RefreshFailed(str(exc), exc.code) from None
+        frame = session.run_spark(tree.sql("spark"))
     else:
         frame = session.run_spark(bound)
     extra = [ROW_ID_COLUMN, ACTION] if rewritten else []
