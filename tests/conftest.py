@@ -21,6 +21,7 @@ os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSeri
 LONG_FILES = (
     "tests/test_docs.py",
     "tests/bench/test_smoke.py",
+    "tests/pipelines/test_statement_fidelity.py",
     "tests/pipelines/test_dynamic_table_adversarial.py",
     "tests/pipelines/test_multi_table_kill.py",
     "tests/channel_server/test_dynamic_table_service.py",

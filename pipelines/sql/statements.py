@@ -264,6 +264,7 @@ def check_nesting(text: str) -> None:
     # Brackets and CASE ... END are counted apart: a stray END (a column named END)
     # must not cancel an open parenthesis.
     brackets = cases = deepest = 0
+    prefixes = False
     position = 0
     for literal in [*LITERALS.finditer(text), None]:
         stop = literal.start() if literal is not None else len(text)
@@ -276,16 +277,20 @@ def check_nesting(text: str) -> None:
             else:
                 brackets += 1 if token in "([{" else -1
             deepest = max(deepest, brackets + cases)
-        if _PREFIX_RUN.search(text, position, stop):
-            deepest = max(deepest, MAX_NESTING + 1)
+        prefixes = prefixes or _PREFIX_RUN.search(text, position, stop) is not None
         if literal is not None:
             _check_comment(literal.group(0))
             position = literal.end()
     if deepest > MAX_NESTING:
         raise SqlError(
-            f"the statement nests parentheses, brackets, CASE or prefix operators (NOT, -) "
-            f"more than {MAX_NESTING} levels deep, the most allowed: flatten it (a WITH clause "
-            "names a subquery once)",
+            f"the statement nests parentheses, brackets or CASE {deepest} levels deep; at most "
+            f"{MAX_NESTING} are allowed: flatten it (a WITH clause names a subquery once)",
+            "STATEMENT_TOO_COMPLEX",
+        )
+    if prefixes:
+        raise SqlError(
+            f"the statement chains more than {MAX_NESTING} prefix operators (NOT, -, +, ~, !) "
+            "in a row, the most allowed: write the chain shorter (two NOTs cancel)",
             "STATEMENT_TOO_COMPLEX",
         )
 
