@@ -69,6 +69,7 @@ REASONS = {
     "NON_DETERMINISTIC": "a non-deterministic function (rand, uuid, ...)",
     "TIME_DEPENDENT": "a function of the current time (current_timestamp, ...)",
     "UNSUPPORTED": "a plan node the classifier does not know (fails closed)",
+    "REWRITE_UNSUPPORTED": "a construct the rewrite cannot carry as written (struct(*))",
 }
 
 

@@ -26,10 +26,13 @@ from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
+from pipelines.dynamic_tables.classify import PlanClass
 from pipelines.dynamic_tables.classify import classify as classify_plan
 from pipelines.dynamic_tables.refresh import BUILDING, INITIAL, MANUAL, RefreshFailed, refresh
+from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.binding import Binder
 from pipelines.sql.ddl_common import (
     check_name_free,
     drop_table_info,
@@ -173,6 +176,8 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
         _check_reads(session, binder, shown, existing)
         schema = _ctas_schema(frame, None)
         verdict = classify_plan(session.spark, frame, session.views)
+        if verdict.incremental:
+            verdict = _rewritable(session, txn, query)
     finally:
         session.release_views()
     if mode in ("INCREMENTAL", "INCREMENTAL_STRICT") and not verdict.incremental:
@@ -203,6 +208,18 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     if existing is not None:
         _swap(session, existing, info, shown)
     return status_frame(session, f"Dynamic table {name} successfully created.")
+
+
+def _rewritable(session: StatementContext, txn: Transaction, query: str) -> PlanClass:
+    """A stateless query whose incremental rewrite (insertions into the text as written)
+    can be made; else the construct it cannot carry is the reason it refreshes FULL."""
+    binder = Binder(session, txn, analysis=True, sources=txn.table_frame)
+    bound = binder.bind(query)
+    try:
+        rewrite(bound, set(binder.source_views))
+    except RewriteError as exc:
+        return PlanClass((f"REWRITE_UNSUPPORTED:{str(exc)[:120]}",))
+    return PlanClass(())
 
 
 def _swap(session: StatementContext, existing: TableInfo, built: TableInfo, shown: str) -> None:

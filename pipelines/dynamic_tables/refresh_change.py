@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,7 +47,6 @@ from pipelines.dynamic_tables.diff import (
 from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
 from pipelines.errors import SqlError, StreamStaleError
 from pipelines.sql.binding import Binder
-from pipelines.sql.source_text import parse_with_spans
 from pipelines.streams.changes import ACTION as CHANGE_ACTION
 from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
 from pipelines.streams.changes import read_changes
@@ -120,10 +119,11 @@ def compute(
             )  # fmt: skip
     txn = _pinned_transaction(session, pinned)
     if packed:
-        frame = _bound(session, dt, info, pinned, lambda t: _with_actions(
-            txn.table_frame(t, row_ids=True)), rewritten=True)  # fmt: skip
+        frame = _as_table(info, _rewritten(session, dt, pinned, lambda t: _with_actions(
+            txn.table_frame(t, row_ids=True))), [ROW_ID_COLUMN, ACTION])  # fmt: skip
     else:
-        frame = _bound(session, dt, info, pinned, txn.table_frame, rewritten=False)
+        _, bound = _bind(session, dt, pinned, txn.table_frame)
+        frame = _as_table(info, session.run_spark(bound), [])
     if followed is None:
         followed = has_followers(session.catalog, info.id)
     if not initial and not followed:
@@ -176,15 +176,11 @@ def _with_actions(frame: DataFrame) -> DataFrame:
     return frame.withColumn(ACTION, F.lit("INSERT"))
 
 
-def _bound(
-    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
-    pinned: Sequence[PinnedSource], sources: Callable[[TableInfo], DataFrame], rewritten: bool,
-) -> DataFrame:  # fmt: skip
-    """The definition's query over ``sources`` (rewritten to carry row ids and actions,
-    or as written), its columns named and typed as the table's by position (then
-    ``_INGEST_ROW_ID`` and ``_INGEST_ACTION`` when rewritten)."""
-    from pyspark.sql import functions as F
-
+def _bind(
+    session: StatementContext, dt: DynamicTableRecord, pinned: Sequence[PinnedSource],
+    sources: Callable[[TableInfo], DataFrame] | None,
+) -> tuple[Binder, str]:  # fmt: skip
+    """The definition's query bound over ``sources`` (the pinned versions when None)."""
     binder = Binder(session, Transaction(session.catalog, session.spark, read_only=True),
                     (dt.default_database, dt.default_schema), sources=sources)  # fmt: skip
     bound = binder.bind(dt.query)
@@ -192,29 +188,59 @@ def _bound(
         raise RefreshFailed("the query now reads other tables than when it was defined (a "
                             "view it reads was changed); CREATE OR REPLACE DYNAMIC TABLE "
                             "defines it again", "SOURCE_CHANGED")  # fmt: skip
+    return binder, bound
+
+
+def _as_table(info: TableInfo, frame: DataFrame, extra: Sequence[str]) -> DataFrame:
+    """``frame``'s columns named and typed as the table's, by position, then ``extra``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     names = list(info.schema.names)
-    if rewritten:
-        try:
-            tree = rewrite(parse_with_spans(bound), {view: list(t.schema.names)  # type: ignore[arg-type]
-                                                     for view, t in binder.source_views.items()})
-        except RewriteError as exc:
-            raise RefreshFailed(str(exc), exc.code) from None
-        frame = session.run_spark(tree.sql("spark"))
-    else:
-        frame = session.run_spark(bound)
-    extra = [ROW_ID_COLUMN, ACTION] if rewritten else []
     if len(frame.columns) != len(names) + len(extra):
         raise RefreshFailed("the query now gives other columns than the dynamic table has; "
                             "CREATE OR REPLACE DYNAMIC TABLE defines it again",
                             "SOURCE_CHANGED")  # fmt: skip
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     types = {f.name: f.dataType for f in from_arrow_schema(delta_schema(info.schema)).fields}
     positional = frame.toDF(*[f"c{i}" for i in range(len(names))], *extra)
     return positional.select(
         *[F.col(f"c{i}").cast(types[name]).alias(name) for i, name in enumerate(names)],
         *[F.col(column) for column in extra],
     )  # fmt: skip
+
+
+def _rewritten(
+    session: StatementContext, dt: DynamicTableRecord, pinned: Sequence[PinnedSource],
+    changes: Callable[[TableInfo], DataFrame],
+) -> DataFrame:  # fmt: skip
+    """The definition's query over the sources' changes, rewritten to carry row ids and
+    actions (:func:`rewrite`, insertions only), once Spark gives it the written query's
+    columns (names and types, then the two hidden ones): else the refresh fails."""
+    binder, bound = _bind(session, dt, pinned, changes)
+    try:
+        frame = session.run_spark(rewrite(bound, set(binder.source_views)))
+    except RewriteError as exc:
+        raise RefreshFailed(str(exc), exc.code) from None
+    found = [(f.name, f.dataType) for f in frame.schema.fields]
+    sources = tuple((t.id, repr(t.schema.declarations())) for t in binder.tables)
+    key = (dt.table_id, dt.query, sources, repr(found))
+    if key in _CHECKED:
+        return frame
+    _, written = _bind(session, dt, pinned, lambda t: changes(t).drop(ROW_ID_COLUMN, ACTION))
+    expected = [(f.name, f.dataType) for f in session.run_spark(written).schema.fields]
+    if found[:-2] != expected or [name for name, _ in found[-2:]] != [ROW_ID_COLUMN, ACTION]:
+        raise RefreshFailed("the incremental rewrite of the query does not give the query's "
+                            "own columns; REFRESH_MODE = FULL refreshes it",
+                            RewriteError.code)  # fmt: skip
+    if len(_CHECKED) >= 4096:
+        _CHECKED.clear()
+    _CHECKED.add(key)
+    return frame
+
+
+#: Rewrites whose columns were checked: the table, its query, its sources' schemas and
+#: the rewritten columns (so the check runs again when any of them changes).
+_CHECKED: set[tuple[Any, ...]] = set()
 
 
 def _incremental(
@@ -235,7 +261,7 @@ def _incremental(
             F.col(f"`{CHANGE_ACTION}`").alias(ACTION),
         )  # fmt: skip
 
-    frame = _bound(session, dt, info, pinned, changes, rewritten=True)
+    frame = _as_table(info, _rewritten(session, dt, pinned, changes), [ROW_ID_COLUMN, ACTION])
     names = list(info.schema.names)
     net = net_change(frame.toArrow(), names)
     rows = _checked(info, net.rows)

@@ -8,36 +8,39 @@ rewrite adds those two columns to every SELECT; at each ``UNION ALL`` the id is 
 with the branch (``id * 2 + k``), innermost union first, so the outermost branch is the
 lowest bit and the codes of different paths never collide (outermost first does).
 
-Why a second check at all: the caller classified the plan with Spark already; anything
-here that is not a projection, filter, UNION ALL, subquery in FROM or CTE over the
-source views fails closed with :class:`RewriteError` rather than write a wrong id.
+The rewrite only inserts text: every character the user wrote is kept, so Spark reads
+each expression as written (no parser's regeneration can change its meaning). At the
+end of every SELECT list goes ``, <id> AS `_INGEST_ROW_ID`, `_INGEST_ACTION```; after
+every ``*`` goes ``EXCEPT (`_INGEST_ROW_ID`, `_INGEST_ACTION`)`` (so a star still
+means the user's columns); at the end of a column list naming a relation's columns
+(``AS t(x, y)``, ``WITH c(x, y)``) go the two names. sqlglot, with the characters each
+node was read from, says where those places are and what the query's shape is; the
+caller checks that Spark gives the rewritten text the written query's columns.
 
-Names: ``qualify`` runs case-sensitively so names keep their case, but Spark resolves
-names case-insensitively (``spark.sql.caseSensitive`` false), so every identifier is
-first respelled to one spelling per case-insensitive class (a source column's own,
-else the first seen). Output column names may therefore differ from Spark's (``_col_0``
-for an unnamed expression, a column's spelling): callers map the result **by position**.
+Why a second check of the shape: the caller classified the plan with Spark already;
+anything here that is not a projection, filter, UNION ALL, subquery in FROM or CTE over
+the source views fails closed with :class:`RewriteError` rather than write a wrong id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
-from sqlglot.optimizer.qualify import qualify
 
+from pipelines.errors import SqlError
+from pipelines.sql.source_text import Splice, extent, parse_with_spans
 from pipelines.streams.changes import _same_values
 
 __all__ = ["ACTION", "ROW_ID", "NetChange", "RewriteError", "net_change", "rewrite"]
 
 ROW_ID = "_INGEST_ROW_ID"
 ACTION = "_INGEST_ACTION"
-_DIALECT = "spark, normalization_strategy=case_sensitive"
+_HIDDEN = f"`{ROW_ID}`, `{ACTION}`"
 
 #: Constructs that keep a query from being stateless, by what the message calls them.
 _REFUSED: tuple[tuple[type[exp.Expression], str], ...] = (
@@ -73,75 +76,55 @@ class RewriteError(ValueError):
     code = "REWRITE_UNSUPPORTED"
 
 
-def rewrite(tree: exp.Query, sources: Mapping[str, Sequence[str]]) -> exp.Query:
+def rewrite(text: str, sources: Collection[str]) -> str:
     """The query over change sources, carrying each output row's packed id and action.
 
     Args:
-        tree: a bound query (Spark dialect): table references are the ``ingest_v<N>``
-            views of ``sources``, views are subqueries. Not modified.
-        sources: view name -> its user columns in order (not the two hidden ones).
+        text: a bound query: its table references are the views named in ``sources``
+            (each with the user's columns, then ``_INGEST_ROW_ID`` and
+            ``_INGEST_ACTION``) or its CTEs; views are subqueries.
+        sources: the names of the change views.
 
     Returns:
-        A query whose columns are the original output columns (same order and values,
-        names possibly respelled: map them by position), then ``_INGEST_ROW_ID`` (the
-        source id tagged ``id*2+k`` at every UNION ALL branch, innermost first; bigint,
-        ANSI overflow raises) and ``_INGEST_ACTION`` (the source row's action).
+        ``text`` with insertions only: its columns are the query's own, then
+        ``_INGEST_ROW_ID`` (the source id tagged ``id*2+k`` at every UNION ALL branch,
+        innermost first; bigint, ANSI overflow raises) and ``_INGEST_ACTION``.
 
     Raises:
         RewriteError: anything but projections, filters, UNION ALL, subqueries in FROM
             and CTEs over the views of ``sources``.
     """
-    tree = tree.copy()
-    _refuse(tree)
-    for table in list(tree.find_all(exp.Table)):
-        alias = table.args.get("alias")
-        if alias is not None and alias.columns:  # qualify moves a subquery's into its SELECT
-            bare = exp.Table(this=table.this.copy(), alias=exp.TableAlias(this=table.this.copy()))
-            table.replace(exp.Subquery(this=exp.select("*").from_(bare), alias=alias.pop()))
-    schema = _respell(tree, sources)
     try:
-        qualified = qualify(
-            tree,
-            schema=schema,
-            dialect=_DIALECT,
-            expand_stars=True,
-            quote_identifiers=True,
-            validate_qualify_columns=True,
-            identify=True,
-        )
-    except (SqlglotError, RecursionError) as exc:
-        raise RewriteError(f"the query cannot be resolved for the rewrite: {exc}") from exc
-    if not isinstance(qualified, exp.Query):
-        raise RewriteError(f"not a query ({_show(qualified)})")
-    if qualified.find(exp.Star):
-        raise RewriteError("a * that could not be expanded to the source columns")
-    rewriter = _Rewriter(set(schema))
-    rewriter.query(qualified, frozenset(), nested=False)
-    for select in qualified.find_all(exp.Select):
-        if id(select) not in rewriter.rows:
-            raise RewriteError(f"a subquery outside FROM ({_show(select)})")
-    return qualified
+        tree = parse_with_spans(text)
+        rewriter = _Rewriter(text, {_fold(name) for name in sources})
+        _refuse(tree, rewriter.show)
+        if not isinstance(tree, exp.Query):
+            raise RewriteError(f"not a query ({rewriter.show(tree)})")
+        rewriter.query(tree, frozenset())
+        for select in tree.find_all(exp.Select):
+            if id(select) not in rewriter.tags:
+                raise RewriteError(f"a subquery outside FROM ({rewriter.show(select)})")
+        return rewriter.render()
+    except SqlError as exc:  # a part sqlglot read without saying where
+        raise RewriteError(str(exc)) from None
 
 
-def _show(node: exp.Expression) -> str:
-    text = node.sql("spark")
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _refuse(tree: exp.Expression) -> None:
+def _refuse(tree: exp.Expression, show: Any) -> None:
     """Fail on the first construct that is not stateless, naming it."""
     for node in tree.walk():
         for kind, what in _REFUSED:
             if isinstance(node, kind):
-                raise RewriteError(f"{what} ({_show(node)})")
+                raise RewriteError(f"{what} ({show(node)})")
         if isinstance(node, exp.Order) and not isinstance(node, exp.Distribute):
-            raise RewriteError(f"ORDER BY ({_show(node)})")
+            raise RewriteError(f"ORDER BY ({show(node)})")
         if isinstance(node, exp.Union) and node.args.get("distinct") is not False:
-            raise RewriteError(f"UNION without ALL ({_show(node)})")
+            raise RewriteError(f"UNION without ALL ({show(node)})")
         if isinstance(node, exp.Anonymous) and node.name.lower() in _REFUSED_CALLS:
-            raise RewriteError(f"the function {node.name} ({_show(node)})")
+            raise RewriteError(f"the function {node.name} ({show(node)})")
         if isinstance(node, exp.Select) and node.args.get("from_") is None:
-            raise RewriteError(f"a SELECT without FROM ({_show(node)})")
+            raise RewriteError(f"a SELECT without FROM ({show(node)})")
+        if isinstance(node, exp.Identifier) and _fold(node.name) in _HIDDEN_KEYS:
+            raise RewriteError(f"a name that is one of the hidden columns {ROW_ID}, {ACTION}")
 
 
 def _fold(name: str) -> str:
@@ -154,139 +137,114 @@ def _fold(name: str) -> str:
     return "".join(out)
 
 
-def _respell(tree: exp.Expression, sources: Mapping[str, Sequence[str]]) -> dict[str, Any]:
-    """Give every identifier one spelling per case-insensitive class (in place), so the
-    case-sensitive ``qualify`` resolves names as Spark does; the schema it needs."""
-    views = {_fold(name): name for name in sources}
-    spelling: dict[str, str] = {}
-    used: list[str] = []
-    for table in tree.find_all(exp.Table):
-        view = views.get(_fold(table.name))
-        if view is not None and not _names_a_cte(table) and view not in used:
-            used.append(view)
-            spelling.setdefault(_fold(view), view)
-            seen: set[str] = set()
-            for column in sources[view]:
-                if _fold(column) in seen:
-                    raise RewriteError(f"{view} has columns whose names differ only in case "
-                                       f"({column!r}); Spark cannot tell them apart")  # fmt: skip
-                seen.add(_fold(column))
-                spelling.setdefault(_fold(column), column)
-        elif view is None and not _names_a_cte(table):
-            raise RewriteError(f"a table that is not a source or a CTE ({_show(table)})")
-    names = [i for i in tree.find_all(exp.Identifier) if not i.find_ancestor(exp.DataType)]
-    for identifier in names:
-        spelling.setdefault(_fold(identifier.name), identifier.name)
-    hidden = {_fold(ROW_ID), _fold(ACTION)}
-    if hidden & set(spelling):
-        raise RewriteError(f"a name that is one of the hidden columns {ROW_ID}, {ACTION}")
-    for identifier in names:
-        identifier.set("this", spelling[_fold(identifier.name)])
-    return {v: {spelling[_fold(c)]: "STRING" for c in sources[v]} for v in used}
+_HIDDEN_KEYS = frozenset({_fold(ROW_ID), _fold(ACTION)})
 
 
-def _names_a_cte(table: exp.Table) -> bool:
-    """Whether a one-part name is a CTE of a WITH around it (before the respelling, so
-    compared case-insensitively)."""
-    if table.args.get("db") or table.args.get("catalog"):
-        return False
-    node = table.parent
-    while node is not None:
-        with_ = node.args.get("with_")
-        if isinstance(with_, exp.With) and any(
-            _fold(cte.alias) == _fold(table.name) for cte in with_.expressions
-        ):
-            return True
-        node = node.parent
-    return False
-
-
-def _extra(node: exp.Expression, allowed: frozenset[str]) -> None:
+def _extra(node: exp.Expression, allowed: frozenset[str], show: Any) -> None:
     for key, value in node.args.items():
         if key not in allowed and value not in (None, False, []):
-            raise RewriteError(f"{key.upper()} in {_show(node)}")
-    alias = node.args.get("alias")
-    if isinstance(alias, exp.TableAlias) and alias.columns:  # qualify should have moved it
-        raise RewriteError(f"a column list on {_show(node)}")
+            raise RewriteError(f"{key.upper()} in {show(node)}")
 
 
-def _tag(expression: exp.Expression, branch: int) -> exp.Expression:
-    """``(e) * 2 + k`` in bigint arithmetic, so ANSI mode raises on overflow."""
+def _tagged(branches: list[int]) -> str:
+    """The id of a row that took these UNION ALL branches (innermost first): ``(e) * 2 +
+    k`` in bigint arithmetic for each, so ANSI mode raises on overflow."""
+    expression = f"`{ROW_ID}`"
+    for branch in branches:
+        expression = f"({expression}) * CAST(2 AS BIGINT) + CAST({branch} AS BIGINT)"
+    return expression
 
-    def bigint(value: int) -> exp.Expression:
-        return exp.cast(exp.Literal.number(value), exp.DataType.build("BIGINT"))
 
-    return exp.Add(this=exp.Mul(this=exp.Paren(this=expression), expression=bigint(2)),
-                   expression=bigint(branch))  # fmt: skip
-
-
+@dataclass
 class _Rewriter:
-    """One walk over the qualified tree: checks the shape, appends the two columns to
-    every SELECT and tags the SELECTs that produce each UNION ALL branch."""
+    """One walk over the tree: checks the shape, marks where the two columns go in every
+    SELECT, and collects the branches each SELECT's rows take through UNION ALLs."""
 
-    def __init__(self, views: set[str]) -> None:
-        self.views = views
-        self.rows: dict[int, exp.Alias] = {}  # id(Select) -> its row-id column
+    text: str
+    views: set[str]
+    tags: dict[int, list[int]] = field(default_factory=dict)  # id(Select) -> branches
+    ends: dict[int, int] = field(default_factory=dict)  # id(Select) -> its list's end
+    inserts: dict[int, list[str]] = field(default_factory=dict)  # position -> texts, in order
 
-    def query(self, node: exp.Expression, ctes: frozenset[str], nested: bool) -> list[exp.Select]:
+    def show(self, node: exp.Expression) -> str:
+        """The characters ``node`` was read from, at most 80."""
+        try:
+            start, end = extent(node)
+        except SqlError:
+            return type(node).__name__
+        found = " ".join(self.text[start:end].split())
+        return found if len(found) <= 80 else found[:77] + "..."
+
+    def insert(self, position: int, text: str) -> None:
+        self.inserts.setdefault(position, []).append(text)
+
+    def render(self) -> str:
+        for key, end in self.ends.items():  # after a * ending the list: its EXCEPT first
+            self.insert(end, f", {_tagged(self.tags[key])} AS `{ROW_ID}`, `{ACTION}`")
+        splice = Splice(self.text)
+        for position, texts in self.inserts.items():
+            splice.replace(position, position, "".join(texts))
+        return splice.render()
+
+    def query(self, node: exp.Expression, ctes: frozenset[str]) -> list[exp.Select]:
         """Rewrite a query; the SELECTs that produce its rows (through unions and
-        parentheses, not into FROM or WITH). ``nested``: its columns are read by name."""
+        parentheses, not into FROM or WITH)."""
         with_ = node.args.get("with_")
         if with_ is not None:
             if with_.args.get("recursive"):
-                raise RewriteError(f"WITH RECURSIVE ({_show(with_)})")
+                raise RewriteError(f"WITH RECURSIVE ({self.show(with_)})")
             for cte in with_.expressions:
-                if cte.args.get("alias") is not None and cte.args["alias"].columns:
-                    raise RewriteError(f"a CTE column list that qualify kept ({_show(cte)})")
-                self.query(cte.this, ctes, nested=True)
-                ctes = ctes | {cte.alias}
-        if nested:
-            _check_names(node)
+                self._columns(cte.args.get("alias"))
+                self.query(cte.this, ctes)
+                ctes = ctes | {_fold(cte.alias)}
         if isinstance(node, exp.Subquery):
-            _extra(node, _SUBQUERY_ARGS)
-            return self.query(node.this, ctes, nested=False)
+            _extra(node, _SUBQUERY_ARGS, self.show)
+            return self.query(node.this, ctes)
         if type(node) is exp.Union:
-            _extra(node, _UNION_ARGS)
-            branches = (self.query(node.this, ctes, nested=False),
-                        self.query(node.expression, ctes, nested=False))  # fmt: skip
+            _extra(node, _UNION_ARGS, self.show)
+            branches = (self.query(node.this, ctes), self.query(node.expression, ctes))
             for branch, producers in enumerate(branches):
                 for select in producers:  # innermost unions were tagged first
-                    alias = self.rows[id(select)]
-                    alias.set("this", _tag(alias.this, branch))
+                    self.tags[id(select)].append(branch)
             return branches[0] + branches[1]
         if isinstance(node, exp.Select):
             self._select(node, ctes)
             return [node]
-        raise RewriteError(f"{type(node).__name__} where a query belongs ({_show(node)})")
+        raise RewriteError(f"{type(node).__name__} where a query belongs ({self.show(node)})")
 
     def _select(self, select: exp.Select, ctes: frozenset[str]) -> None:
-        _extra(select, _SELECT_ARGS)
+        _extra(select, _SELECT_ARGS, self.show)
         relation = select.args["from_"].this
         if isinstance(relation, exp.Table):
-            _extra(relation, _TABLE_ARGS)
-            if relation.name not in ctes and relation.name not in self.views:
-                raise RewriteError(f"a table that is not a source or a CTE ({_show(relation)})")
+            _extra(relation, _TABLE_ARGS, self.show)
+            if _fold(relation.name) not in ctes | self.views or relation.args.get("db"):
+                raise RewriteError(f"a table that is not a source or a CTE "
+                                   f"({self.show(relation)})")  # fmt: skip
         elif isinstance(relation, exp.Subquery):
-            self.query(relation, ctes, nested=True)
+            self.query(relation, ctes)
         else:
-            raise RewriteError(f"{type(relation).__name__} in FROM ({_show(relation)})")
-        source = relation.alias_or_name
-        row_id = exp.alias_(exp.column(ROW_ID, source, quoted=True), ROW_ID, quoted=True)
-        action = exp.alias_(exp.column(ACTION, source, quoted=True), ACTION, quoted=True)
-        select.set("expressions", [*select.expressions, row_id, action])
-        self.rows[id(select)] = row_id
+            raise RewriteError(f"{type(relation).__name__} in FROM ({self.show(relation)})")
+        self._columns(relation.args.get("alias"))
+        for item in select.expressions:
+            self._star(item)
+        self.tags[id(select)] = []
+        self.ends[id(select)] = extent(select.expressions[-1])[1]
 
+    def _star(self, item: exp.Expression) -> None:
+        """A ``*`` or ``q.*`` in a SELECT list keeps meaning the user's columns; one
+        anywhere else (``struct(*)``) would take the hidden ones too: refused."""
+        star = item.this if isinstance(item, exp.Column) else item
+        if isinstance(star, exp.Star):
+            if any(star.args.get(key) for key in ("except_", "except", "replace", "rename")):
+                raise RewriteError(f"a * with EXCEPT, REPLACE or RENAME ({self.show(item)})")
+            self.insert(extent(item)[1], f" EXCEPT ({_HIDDEN})")
+        elif item.find(exp.Star):
+            raise RewriteError(f"a * inside an expression ({self.show(item)})")
 
-def _check_names(node: exp.Expression) -> None:
-    """A query read by name must name its columns once each: a ``*`` over it worked by
-    position in Spark, but its expansion into names would be ambiguous."""
-    while isinstance(node, exp.Subquery):
-        node = node.this
-    seen: set[str] = set()
-    for name in node.named_selects if isinstance(node, exp.Query) else ():
-        if _fold(name) in seen:
-            raise RewriteError(f"a subquery or CTE with two columns named {name!r}")
-        seen.add(_fold(name))
+    def _columns(self, alias: exp.Expression | None) -> None:
+        """A list naming a relation's columns names the hidden two as well."""
+        if isinstance(alias, exp.TableAlias) and alias.columns:
+            self.insert(extent(alias.columns[-1])[1], f", {_HIDDEN}")
 
 
 @dataclass(frozen=True)

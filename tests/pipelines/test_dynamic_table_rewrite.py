@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
-import sqlglot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.errors import ArithmeticException
@@ -59,11 +58,6 @@ def registered(spark, *tables: pa.Table) -> Iterator[list[str]]:
             spark.catalog.dropTempView(f"{name}_user")
 
 
-def sources_of(names, tables):
-    return {n: [c for c in t.column_names if c not in (ROW_ID, ACTION)]
-            for n, t in zip(names, tables, strict=True)}  # fmt: skip
-
-
 def run(spark, query: str, *tables: pa.Table, plain: bool = True) -> tuple[pa.Table, list[tuple]]:
     """The rewritten query over the change sources, and (if ``plain``) the original
     query's rows over the same rows without the hidden columns. ``{0}``, ``{1}``...
@@ -74,16 +68,22 @@ def run(spark, query: str, *tables: pa.Table, plain: bool = True) -> tuple[pa.Ta
 
 def run_on(spark, query, names, tables, plain=True) -> tuple[pa.Table, list[tuple]]:
     """:func:`run` on views already registered."""
-    tree = sqlglot.parse_one(query.format(*names), read="spark")
-    text = tree.sql("spark")
-    out = spark.sql(rewrite(tree, sources_of(names, tables)).sql("spark")).toArrow()
-    assert tree.sql("spark") == text  # the input tree is not modified
+    text = query.format(*names)
+    rewritten = rewrite(text, names)
+    assert _deleted(text, rewritten) == ""  # the rewrite only inserts
+    out = spark.sql(rewritten).toArrow()
     if not plain:
         return out, []
     for name in names:
         spark.table(name).drop(ROW_ID, ACTION).createOrReplaceTempView(f"{name}_user")
     rows = spark.sql(query.format(*(f"{name}_user" for name in names))).collect()
     return out, [tuple(row) for row in rows]
+
+
+def _deleted(before: str, after: str) -> str:
+    """The characters of ``before`` missing from ``after`` (as a subsequence)."""
+    rest = iter(after)
+    return "".join(char for char in before if char not in rest)
 
 
 def user_rows(out: pa.Table) -> list[tuple]:
@@ -124,6 +124,10 @@ def tu(spark):
         "SELECT /*+ REPARTITION(2) */ a FROM {0} DISTRIBUTE BY a",
         "SELECT s.f, q.s.f AS g FROM (SELECT named_struct('f', a) AS s FROM {0}) AS q",
         "SELECT element_at(transform(array(a, 1), x -> x * 2), 1) AS t FROM {0}",
+        "SELECT * FROM (SELECT a, a FROM {0}) AS s",
+        "WITH c(x, y) AS (SELECT a, b FROM {0}) SELECT y, * FROM c WHERE x > 1",
+        "SELECT * FROM (SELECT b, a FROM {0}) AS s(p, q) WHERE q > 1",
+        "SELECT to_char(CAST(c AS DECIMAL(10, 2)), '999.99') AS f, 1.50BD AS d, '\\u0041' AS u FROM {0}",
     ],
 )
 def test_one_source_keeps_values_order_ids_and_actions(spark, tu, query):
@@ -140,7 +144,7 @@ def test_one_source_keeps_values_order_ids_and_actions(spark, tu, query):
 def test_order_and_case_of_output_columns_follow_the_query(spark, tu):
     query = "SELECT c AS Zed, b, a AS `mixed Case` FROM {0} AS `T`"
     out, plain = run_on(spark, query, tu[:1], [T])
-    assert out.column_names == ["Zed", "B", "mixed Case", ROW_ID, ACTION]
+    assert out.column_names == ["Zed", "b", "mixed Case", ROW_ID, ACTION]  # as Spark names them
     assert Counter(user_rows(out)) == Counter(plain)
 
 
@@ -229,15 +233,14 @@ def test_an_overflowing_id_raises_instead_of_wrapping(spark):
         ("SELECT a, rand() AS r FROM {0}", "non-deterministic"),
         ("SELECT a, current_timestamp() AS t FROM {0}", "current time"),
         ("SELECT x FROM VALUES (1), (2) AS v(x)", "generator or table function"),
-        ("SELECT * FROM (SELECT a, a FROM {0}) AS s", "two columns named"),
         ("SELECT a AS _ingest_row_id FROM {0}", "hidden"),
-        ("SELECT a FROM {0} WHERE nope > 1", "cannot be resolved"),
+        ("SELECT struct(*) AS s FROM {0}", "inside an expression"),
+        ("SELECT * EXCEPT (b) FROM {0}", "EXCEPT"),
     ],
 )
 def test_other_shapes_are_refused(query, found):
-    tree = sqlglot.parse_one(query.format("ingest_v1", "ingest_v2"), read="spark")
     with pytest.raises(RewriteError, match=found) as caught:
-        rewrite(tree, {"ingest_v1": ["A", "B", "C"], "ingest_v2": ["A", "B", "C"]})
+        rewrite(query.format("ingest_v1", "ingest_v2"), ["ingest_v1", "ingest_v2"])
     assert caught.value.code == "REWRITE_UNSUPPORTED"
 
 
@@ -438,8 +441,7 @@ def test_filter_leaving_and_entering_end_to_end(spark):
         values += [old[row_id], new[row_id]]
     changes = source(ids, actions, values=values)
     with registered(spark, changes) as names:
-        tree = sqlglot.parse_one(f"SELECT a, b FROM {names[0]} WHERE a > 3", read="spark")
-        out = spark.sql(rewrite(tree, sources_of(names, [changes])).sql("spark")).toArrow()
+        out = spark.sql(rewrite(f"SELECT a, b FROM {names[0]} WHERE a > 3", names)).toArrow()
     change = net_change(out.rename_columns(["A", "B", ROW_ID, ACTION]), ["A", "B"])
     assert summary(change) == ([{"A": 5, "B": "y", ROW_ID: 2}, {"A": 7, "B": "w", ROW_ID: 4}],
                                [1], [2], 1)  # fmt: skip

@@ -117,6 +117,25 @@ def test_a_full_only_query_is_diffed_by_value_counting_duplicates_and_nulls(base
     assert ints(base, "SELECT count(*) FROM D") == [(5,)]
 
 
+def test_a_star_the_rewrite_cannot_carry_refreshes_full_and_right(base):
+    """``struct(*)`` over the changes would take the hidden columns too: the table is FULL
+    with the reason named, its refreshes equal the query, INCREMENTAL refuses it."""
+    query = "SELECT ID, to_json(struct(*)) AS J FROM T WHERE ID > 1"
+    with pytest.raises(SqlError, match="struct") as refused:
+        base.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = INCREMENTAL "
+                 f"AS {query}")  # fmt: skip
+    assert refused.value.code == "DYNAMIC_TABLE_NOT_INCREMENTAL"
+    base.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {query}")
+    shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
+    assert shown.refresh_mode == "FULL"
+    assert shown.refresh_mode_reason.startswith("REWRITE_UNSUPPORTED:a * inside an expression")
+    base.sql("UPDATE T SET V = 'z' WHERE ID = 3")
+    base.sql("INSERT INTO T VALUES (4, 'd')")
+    assert "FULL" in base.sql("ALTER DYNAMIC TABLE D REFRESH").collect()[0].status
+    assert ints(base, "SELECT * FROM D") == ints(base, query)
+    assert ints(base, "SELECT J FROM D WHERE ID = 3") == [('{"ID":3,"V":"z"}',)]
+
+
 def test_dml_and_ddl_that_would_write_a_dynamic_table_are_refused(base):
     base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T")
     version = DeltaTable(base.require_table("D").uri).version()

@@ -242,6 +242,49 @@ def test_a_sample_answers_as_spark_through_a_view_and_a_dynamic_table(fidelity, 
     ])  # fmt: skip
 
 
+def _without_from(case: Case) -> bool:
+    text = case.statement.strip().rstrip(";")
+    return text[:7].upper() == "SELECT " and " FROM " not in text.upper() and ";" not in text
+
+
+def test_expressions_answer_as_spark_through_an_incremental_refresh(fidelity, corpus_a):
+    """An incremental refresh runs the definition with columns inserted, every character
+    the user wrote kept: the issue's expressions (a regenerated text dropped to_char's
+    format, retyped 1.50BD) and a sample of corpus A over a table's new rows give Spark's
+    answer, once per row, refreshed INCREMENTAL."""
+    spark, session = fidelity
+    issue = corpus.run_cases(spark, session, [("", text) for text in corpus.ISSUE_TABLE])
+    chosen = [case for case in [*issue, *sample(corpus_a)] if _without_from(case)
+              and case.outcome == SAME and case.expected is not None
+              and corpus.stored_types(case.expected.types)]  # fmt: skip
+    assert len(chosen) >= 20 and sum(case in issue for case in chosen) >= 4
+    session.sql("CREATE TABLE INC_SOURCE (K NUMBER)")
+    session.sql("INSERT INTO INC_SOURCE VALUES (1)")
+    made = []
+    for number, case in enumerate(chosen):
+        assert case.expected is not None
+        names = ", ".join(f"C{i}" for i in range(len(case.expected.types)))
+        made.append(f"FIDELITY_I{number}")
+        session.sql(f"CREATE DYNAMIC TABLE FIDELITY_I{number} TARGET_LAG = '1 minute' "
+                    f"REFRESH_MODE = INCREMENTAL AS SELECT s.* "
+                    f"FROM ({case.statement.strip().rstrip(';')} FROM INC_SOURCE) AS s({names})")  # fmt: skip
+    session.sql("INSERT INTO INC_SOURCE VALUES (2), (3)")
+    outcomes = []
+    for name, case in zip(made, chosen, strict=True):
+        assert case.expected is not None
+        twice = corpus.Answer(case.expected.names, case.expected.types, case.expected.rows * 3)
+        outcomes.append(_through(session, [f"ALTER DYNAMIC TABLE {name} REFRESH"],
+                                 f"SELECT * FROM {name}", case,
+                                 lambda ours, _, spark=twice: _stored_values(ours, spark)))  # fmt: skip
+    actions = session.sql("SELECT NAME, REFRESH_ACTION FROM TABLE(DYNAMIC_TABLE_REFRESH_HISTORY("
+                          "RESULT_LIMIT => 10000)) WHERE NAME LIKE 'FIDELITY_I%' "
+                          "AND REFRESH_TRIGGER = 'MANUAL'").collect()  # fmt: skip
+    assert len(actions) == len(made) and {row[1] for row in actions} == {"INCREMENTAL"}
+    print(corpus.report("through incremental refreshes", outcomes, LISTED))
+    failed = [case for case in outcomes if case.outcome in FAILURES]
+    assert not failed, corpus.report("through incremental refreshes", failed)
+
+
 # Random expressions over literals
 
 
