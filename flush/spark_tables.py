@@ -67,6 +67,9 @@ def spark_session(
         .config("spark.sql.restrictedMode.enabled", "true")  # Spark >= 4.3; ignored before
         .config("spark.sql.reflect.allowList", "$^")  # matches no method
         .config("spark.sql.scripting.enabled", "false")
+        # No ${...} substitution in SQL text: ${env:X}, ${system:x} and ${spark.x} would
+        # read the environment, JVM properties and settings before any plan exists.
+        .config("spark.sql.variable.substitute", "false")
     )
     for key, value in config.items():
         builder = builder.config(key, value)

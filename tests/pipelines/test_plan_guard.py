@@ -496,3 +496,22 @@ def test_the_walk_sees_inside_the_new_constructs(world, monkeypatch, short, stat
     monkeypatch.setattr(plan_guard, "ALLOWED_CLASSES", fewer)
     with pytest.raises(RefusedStatementError, match=short):
         session.sql(statement)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["${env:HOME}", "${system:user.home}", "${spark.sql.warehouse.dir}", "${hivevar:x}",
+     "${spark.app.name}"],
+)  # fmt: skip
+def test_no_text_substitution_reads_the_environment_or_settings(tmp_path, spark, text):
+    """Spark replaces ``${...}`` in SQL text before any plan exists (the guard sees only
+    the result): off, also on a Spark session the caller configured otherwise."""
+    spark.conf.set("spark.sql.variable.substitute", "true")
+    session = Session(tmp_path / "warehouse", spark=spark)
+    try:
+        assert session.sql(f"SELECT '{text}' AS x").collect()[0][0] == text
+        session.sql("CREATE TABLE sub (v VARCHAR)")
+        session.sql(f"INSERT INTO sub VALUES ('{text}')")
+        assert session.sql("SELECT v FROM sub").collect()[0][0] == text
+    finally:
+        session.close()
