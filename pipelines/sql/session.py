@@ -102,6 +102,9 @@ class Session:
 
             spark = spark_session(app_name="ingest-pipelines")
         self.spark = spark
+        # A session given by the caller too: ${env:X} in a statement would read the
+        # environment before the plan guard sees anything (flush.spark_tables says why).
+        spark.conf.set("spark.sql.variable.substitute", "false")
         from pipelines import register_data_sources
 
         register_data_sources(spark)  # format("ingest-changes") and format("ingest")
