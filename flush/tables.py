@@ -21,6 +21,7 @@ from deltalake import DeltaTable
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random
 
 from ingest_sdk import SchemaError, TableSchema
+from ingest_sdk.schema import spark_fold
 
 __all__ = [
     "INGEST_DIR",
@@ -61,8 +62,9 @@ def delta_schema(schema: TableSchema) -> pa.Schema:
 
 def create_table(uri: str, schema: TableSchema) -> None:
     """Create an empty Delta table; fails if one exists at ``uri``."""
-    if any(column.name.upper() == ROW_ID_COLUMN for column in schema):
-        raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id')
+    if any(spark_fold(column.name) == spark_fold(ROW_ID_COLUMN) for column in schema):
+        raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id '
+                          "(Spark takes names that differ only in case for one)")  # fmt: skip
     Path(uri).mkdir(parents=True, exist_ok=True)
     from deltalake import CommitProperties
 

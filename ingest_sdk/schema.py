@@ -25,6 +25,7 @@ __all__ = [
     "check_object_name",
     "normalize_identifier",
     "quote_identifier",
+    "spark_fold",
     "split_table_name",
 ]
 
@@ -47,6 +48,22 @@ def normalize_identifier(name: str) -> str:
     if len(name) >= 2 and name[0] == '"' and name[-1] == '"':
         return name[1:-1].replace('""', '"')
     return name.strip().upper()
+
+
+def spark_fold(name: str) -> str:
+    """The key under which Spark (case-insensitive, Java's ``equalsIgnoreCase``) takes two
+    names for one: character by character, upper then lower case, one character to one
+    (Python's ``'İ'.lower()`` is two characters, Java's is ``i``)."""
+    out = []
+    for char in name:
+        upper = char.upper() if len(char.upper()) == 1 else char
+        lower = upper.lower()
+        out.append(lower if len(lower) == 1 else _SIMPLE_LOWER.get(upper, upper))
+    return "".join(out)
+
+
+#: Java's lower case of the characters whose Python lower case is several characters.
+_SIMPLE_LOWER = {"\u0130": "i"}
 
 
 def check_object_name(name: str, what: str = "a name", max_length: int = MAX_NAME_LENGTH) -> str:

@@ -23,6 +23,7 @@ LONG_FILES = (
     "tests/bench/test_smoke.py",
     "tests/pipelines/test_statement_fidelity.py",
     "tests/pipelines/test_dynamic_table_adversarial.py",
+    "tests/pipelines/test_dynamic_table_attack4.py",
     "tests/pipelines/test_multi_table_kill.py",
     "tests/channel_server/test_dynamic_table_service.py",
     "tests/pipelines/test_dynamic_table_moved_source.py",

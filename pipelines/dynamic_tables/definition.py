@@ -29,7 +29,7 @@ from ingest_sdk.schema import check_object_name
 from pipelines.dynamic_tables.classify import PlanClass
 from pipelines.dynamic_tables.classify import classify as classify_plan
 from pipelines.dynamic_tables.refresh import BUILDING, INITIAL, MANUAL, RefreshFailed, refresh
-from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
+from pipelines.dynamic_tables.rewrite import RewriteError, is_hidden, rewrite
 from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.binding import Binder
@@ -217,6 +217,11 @@ def _rewritable(session: StatementContext, txn: Transaction, query: str) -> Plan
     bound = binder.bind(query)
     try:
         rewrite(bound, set(binder.source_views))
+        for info in binder.tables:
+            hidden = [name for name in info.schema.names if is_hidden(name)]
+            if hidden:
+                raise RewriteError(f"{info.full_name} has a column {hidden[0]!r}, a name the "
+                                   "rewrite gives a hidden column")  # fmt: skip
     except RewriteError as exc:
         return PlanClass((f"REWRITE_UNSUPPORTED:{str(exc)[:120]}",))
     return PlanClass(())

@@ -32,11 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from ingest_sdk.schema import spark_fold
 from pipelines.errors import SqlError
 from pipelines.sql.source_text import Splice, extent, parse_with_spans
 from pipelines.streams.changes import _same_values
 
-__all__ = ["ACTION", "ROW_ID", "NetChange", "RewriteError", "net_change", "rewrite"]
+__all__ = ["ACTION", "ROW_ID", "NetChange", "RewriteError", "is_hidden", "net_change", "rewrite"]
 
 ROW_ID = "_INGEST_ROW_ID"
 ACTION = "_INGEST_ACTION"
@@ -104,6 +105,10 @@ def rewrite(text: str, sources: Collection[str]) -> str:
         for select in tree.find_all(exp.Select):
             if id(select) not in rewriter.tags:
                 raise RewriteError(f"a subquery outside FROM ({rewriter.show(select)})")
+        for star in tree.find_all(exp.Star):  # struct(*), hash(*) in WHERE: hidden ones too
+            if id(star) not in rewriter.stars:
+                shown = rewriter.show(star.parent or star)
+                raise RewriteError(f"a * inside an expression ({shown})")
         return rewriter.render()
     except SqlError as exc:  # a part sqlglot read without saying where
         raise RewriteError(str(exc)) from None
@@ -127,14 +132,12 @@ def _refuse(tree: exp.Expression, show: Any) -> None:
             raise RewriteError(f"a name that is one of the hidden columns {ROW_ID}, {ACTION}")
 
 
-def _fold(name: str) -> str:
-    """The case-insensitive key of a name, as Java's ``equalsIgnoreCase`` compares
-    (character by character: upper, then lower)."""
-    out = []
-    for char in name:
-        upper = char.upper() if len(char.upper()) == 1 else char
-        out.append(upper.lower() if len(upper.lower()) == 1 else upper)
-    return "".join(out)
+_fold = spark_fold
+
+
+def is_hidden(name: str) -> bool:
+    """Whether Spark takes ``name`` for one of the two columns the rewrite adds."""
+    return _fold(name) in _HIDDEN_KEYS
 
 
 _HIDDEN_KEYS = frozenset({_fold(ROW_ID), _fold(ACTION)})
@@ -165,6 +168,7 @@ class _Rewriter:
     tags: dict[int, list[int]] = field(default_factory=dict)  # id(Select) -> branches
     ends: dict[int, int] = field(default_factory=dict)  # id(Select) -> its list's end
     inserts: dict[int, list[str]] = field(default_factory=dict)  # position -> texts, in order
+    stars: set[int] = field(default_factory=set)  # id(Star) of the SELECT lists' stars
 
     def show(self, node: exp.Expression) -> str:
         """The characters ``node`` was read from, at most 80."""
@@ -226,20 +230,24 @@ class _Rewriter:
             raise RewriteError(f"{type(relation).__name__} in FROM ({self.show(relation)})")
         self._columns(relation.args.get("alias"))
         for item in select.expressions:
-            self._star(item)
+            self._star(item, _fold(relation.alias_or_name))
         self.tags[id(select)] = []
         self.ends[id(select)] = extent(select.expressions[-1])[1]
 
-    def _star(self, item: exp.Expression) -> None:
-        """A ``*`` or ``q.*`` in a SELECT list keeps meaning the user's columns; one
-        anywhere else (``struct(*)``) would take the hidden ones too: refused."""
+    def _star(self, item: exp.Expression, relation: str) -> None:
+        """A ``*`` or ``q.*`` (``q`` the relation) in a SELECT list keeps meaning the
+        user's columns; ``s.*`` over a struct column has no hidden fields. A star anywhere
+        else is refused by :func:`rewrite`."""
         star = item.this if isinstance(item, exp.Column) else item
-        if isinstance(star, exp.Star):
-            if any(star.args.get(key) for key in ("except_", "except", "replace", "rename")):
-                raise RewriteError(f"a * with EXCEPT, REPLACE or RENAME ({self.show(item)})")
-            self.insert(extent(item)[1], f" EXCEPT ({_HIDDEN})")
-        elif item.find(exp.Star):
-            raise RewriteError(f"a * inside an expression ({self.show(item)})")
+        if not isinstance(star, exp.Star):
+            return
+        if any(star.args.get(key) for key in ("except_", "except", "replace", "rename")):
+            raise RewriteError(f"a * with EXCEPT, REPLACE or RENAME ({self.show(item)})")
+        self.stars.add(id(star))
+        qualifier = [part.name for part in item.parts[:-1]] if isinstance(item, exp.Column) else []
+        if qualifier and [_fold(part) for part in qualifier] != [relation]:
+            return  # a struct's fields: Spark reads a one-part name as the relation first
+        self.insert(extent(item)[1], f" EXCEPT ({_HIDDEN})")
 
     def _columns(self, alias: exp.Expression | None) -> None:
         """A list naming a relation's columns names the hidden two as well."""

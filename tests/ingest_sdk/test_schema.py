@@ -2,6 +2,8 @@
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest_sdk import (
     ColumnType,
@@ -10,6 +12,7 @@ from ingest_sdk import (
     UnsupportedFeatureError,
     normalize_identifier,
 )
+from ingest_sdk.schema import spark_fold
 
 
 def test_parse_declarations_with_constraints():
@@ -97,3 +100,17 @@ def test_delta_round_trip_keeps_declared_types(tmp_path):
 def test_from_arrow_without_metadata_is_refused():
     with pytest.raises(SchemaError, match="has no declared type"):
         TableSchema.from_arrow(pa.schema([pa.field("X", pa.int64())]))
+
+
+#: i I, dotted capital I, dotless i, k K, Kelvin sign, s S, long s, sharp s, three sigmas,
+#: three forms of DZ with caron, and plain letters.
+_CASE_TRICKS = "iI\u0130\u0131kK\u212asS\u017f\u00df\u03c3\u03c2\u03a3\u01c5\u01c4\u01c6_aA"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(_CASE_TRICKS, max_size=4), st.text(_CASE_TRICKS, max_size=4))
+def test_spark_fold_says_what_javas_equals_ignore_case_says(spark, left, right):
+    """Two names are one for Spark exactly when Java's equalsIgnoreCase says so (the
+    characters whose Python and Java case mappings differ are over-represented)."""
+    java = spark._jvm.org.apache.commons.lang3.StringUtils.equalsIgnoreCase(left, right)
+    assert (spark_fold(left) == spark_fold(right)) == java
