@@ -36,7 +36,7 @@ from pipelines.sql.source_text import (
     quoted_names,
     span,
 )
-from pipelines.sql.spark_reading import Reference, name_parts, references
+from pipelines.sql.spark_reading import Output, Reference, name_parts, outputs, references
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
 from pipelines.streams.changes import ChangeMode
 from pipelines.transactions.snapshot_pins import consistent_pins
@@ -106,14 +106,46 @@ def _reads_a_change_stream(table: exp.Table) -> bool:
     return name.upper().startswith("READ_")
 
 
-def result_names(binder: Binder, frame: DataFrame) -> DataFrame:
-    """A query's result with Snowflake's column names: a name the statement wrote without
-    quotes is upper-cased (``SELECT 1 AS x`` gives ``X``); a column of a table read, and a
-    name written in backquotes or double quotes, keeps its case. Only the names of the
-    result change; Spark resolved every name inside the query case-insensitively."""
-    kept = binder.quoted | binder.columns
-    names = [name if name in kept else name.upper() for name in frame.columns]
+def result_names(binder: Binder, frame: DataFrame, text: str) -> DataFrame:
+    """A query's result with Snowflake's column names, decided per column (``text``: the
+    bound text Spark ran):
+
+    - a name given with AS is upper-cased, unless written in quotes (``AS x`` gives ``X``,
+      ``AS "x"`` and ``AS `x``` give ``x``);
+    - a column of a table, stream or view read, selected by name or by ``*``, keeps its
+      name as stored (``doc`` of a column created as ``"Doc"`` gives ``Doc``);
+    - any other name (Spark's name of an expression, of a column list ``AS t(a, b)``, of a
+      generator's output) is upper-cased, unless the statement writes it in quotes.
+
+    Only the names of the result change; Spark resolved every name inside the query
+    case-insensitively.
+
+    Raises:
+        SqlError: the last rule, which reads the quotes of the whole statement, would give
+            two columns Spark names apart one name.
+    """
+    columns = outputs(frame, text, binder.view_columns)
+    names = [_result_name(column, binder.quoted) for column in columns]
+    seen: dict[str, Output] = {}
+    for column, name in zip(columns, names, strict=True):
+        other = seen.setdefault(name, column)
+        if other.name != column.name and binder.quoted & {
+            c.name for c in (column, other) if not (c.alias or c.column is not None)
+        }:
+            raise SqlError(
+                f"the result would have two columns named {name} ({other.name} and "
+                f"{column.name} as Spark names them): give them names of their own with AS",
+                "SQL_COMPILATION_ERROR",
+            )
     return frame if names == frame.columns else frame.toDF(*names)
+
+
+def _result_name(column: Output, quoted: set[str]) -> str:
+    if column.alias:
+        return column.name if column.quoted else column.name.upper()
+    if column.column is not None:
+        return column.column
+    return column.name if column.name in quoted else column.name.upper()
 
 
 class Binder:
@@ -151,12 +183,14 @@ class Binder:
         self.fixed_reads = False
         self.defaults = defaults
         self.within = within
-        #: Names the texts bound wrote in backquotes, and the columns of the views made:
-        #: result columns so named keep their case (:func:`result_names`).
+        #: Names the texts bound wrote in backquotes, and the columns of each view made
+        #: (by lower-case name): where result columns' names come from (:func:`result_names`).
         self.quoted: set[str] = set()
-        self.columns: set[str] = set()
+        self.view_columns: dict[str, list[str]] = {}
         #: The views this binder made (lower case): the only ones a name it binds may be.
         self.made: set[str] = set()
+        #: The alias each view made for a clause of ours goes by, until placed (:meth:`bind`).
+        self._labels: dict[str, str] = {}
 
     def names(self, table: exp.Table) -> tuple[str, str, str]:
         """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE`` (or, in
@@ -185,7 +219,7 @@ class Binder:
         frame.createOrReplaceTempView(view)  # type: ignore[attr-defined]
         self.session.views.append(view)
         self.session.view_names[view] = label
-        self.columns.update(frame.columns)  # type: ignore[attr-defined]
+        self.view_columns[view.lower()] = list(frame.columns)  # type: ignore[attr-defined]
         self.made.add(view.lower())
         return view
 
@@ -216,17 +250,19 @@ class Binder:
         splice = Splice(text)
         for reference in references(self.session.spark, text):
             if len(reference.parts) == 1 and reference.parts[0].lower() in self.made:
-                continue  # a view this binder made (a DML target, a clause of ours)
-            written = text[reference.start : reference.end]
-            replacement, label = self._reference(reference, written)
-            # ``TABLE t`` (a query of one table) takes no alias.
-            bare = reference.aliased or _TABLE_QUERY.search(text, 0, reference.start)
-            alias = "" if bare else f" AS {quote(label)}"
-            if reference.alias_at == reference.end:
-                splice.replace(reference.start, reference.end, replacement + alias)
+                # A view this binder made: a DML target (aliased by the query we wrote),
+                # or a clause of ours, which gets its alias here, where Spark reads one.
+                label = self._labels.pop(reference.parts[0].lower(), None)
             else:
+                written = text[reference.start : reference.end]
+                replacement, label = self._reference(reference, written)
                 splice.replace(reference.start, reference.end, replacement)
-                splice.replace(reference.alias_at, reference.alias_at, alias)
+            # ``TABLE t`` (a query of one table) takes no alias; after a TABLESAMPLE, the
+            # alias goes after the sample (Spark reads ``t [time travel] [sample] [alias]``).
+            if label is not None and not (
+                reference.aliased or _TABLE_QUERY.search(text, 0, reference.start)
+            ):
+                splice.replace(reference.alias_at, reference.alias_at, f" AS {quote(label)}")
         return splice.render()
 
     def _reference(self, reference: Reference, written: str) -> tuple[str, str]:
@@ -264,8 +300,9 @@ class Binder:
             if found is None:
                 continue
             start, end, replacement, label = found
-            alias = "" if table.args.get("alias") else f" AS {quote(label)}"
-            splice.replace(start, end, replacement + alias)
+            # Its alias, if Spark reads none, is added where Spark reads one (:meth:`bind`).
+            self._labels[replacement.lower()] = label
+            splice.replace(start, end, replacement)
         return splice.render()
 
     def _clause(self, table: exp.Table) -> tuple[int, int, str, str] | None:
@@ -408,7 +445,7 @@ class Binder:
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
         self.quoted |= inner.quoted
-        self.columns |= inner.columns
+        self.view_columns.update(inner.view_columns)
         if inner.streams:
             stream = self.session.catalog.get_stream_by_id(inner.streams[0])
             raise SqlError(

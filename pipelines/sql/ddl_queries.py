@@ -80,7 +80,8 @@ def query_frame(
         raise SqlError(f"{what} needs a query (SELECT, WITH or VALUES) after it, got "
                        f"{' '.join(text.split())[:60]!r}", "SQL_COMPILATION_ERROR")  # fmt: skip
     binder = Binder(session, txn, within=within, analysis=analysis)
-    return binder, result_names(binder, session.run_spark(binder.bind_query(text)))
+    bound = binder.bind_query(text)
+    return binder, result_names(binder, session.run_spark(bound), bound)
 
 
 # CREATE TABLE ... AS SELECT

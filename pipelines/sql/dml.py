@@ -257,16 +257,30 @@ def _check_deterministic(matched: pa.ChunkedArray, is_update: pa.ChunkedArray) -
         )
 
 
-def run_merge(
-    session: StatementContext, txn: Transaction, tree: exp.Merge, text: str
-) -> DataFrame:
+def run_merge(session: StatementContext, txn: Transaction, tree: exp.Merge, text: str) -> DataFrame:
+    """One query gives, per source row, the clause it takes (``__clause``, the index of
+    the WHEN) and the target row's new values under that clause."""
     _only_known(tree)
     binder = Binder(session, txn)
     info, view, alias = _target(binder, txn, tree.this)
     source = _written(text, tree.args["using"])
     on = _written(text, tree.args["on"])
-    clauses, kinds = [], []
-    for index, when in enumerate(tree.args["whens"].expressions):
+    whens = tree.args["whens"].expressions
+    choice = _merge_choice(text, whens, alias)
+    values = _merge_values(info, text, whens, alias, choice)
+    query = (
+        f"SELECT {', '.join(values)}, {alias}.{_RID}, {choice} AS __clause"
+        f" FROM {source} LEFT JOIN {view} AS {alias} ON {on} WHERE ({choice}) IS NOT NULL"
+    )
+    data = session.run_spark(binder.bind(query)).toArrow()
+    return _stage_merge(session, txn, binder, info, whens, data)
+
+
+def _merge_choice(text: str, whens: list[exp.When], alias: str) -> str:
+    """``CASE WHEN <matched or not> [AND <condition as written>] THEN <index> ... END``:
+    the first WHEN clause a joined row satisfies."""
+    clauses = []
+    for index, when in enumerate(whens):
         if when.args.get("source"):
             raise SqlError("WHEN NOT MATCHED BY SOURCE is not supported", "SQL_COMPILATION_ERROR")
         matched = f"{alias}.{_RID} IS {'NOT ' if when.args.get('matched') else ''}NULL"
@@ -275,49 +289,60 @@ def run_merge(
             f"WHEN {matched}{f' AND ({_written(text, condition)})' if condition else ''} "
             f"THEN {index}"
         )
-        kinds.append(when)
-    choice = f"CASE {' '.join(clauses)} END"
+    return f"CASE {' '.join(clauses)} END"
+
+
+def _merge_values(
+    info: TableInfo, text: str, whens: list[exp.When], alias: str, choice: str
+) -> list[str]:
+    """Each target column's value, by the clause chosen (``CASE <choice> WHEN <index>
+    THEN <value> ... END``); a DELETE clause writes none."""
+    written = [_clause_values(info, text, when, alias) for when in whens]
     values = []
     for name in info.schema.names:
-        branches = []
-        for index, when in enumerate(kinds):
-            then = when.args["then"]
-            if isinstance(then, exp.Update):
-                if not all(isinstance(a, exp.EQ) for a in then.expressions):
-                    raise SqlError(
-                        "cannot read an assignment of MERGE's UPDATE SET", "SQL_COMPILATION_ERROR"
-                    )
-                assigned = {
-                    _column(info, a.this).name: _written(text, a.expression)
-                    for a in then.expressions
-                }
-                branches.append(f"WHEN {index} THEN {assigned.get(name, f'{alias}.{_q(name)}')}")
-            elif isinstance(then, exp.Insert):
-                if not isinstance(then.expression, exp.Expression):  # sqlglot: None or False
-                    raise SqlError(
-                        "the INSERT clause of MERGE needs VALUES (...)", "SQL_COMPILATION_ERROR"
-                    )
-                listed = then.this.expressions if then.this is not None else []
-                names = [_column(info, c).name for c in listed] or info.schema.names
-                given = dict(zip(names, then.expression.expressions, strict=False))
-                if len(names) != len(then.expression.expressions):
-                    raise SqlError("the INSERT clause of MERGE lists a different number of "
-                                   "columns and values", "SQL_COMPILATION_ERROR")  # fmt: skip
-                value = given.get(name)
-                written = _written(text, value) if value is not None else "NULL"
-                branches.append(f"WHEN {index} THEN {written}")
+        branches = [f"WHEN {index} THEN {given[name]}"
+                    for index, given in enumerate(written) if given is not None]  # fmt: skip
         if not branches:  # only DELETE clauses: the values are never written
             values.append(f"{alias}.{_q(name)} AS {_q(name)}")
         else:
             values.append(f"CASE {choice} {' '.join(branches)} END AS {_q(name)}")
-    query = (
-        f"SELECT {', '.join(values)}, {alias}.{_RID}, {choice} AS __clause"
-        f" FROM {source} LEFT JOIN {view} AS {alias} ON {on} WHERE ({choice}) IS NOT NULL"
-    )
-    data = session.run_spark(binder.bind(query)).toArrow()
+    return values
+
+
+def _clause_values(info: TableInfo, text: str, when: exp.When, alias: str) -> dict[str, str] | None:
+    """What a WHEN clause writes in each target column, as written (an UPDATE keeps the
+    columns it does not set, an INSERT leaves them NULL); None for a DELETE."""
+    then = when.args["then"]
+    if isinstance(then, exp.Update):
+        if not all(isinstance(a, exp.EQ) for a in then.expressions):
+            raise SqlError(
+                "cannot read an assignment of MERGE's UPDATE SET", "SQL_COMPILATION_ERROR"
+            )
+        assigned = {_column(info, a.this).name: _written(text, a.expression)
+                    for a in then.expressions}  # fmt: skip
+        return {name: assigned.get(name, f"{alias}.{_q(name)}") for name in info.schema.names}
+    if isinstance(then, exp.Insert):
+        if not isinstance(then.expression, exp.Expression):  # sqlglot: None or False
+            raise SqlError("the INSERT clause of MERGE needs VALUES (...)", "SQL_COMPILATION_ERROR")
+        listed = then.this.expressions if then.this is not None else []
+        names = [_column(info, c).name for c in listed] or info.schema.names
+        given = dict(zip(names, then.expression.expressions, strict=False))
+        if len(names) != len(then.expression.expressions):
+            raise SqlError("the INSERT clause of MERGE lists a different number of columns "
+                           "and values", "SQL_COMPILATION_ERROR")  # fmt: skip
+        return {name: _written(text, given[name]) if name in given else "NULL"
+                for name in info.schema.names}  # fmt: skip
+    return None
+
+
+def _stage_merge(
+    session: StatementContext, txn: Transaction, binder: Binder, info: TableInfo,
+    whens: list[exp.When], data: pa.Table,
+) -> DataFrame:  # fmt: skip
+    """Stage what the merge query chose: updated, inserted (new ids) and deleted rows."""
     clause = data.column("__clause")
-    deletes = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Var)]
-    inserts = [i for i, w in enumerate(kinds) if isinstance(w.args["then"], exp.Insert)]
+    deletes = [i for i, w in enumerate(whens) if isinstance(w.args["then"], exp.Var)]
+    inserts = [i for i, w in enumerate(whens) if isinstance(w.args["then"], exp.Insert)]
     is_delete = pc.is_in(clause, value_set=pa.array(deletes, clause.type))
     is_insert = pc.is_in(clause, value_set=pa.array(inserts, clause.type))
     is_update = pc.invert(pc.or_(is_delete, is_insert))
@@ -325,7 +350,6 @@ def run_merge(
     deleted = pc.unique(data.column(ROW_ID_COLUMN).filter(is_delete).combine_chunks())
     deleted = deleted.cast(pa.int64())
     columns = len(info.schema.names) + 1
-
     updated = _rows(session, info, data.filter(is_update).select(list(range(columns))))
     inserted = _rows(session, info, data.filter(is_insert).select(list(range(columns))), new=True)
     rows = pa.concat_tables([updated, inserted])

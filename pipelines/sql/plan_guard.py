@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DENIED_FUNCTIONS", "DENIED_TABLE_FUNCTIONS", "RefusedStatementError", "analyzed_nodes",
-    "check_parsed", "guarded_frame", "plan_classes",
+    "check_parsed", "guarded_frame", "members", "plan_classes",
 ]  # fmt: skip
 
 _REFLECTION = "calls any Java method of the service's JVM"
@@ -107,7 +107,8 @@ def check_parsed(spark: SparkSession, parsed: Any) -> None:
     Raises:
         RefusedStatementError: naming the construct.
     """
-    for name, node in _walker(spark)._walk(parsed, ()):
+    walk = _walker(spark)._walk(parsed, (), leaves=False, wanted={"UnresolvedFunction"})
+    for name, node in walk:
         short = _short(name)
         if short == "ScriptTransformation":
             raise RefusedStatementError(f"{_CONSTRUCTS['ScriptTransformation']} is not allowed")
@@ -225,8 +226,11 @@ def _check_function(name: str, denied: dict[str, str], what: str) -> None:
 
 
 class _Walker:
-    """Walks a JVM plan with one call per question: each node's class, children, the
-    expressions of plan nodes and the plans of subquery expressions."""
+    """Walks a JVM plan in few calls into the JVM: an expression and everything under it
+    come in one answer (Spark's own traversal, ``TreeNode.map``), the classes of a list of
+    nodes in another, and a node is fetched only when more than its class is asked for
+    (a list of 100,000 literals costs a few calls, not 300,000). Plan nodes are walked
+    one by one, to stop at our views."""
 
     def __init__(self, spark: SparkSession) -> None:
         jvm: Any = spark._jvm  # type: ignore[attr-defined]
@@ -237,34 +241,81 @@ class _Walker:
         self._leaf = forname("org.apache.spark.sql.catalyst.trees.LeafLike")
         #: Per class: a plan node, a subquery expression, a leaf (no children to ask for).
         self._kinds: dict[str, tuple[bool, bool, bool]] = {}
+        # Members looked up once: each use is then one call.
+        utils = jvm.org.apache.commons.lang3.ClassUtils
+        self._class_name, self._classes = utils.getName, utils.toClass
+        self._shown = jvm.org.apache.commons.lang3.ArrayUtils.toString
+        self._get = jvm.java.lang.reflect.Array.get
+        self._any = jvm.scala.reflect.ClassTag.AnyRef()
+        self._identity = getattr(jvm.scala.Predef, "$conforms")()
 
     def is_command(self, plan: Any) -> bool:
         name = str(plan.getClass().getName())
         return bool(self._command.isInstance(plan)) or _short(name) in _COMMANDS
 
     def nodes(self, root: Any, views: Collection[str]) -> Iterator[str]:
-        for name, _ in self._walk(root, views):
+        for name, _ in self._walk(root, views, leaves=False):
             yield name
 
-    def _walk(self, root: Any, views: Collection[str]) -> Iterator[tuple[str, Any]]:
-        stack = [root]
+    def members(self, seq: Any) -> tuple[list[str], Any]:
+        """The class names of a Scala sequence's members (three calls for all), and the
+        members as a Java array (:meth:`_at` fetches one)."""
+        array = seq.toArray(self._any)
+        shown = str(self._shown(self._classes(array)))  # {class a.B,class c.D}
+        names = [entry.removeprefix("class ") for entry in shown[1:-1].split(",")]
+        return (names if shown != "{}" else []), array
+
+    def _at(self, array: Any, index: int) -> Any:
+        return self._get(array, index)
+
+    def _walk(
+        self, root: Any, views: Collection[str], leaves: bool = True, wanted: Collection[str] = ()
+    ) -> Iterator[tuple[str, Any]]:
+        """Each node once, as (class name, JVM node); ``leaves=False``: an expression of a
+        known class that holds no subquery comes as (name, None), but for the classes
+        ``wanted`` (short names)."""
+        stack: list[tuple[str | None, Any]] = [(None, root)]
+        fetch = _Fetch(leaves, frozenset(wanted), self._kinds)
         while stack:
-            node = stack.pop()
-            name = str(node.getClass().getName())
+            name, node = stack.pop()
+            if node is None:
+                yield name or "", None
+                continue
+            name = name or str(self._class_name(node))
+            is_plan, _, is_leaf = self._kind(name, node)
+            if not is_plan:
+                yield from self._expression(node, stack, fetch)
+                continue
             if _short(name) == "View":
                 if self._own_view(node, views):
                     continue
                 raise RefusedStatementError(f"{_CONSTRUCTS['View']} is not allowed here")
             yield name, node
             if _short(name) == "UnresolvedWith":  # a parsed plan's CTE bodies
-                stack.extend(pair._2() for pair in _list(node.cteRelations()))
-            is_plan, is_subquery, is_leaf = self._kind(name, node)
+                stack.extend((None, pair._2()) for pair in _list(node.cteRelations()))
             if not is_leaf:
-                _push(stack, node.children())
-            if is_plan:
-                _push(stack, node.expressions())
-            if is_subquery:
-                stack.append(node.plan())
+                self._push(stack, node.children(), None)
+            self._push(stack, node.expressions(), fetch)
+
+    def _expression(
+        self, root: Any, stack: list[tuple[str | None, Any]], fetch: _Fetch
+    ) -> Iterator[tuple[str, Any]]:
+        """An expression and every expression under it, in Spark's order (the plans of
+        its subqueries are put on the ``stack``)."""
+        names, array = self.members(root.map(self._identity))
+        for index, name in enumerate(names):
+            node = self._at(array, index) if fetch.node(name, leaf=False) else None
+            if node is not None and self._kind(name, node)[1]:  # a subquery is fetched
+                stack.append((None, node.plan()))
+            yield name, node
+
+    def _push(self, stack: list[tuple[str | None, Any]], seq: Any, fetch: _Fetch | None) -> None:
+        """The members of a sequence of plan nodes or expressions, onto the stack (each
+        fetched if ``fetch`` says so, or if it is None)."""
+        names, array = self.members(seq)
+        for index, name in enumerate(names):
+            fetched = fetch is None or fetch.node(name, leaf=True)
+            stack.append((name, self._at(array, index) if fetched else None))
 
     def _kind(self, name: str, node: Any) -> tuple[bool, bool, bool]:
         kind = self._kinds.get(name)
@@ -284,6 +335,21 @@ class _Walker:
         )
 
 
+class _Fetch:
+    """Whether a walk needs a node itself, not only its class: always if ``leaves``;
+    otherwise for a class not seen yet, a subquery, a class ``wanted`` and (``leaf=True``:
+    at the top of an expression) anything but a leaf expression, whose class says all."""
+
+    def __init__(self, leaves: bool, wanted: frozenset[str], kinds: dict[str, Any]) -> None:
+        self.leaves, self.wanted, self.kinds = leaves, wanted, kinds
+
+    def node(self, name: str, leaf: bool) -> bool:
+        kind = self.kinds.get(name)
+        if self.leaves or kind is None or kind[1] or _short(name) in self.wanted:
+            return True
+        return leaf and kind != (False, False, True)
+
+
 def analyzed_nodes(
     spark: SparkSession, frame: DataFrame, views: Collection[str]
 ) -> Iterator[tuple[str, Any, bool]]:
@@ -297,9 +363,10 @@ def analyzed_nodes(
         yield _short(name), node, walker._kind(name, node)[0]
 
 
-def _push(stack: list[Any], seq: Any) -> None:
-    for index in range(seq.size()):
-        stack.append(seq.apply(index))
+def members(spark: SparkSession, seq: Any) -> tuple[list[str], Any]:
+    """The class names of the members of a Scala sequence of JVM objects, in few calls, and
+    the members as a Java array (``array[i]`` fetches one)."""
+    return _walker(spark).members(seq)
 
 
 def _list(seq: Any) -> list[Any]:

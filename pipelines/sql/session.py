@@ -231,9 +231,10 @@ class Session:
         runner = _DML.get(statement.kind)
         if runner is None:  # a query: Spark reads it (no other parser's reading decides)
             binder = Binder(self, txn)
-            return result_names(binder, self.run_spark(binder.bind_query(statement.text)))
+            bound = binder.bind_query(statement.text)
+            return result_names(binder, self.run_spark(bound), bound)
         text = spark_sql_text(statement.text.rstrip().removesuffix(";"))
-        tree = parse_with_spans(text)
+        tree = _dml_tree(text, statement.kind)
         kind = {"insert": exp.Insert, "update": exp.Update, "delete": exp.Delete,
                 "merge": exp.Merge}[statement.kind]  # fmt: skip
         if not isinstance(tree, kind):
@@ -388,6 +389,27 @@ class Session:
                 f"{stream.offset_version}) is outside the table's retained history, or its "
                 "table was dropped or replaced; recreate it with CREATE OR REPLACE STREAM"
             )
+
+
+def _dml_tree(text: str, kind: str) -> exp.Expression:
+    """The structure of a DML statement, read by sqlglot (its expressions are carried as
+    written); where it cannot read one, the error says how to write it instead.
+
+    Raises:
+        SqlError: SQL_COMPILATION_ERROR, naming the place.
+    """
+    try:
+        return parse_with_spans(text)
+    except SqlError as exc:
+        if exc.code != "SQL_COMPILATION_ERROR" or "syntax error at" not in str(exc):
+            raise
+        raise SqlError(
+            f"{exc}. {kind.upper()} is read by a parser of its own before Spark runs its "
+            "expressions as written: if Spark reads that expression, write it as a function "
+            "call (collate(v, 'UTF8_LCASE') for CAST(v AS STRING COLLATE UTF8_LCASE)), or "
+            "compute it in a view (CREATE VIEW w AS SELECT ...) that the statement reads",
+            "SQL_COMPILATION_ERROR",
+        ) from None
 
 
 def _history_kept(table: TableInfo, stream: StreamRecord) -> bool:

@@ -15,6 +15,7 @@ node of sqlglot's tree, the characters it was read from.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
 from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
 
 from pipelines.errors import SqlError
 from pipelines.sql.statements import LITERALS
@@ -50,17 +52,14 @@ class Splice:
                                "them; simplify the statement", "SQL_COMPILATION_ERROR")  # fmt: skip
         self._edits.append((start, end, text))
 
-    def render(self, start: int = 0, end: int | None = None) -> str:
-        """The characters ``start`` to ``end`` with the replacements inside them made."""
-        end = len(self.text) if end is None else end
-        out, position = [], start
+    def render(self) -> str:
+        """The text with the replacements made."""
+        out, position = [], 0
         for edit_start, edit_end, text in sorted(self._edits):
-            if edit_start < start or edit_end > end:
-                continue
             out.append(self.text[position:edit_start])
             out.append(text)
             position = edit_end
-        out.append(self.text[position:end])
+        out.append(self.text[position:])
         return "".join(out)
 
 
@@ -86,12 +85,72 @@ def _spanning(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _SpanningParser(Spark.Parser):  # type: ignore[misc,name-defined]
-    pass
+    def _parse_csv(self, parse_method: Callable[[], Any], sep: Any = TokenType.COMMA) -> Any:
+        """A ``SET`` list (UPDATE's, MERGE's) as Spark reads it: ``column = <expression>``
+        each (sqlglot reads ``SET v = a OR b`` as ``(v = a)`` and stops, and ``SET v = a
+        = b`` as ``(v = a) = b``)."""
+        if self._prev is not None and self._prev.token_type == TokenType.SET:
+            parse_method = self._parse_spark_assignment
+        return super()._parse_csv(parse_method, sep)
+
+    def _parse_spark_assignment(self) -> exp.Expression | None:
+        column = self._parse_column()
+        if column is None or not self._match(TokenType.EQ):
+            self.raise_error("Expected SET column = value")
+        return self.expression(exp.EQ, this=column, expression=self._parse_disjunction())
 
 
 for _name in dir(Spark.Parser):
     if _name.startswith("_parse") and callable(getattr(Spark.Parser, _name)):
-        setattr(_SpanningParser, _name, _spanning(getattr(Spark.Parser, _name)))
+        method = vars(_SpanningParser).get(_name) or getattr(Spark.Parser, _name)
+        setattr(_SpanningParser, _name, _spanning(method))
+_SpanningParser._parse_spark_assignment = _spanning(  # type: ignore[method-assign]
+    _SpanningParser._parse_spark_assignment
+)
+
+#: Spark's spellings sqlglot cannot read, outside literals and comments: ``a >>> b`` (an
+#: unsigned shift) and ``v:path`` (a VARIANT's path; not ``::``, nor inside a type:
+#: ``STRUCT<name: TYPE>``, ``ARRAY<ARRAY<ARRAY<INT>>>``). sqlglot reads a stand-in of the
+#: same length with the same structure (``a >>  b``, ``v.path``, ``v [0]``), so every
+#: position it reports is the position in the text as written, which is what is carried.
+_UNREADABLE = re.compile(r"(?P<shift>>>>)|(?<!:):(?![:=])(?P<bracket>\s*\[)?")
+_TYPE = re.compile(r"\b(?:STRUCT|ARRAY|MAP)\s*<", re.I)
+_ANGLES = re.compile(r"[<>]")
+
+
+def readable(text: str) -> str:
+    """``text`` as sqlglot can read it, every character in its place (:data:`_UNREADABLE`)."""
+    code = LITERALS.sub(lambda m: " " * len(m.group(0)), text)
+    types = _types(code)  # in order, apart
+    starts = [start for start, _ in types]
+    out, position = [], 0
+    for match in _UNREADABLE.finditer(code):
+        inside = bisect.bisect_right(starts, match.start()) - 1
+        if inside >= 0 and match.start() < types[inside][1]:
+            continue
+        bracket = match.group("bracket")
+        stand_in = ">> " if match.group("shift") else f" {bracket}" if bracket else "."
+        out += [text[position : match.start()], stand_in]
+        position = match.end()
+    out.append(text[position:])
+    return "".join(out)
+
+
+def _types(code: str) -> list[tuple[int, int]]:
+    """Where the text writes a ``STRUCT<...>``, ``ARRAY<...>`` or ``MAP<...>`` type."""
+    found: list[tuple[int, int]] = []
+    for struct in _TYPE.finditer(code):
+        if found and struct.start() < found[-1][1]:
+            continue  # inside the one before
+        depth, end = 0, len(code)
+        for angle in _ANGLES.finditer(code, struct.end() - 1):
+            depth += 1 if angle.group(0) == "<" else -1
+            if depth == 0:
+                end = angle.end()
+                break
+        found.append((struct.start(), end))
+    return found
+
 
 _DIALECT = Spark()
 
@@ -103,7 +162,7 @@ def parse_with_spans(text: str) -> exp.Expression:
         SqlError: a syntax error (SQL_COMPILATION_ERROR), or not exactly one statement.
     """
     try:
-        tokens = _DIALECT.tokenize(text)
+        tokens = _DIALECT.tokenize(readable(text))
         trees = _SpanningParser(dialect=_DIALECT).parse(tokens, text)
     except SqlglotError as exc:
         raise SqlError(syntax_error(exc), "SQL_COMPILATION_ERROR") from None

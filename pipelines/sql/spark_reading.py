@@ -7,6 +7,10 @@ characters: Spark, not a second parser, decides which words of a query are table
 A name is a CTE where Spark will take it for one: a non-recursive CTE is visible after
 its definition and in the main query, not in its own body; ``WITH RECURSIVE`` sees itself;
 an inner WITH hides an outer one of the same name (Spark's default precedence).
+
+Spark's plans also say where each result column comes from (:func:`outputs`): an alias
+the text writes (and whether in backquotes, by the alias's characters), a column of one
+of the binder's views, or neither, followed by Spark's expression ids.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import SqlError, spark_errors
+from pipelines.sql.plan_guard import members
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from collections.abc import Mapping, Sequence
 
-__all__ = ["Reference", "name_parts", "parse_plan", "references"]
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["Output", "Reference", "name_parts", "outputs", "parse_plan", "references"]
 
 #: Plan nodes that give the relation below them its alias (no alias is added then).
 _ALIASES = frozenset({"SubqueryAlias", "UnresolvedSubqueryColumnAliases"})
@@ -45,11 +52,20 @@ def parse_plan(spark: SparkSession, text: str) -> Any:
     """Spark's unresolved plan of ``text`` (a JVM object).
 
     Raises:
-        SqlError: Spark cannot parse it (SQL_COMPILATION_ERROR, with Spark's message).
+        SqlError: Spark cannot parse it (SQL_COMPILATION_ERROR, with Spark's message;
+            STATEMENT_TOO_COMPLEX if it is too deep for Spark's parser).
     """
     jspark: Any = spark._jsparkSession  # type: ignore[attr-defined]
-    with spark_errors("SQL_COMPILATION_ERROR"):
-        return jspark.sessionState().sqlParser().parsePlan(text)
+    try:
+        with spark_errors("SQL_COMPILATION_ERROR"):
+            return jspark.sessionState().sqlParser().parsePlan(text)
+    except SqlError as exc:
+        if "FAILED_TO_PARSE_TOO_COMPLEX" not in str(exc):
+            raise
+        raise SqlError(f"{exc} Write long chains of operators shorter (a + b + ... of "
+                       "hundreds of terms is too deep for Spark's parser): sum a list with "
+                       "aggregate(array(...), 0, (acc, x) -> acc + x), or split the statement",
+                       "STATEMENT_TOO_COMPLEX") from None  # fmt: skip
 
 
 def references(spark: SparkSession, text: str) -> list[Reference]:
@@ -118,6 +134,93 @@ def _reference(node: Any, parts: tuple[str, ...], above: tuple[tuple[str, Any], 
 def _range(node: Any) -> tuple[int, int]:
     origin = node.origin()
     return int(origin.startIndex().get()), int(origin.stopIndex().get()) + 1
+
+
+@dataclass(frozen=True)
+class Output:
+    """A result column: Spark's name for it and where that name comes from: an alias the
+    text writes (``quoted``: in backquotes), a column of one of the binder's views
+    (``column``: its name as stored), or neither (a name Spark made up)."""
+
+    name: str
+    alias: bool
+    quoted: bool
+    column: str | None
+
+
+def outputs(frame: DataFrame, text: str, views: Mapping[str, Sequence[str]]) -> list[Output]:
+    """Where each result column of a query's frame comes from, by Spark's expression ids:
+    ``text`` is the text Spark parsed, ``views`` the binder's views and their columns."""
+    spark = frame.sparkSession
+    execution = frame._jdf.queryExecution()
+    analyzed = execution.analyzed()
+    names = list(frame.columns)
+    ids = _expression_ids(analyzed.output(), names)
+    aliases = _written_aliases(spark, execution.logical(), text)
+    columns = {} if set(ids) <= set(aliases) else _view_columns(spark, analyzed, views)
+    return [Output(name, found in aliases, aliases.get(found, False), columns.get(found))
+            for name, found in zip(names, ids, strict=True)]  # fmt: skip
+
+
+#: After an attribute's name in Spark's text of it: its id, a LONG's suffix, a watermark.
+_ID = re.compile(r"#(\d+)L?(?:-T\d+ms)?(?=\x01|\Z)")
+
+
+def _expression_ids(attributes: Any, names: Sequence[str]) -> list[int]:
+    """The expression ids of a sequence of attributes named ``names``, in one call (read
+    from Spark's text of them), or one call per attribute if that text is unexpected."""
+    shown, ids, position = str(attributes.mkString("\x01")), [], 0
+    for name in names:
+        found = _ID.match(shown, position + len(name))
+        if not shown.startswith(f"{name}#", position) or found is None:
+            return [int(attribute.exprId().id()) for attribute in _list(attributes)]
+        ids.append(int(found.group(1)))
+        position = found.end() + 1
+    return ids
+
+
+def _written_aliases(spark: SparkSession, parsed: Any, text: str) -> dict[int, bool]:
+    """The aliases of the parsed plan's nodes (each ``expression AS name``: in a select
+    list, a subquery, a CTE or a view's body), by expression id: whether the name is
+    written in backquotes (the parser's alias spans the expression and its name)."""
+    found: dict[int, bool] = {}
+    stack = [parsed]
+    while stack:
+        node = stack.pop()
+        if _short(node) == "UnresolvedWith":
+            stack.extend(pair._2() for pair in _list(node.cteRelations()))
+        stack.extend(_list(node.children()))
+        kinds, expressions = members(spark, node.expressions())
+        for index, kind in enumerate(kinds):
+            if kind.endswith(".Alias"):
+                alias = expressions[index]
+                stop = alias.origin().stopIndex()
+                last = int(stop.get()) if stop.isDefined() else -1
+                found[int(alias.exprId().id())] = last >= 0 and text[last : last + 1] == "`"
+            elif kind.endswith(".LateralSubquery"):
+                stack.append(expressions[index].plan())
+    return found
+
+
+def _view_columns(
+    spark: SparkSession, analyzed: Any, views: Mapping[str, Sequence[str]]
+) -> dict[int, str]:
+    """The columns of the binder's views in the analyzed plan, by expression id."""
+    found: dict[int, str] = {}
+    stack = [analyzed]
+    while stack:
+        node = stack.pop()
+        if _short(node) == "View":
+            columns = views.get(str(node.desc().identifier().table()).lower())
+            ids = _expression_ids(node.output(), columns) if columns is not None else []
+            if columns is not None and len(ids) == len(columns):
+                found.update(zip(ids, columns, strict=True))
+            continue
+        stack.extend(_list(node.children()))
+        kinds, expressions = members(spark, node.expressions())
+        stack.extend(expressions[i].plan() for i, k in enumerate(kinds)
+                     if k.endswith(".LateralSubquery"))  # fmt: skip
+    return found
 
 
 _PART = re.compile(r"`((?:[^`]|``)*)`|([^\s.`]+)")

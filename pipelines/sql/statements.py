@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pipelines.errors import SqlError, UnsupportedStatementError
 
 __all__ = [
-    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "LITERALS", "MAX_NESTING", "NAME", "OPTION", "Statement",
+    "DEFAULT_DATABASE", "DEFAULT_SCHEMA", "LITERALS", "MAX_CASE_BRANCHES", "MAX_CONDITIONS",
+    "MAX_LIST_ITEMS", "MAX_NESTING", "NAME", "OPTION", "Statement",
     "check_nesting", "classify", "qualified", "spark_sql_text", "split_name",
 ]  # fmt: skip
 
@@ -201,9 +202,27 @@ LITERALS = re.compile(
 #: Parentheses, brackets and CASE may nest this deep: deeper statements are refused before
 #: any parser sees them (each parser recurses once per level).
 MAX_NESTING = 32
-_BRACKETS = re.compile(r"[()\[\]{}]|\b(?:CASE|END)\b", re.I)
+#: How large one statement may be, counted in its text outside literals and comments, and
+#: refused before any parser sees it: Spark's analysis, optimisation and generated code
+#: grow with these (a CASE of 5,000 branches ran the JVM out of memory; a 20,000-term OR
+#: took three minutes, or failed inside Spark).
+MAX_CASE_BRANCHES = 1_000  # WHEN
+MAX_CONDITIONS = 10_000  # AND, OR
+MAX_LIST_ITEMS = 100_000  # commas: IN lists, VALUES, select lists, arguments
+_COUNTED = re.compile(r"[()\[\]{},]|\b(?:CASE|END|WHEN|AND|OR)\b", re.I)
 #: A chain of prefix operators (``NOT NOT ...``, ``- - ...``) nests as deep as it is long.
 _PREFIX_RUN = re.compile(rf"(?:(?:\bNOT\b|[-+~!])\s*){{{MAX_NESTING + 1}}}", re.I)
+
+
+@dataclass
+class _Shape:
+    """What :func:`check_nesting` counts in a statement."""
+
+    deepest: int = 0
+    prefixes: bool = False
+    branches: int = 0
+    conditions: int = 0
+    items: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,43 +275,67 @@ def _one_quote(match: re.Match[str]) -> str:
 
 def check_nesting(text: str) -> None:
     """Refuse a statement nested deeper than :data:`MAX_NESTING` (parentheses, brackets,
-    CASE ... END), in one pass over the text outside literals and comments.
+    CASE ... END), or larger than :data:`MAX_CASE_BRANCHES`, :data:`MAX_CONDITIONS` or
+    :data:`MAX_LIST_ITEMS`, in one pass over the text outside literals and comments.
 
     Raises:
-        SqlError: too deep, with the limit.
+        SqlError: STATEMENT_TOO_COMPLEX, naming the limit and what to write instead.
     """
-    # Brackets and CASE ... END are counted apart: a stray END (a column named END)
-    # must not cancel an open parenthesis.
-    brackets = cases = deepest = 0
-    prefixes = False
-    position = 0
-    for literal in [*LITERALS.finditer(text), None]:
-        stop = literal.start() if literal is not None else len(text)
-        for bracket in _BRACKETS.finditer(text, position, stop):
-            token = bracket.group(0).upper()
-            if token == "CASE":
-                cases += 1
-            elif token == "END":
-                cases = max(0, cases - 1)
-            else:
-                brackets += 1 if token in "([{" else -1
-            deepest = max(deepest, brackets + cases)
-        prefixes = prefixes or _PREFIX_RUN.search(text, position, stop) is not None
-        if literal is not None:
-            _check_comment(literal.group(0))
-            position = literal.end()
-    if deepest > MAX_NESTING:
+    shape = _shape(text)
+    if shape.deepest > MAX_NESTING:
         raise SqlError(
-            f"the statement nests parentheses, brackets or CASE {deepest} levels deep; at most "
-            f"{MAX_NESTING} are allowed: flatten it (a WITH clause names a subquery once)",
+            f"the statement nests parentheses, brackets or CASE {shape.deepest} levels deep; at "
+            f"most {MAX_NESTING} are allowed: flatten it (a WITH clause names a subquery once)",
             "STATEMENT_TOO_COMPLEX",
         )
-    if prefixes:
+    if shape.prefixes:
         raise SqlError(
             f"the statement chains more than {MAX_NESTING} prefix operators (NOT, -, +, ~, !) "
             "in a row, the most allowed: write the chain shorter (two NOTs cancel)",
             "STATEMENT_TOO_COMPLEX",
         )
+    for count, limit, what, instead in (
+        (shape.branches, MAX_CASE_BRANCHES, "CASE branches (WHEN)",
+         "put the mapping in a table, or a VALUES list, and join it"),
+        (shape.conditions, MAX_CONDITIONS, "AND/OR operators",
+         "write alternatives of one column as column IN (...), or join a table of them"),
+        (shape.items, MAX_LIST_ITEMS, "commas (between the items of IN lists, VALUES, "
+         "select lists, arguments)", "put the values in a table and join it, or split the "
+         "statement"),
+    ):  # fmt: skip
+        if count > limit:
+            raise SqlError(f"the statement has {count:,} {what}; at most {limit:,} are "
+                           f"allowed in one statement: {instead}",
+                           "STATEMENT_TOO_COMPLEX")  # fmt: skip
+
+
+def _shape(text: str) -> _Shape:
+    """How deep the text nests and how many branches, conditions and items it holds."""
+    # Brackets and CASE ... END are counted apart: a stray END (a column named END)
+    # must not cancel an open parenthesis.
+    shape, brackets, cases, position = _Shape(), 0, 0, 0
+    for literal in [*LITERALS.finditer(text), None]:
+        stop = literal.start() if literal is not None else len(text)
+        for counted in _COUNTED.finditer(text, position, stop):
+            token = counted.group(0).upper()
+            if token == "CASE":
+                cases += 1
+            elif token == "END":
+                cases = max(0, cases - 1)
+            elif token == "WHEN":
+                shape.branches += 1
+            elif token in ("AND", "OR"):
+                shape.conditions += 1
+            elif token == ",":
+                shape.items += 1
+            else:
+                brackets += 1 if token in "([{" else -1
+            shape.deepest = max(shape.deepest, brackets + cases)
+        shape.prefixes = shape.prefixes or _PREFIX_RUN.search(text, position, stop) is not None
+        if literal is not None:
+            _check_comment(literal.group(0))
+            position = literal.end()
+    return shape
 
 
 def _check_comment(token: str) -> None:

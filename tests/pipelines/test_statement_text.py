@@ -130,7 +130,8 @@ def test_result_names_follow_snowflake_and_keep_quoted_case(world):
     frame = world.sql("SELECT id, v AS foo, `v` AS `Bar`, 1 AS x FROM R")
     assert frame.columns == ["ID", "FOO", "Bar", "X"]
     assert world.sql("SELECT * FROM DOCS").columns == ["Doc", "N"]
-    assert world.sql('SELECT "Doc" AS "lower", doc FROM DOCS').columns == ["lower", "DOC"]
+    # A column selected by name keeps the table's name for it, however it is written.
+    assert world.sql('SELECT "Doc" AS "lower", doc FROM DOCS').columns == ["lower", "Doc"]
 
 
 def test_table_names_keep_their_place_among_samples_and_aliases(world):
@@ -156,7 +157,6 @@ def test_splice_replaces_only_its_ranges():
     splice.replace(14, 15, "v1 AS `T`")
     splice.replace(21, 22, "v2")
     assert splice.render() == "SELECT a FROM v1 AS `T` JOIN v2"
-    assert splice.render(7, 15) == "a FROM v1 AS `T`"
     with pytest.raises(SqlError):
         splice.replace(13, 16, "x")
 
@@ -238,3 +238,170 @@ def test_a_view_made_for_an_earlier_statement_cannot_be_named(world):
     with pytest.raises(SqlError) as error:
         world.sql(f"SELECT * FROM {made[-1]}")
     assert error.value.code == "OBJECT_NOT_FOUND"
+
+
+# Time travel and a sample (defect 1: the alias went before TABLESAMPLE, a syntax error)
+AT_1 = [(1,), (2,), (3,)]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("SELECT x.ID FROM R AT(VERSION => 1) TABLESAMPLE (100 PERCENT) x ORDER BY 1", AT_1),
+    ("SELECT x.ID FROM R AT(VERSION => 1) TABLESAMPLE (100 PERCENT) AS x ORDER BY 1", AT_1),
+    ("SELECT R.ID FROM R BEFORE(VERSION => 2) TABLESAMPLE (100 PERCENT) ORDER BY 1", AT_1),
+    ("SELECT R.ID FROM R VERSION AS OF 1 TABLESAMPLE (3 ROWS) ORDER BY 1", AT_1),
+    ("SELECT x.a FROM R AT(VERSION => 1) TABLESAMPLE (3 ROWS) AS x(a, b) ORDER BY 1", AT_1),
+    ("SELECT R.ID FROM R AT(TIMESTAMP => '2999-01-01') TABLESAMPLE (100 PERCENT) ORDER BY 1",
+     [*AT_1, (4,)]),
+])
+def test_time_travel_with_a_sample_reads_the_sample_of_that_version(world, text, expected):
+    world.sql("INSERT INTO R VALUES (4, 'w')")  # version 2
+    assert values(world.sql(text)) == expected
+
+
+def test_a_sample_of_a_version_is_what_spark_samples(world, spark):
+    world.sql("INSERT INTO R VALUES (4, 'w')")
+    spark.createDataFrame([(1, "x"), (2, "y"), (3, "z")], "ID INT, V STRING").createOrReplaceTempView("r_at_1")
+    try:
+        for sample in ("(2 ROWS)", "(0 PERCENT)", "(100 PERCENT)", "(BUCKET 1 OUT OF 1)"):
+            ours = world.sql(f"SELECT COUNT(*) FROM R AT(VERSION => 1) TABLESAMPLE {sample}")
+            theirs = spark.sql(f"SELECT COUNT(*) FROM r_at_1 TABLESAMPLE {sample}")
+            assert values(ours) == values(theirs), sample
+        changes = "R CHANGES(INFORMATION => DEFAULT) AT(VERSION => 1) TABLESAMPLE (5 ROWS) c"
+        assert values(world.sql(f"SELECT c.ID FROM {changes}")) == [(4,)]
+    finally:
+        spark.catalog.dropTempView("r_at_1")
+
+
+# Result names, decided per column (defect 2: decided per statement, so `5 AS id` kept a
+# table column's case, and `id` with `"id"` gave two columns named id)
+@pytest.mark.parametrize(("text", "names"), [
+    ("SELECT 5 AS id FROM D", ["ID"]),
+    ("SELECT 5 AS id", ["ID"]),
+    ('SELECT 5 AS id, 6 AS "id" FROM D', ["ID", "id"]),
+    ("SELECT 5 AS id, 6 AS `id`", ["ID", "id"]),
+    ('SELECT id, "id", D.ID FROM D', ["id", "id", "id"]),  # one column, as the table names it
+    ('SELECT doc, "Doc", n, D.doc AS doc2 FROM D', ["Doc", "Doc", "N", "DOC2"]),
+    ("SELECT * FROM D", ["id", "Doc", "N"]),
+    ("WITH c AS (SELECT * FROM D) SELECT c.*, 1 AS id FROM c", ["id", "Doc", "N", "ID"]),
+    ("SELECT * FROM D a JOIN D b ON a.id = b.id", ["id", "Doc", "N", "id", "Doc", "N"]),
+    ("SELECT id + 1, count(*) OVER () AS n FROM D", ["(ID + 1)", "N"]),
+    ("SELECT * FROM (SELECT 1 AS x, 2 AS `Y`) UNION ALL SELECT 3, 4", ["X", "Y"]),
+    ("SELECT l.* FROM D, LATERAL (SELECT D.n + 1 AS m, 2 AS `Q`) l", ["M", "Q"]),
+    ("SELECT * FROM V2", ["ID", "id", "Doc"]),
+])
+def test_result_names_are_decided_per_column(session, spark, text, names):
+    session.sql('CREATE TABLE D ("id" NUMBER, "Doc" VARCHAR, N NUMBER)')
+    session.sql("INSERT INTO D VALUES (1, 'a', 2)")
+    session.sql('CREATE VIEW V2 AS SELECT 5 AS id, 6 AS "id", doc FROM D')
+    frame = session.sql(text)
+    assert frame.columns == names
+    # Only the names differ from Spark's answer to the same text.
+    spark.createDataFrame([(1, "a", 2)], "id INT, Doc STRING, N INT").createOrReplaceTempView("D")
+    try:
+        spark_text = spark_sql_text(text).replace("FROM V2", "FROM (SELECT 5 AS id, 6 AS `id`, 'a' AS Doc)")
+        theirs = spark.sql(spark_text)
+        assert [tuple(map(str, row)) for row in values(frame)] == [
+            tuple(map(str, row)) for row in values(theirs)]
+    finally:
+        spark.catalog.dropTempView("D")
+
+
+def test_two_result_columns_the_rules_would_name_alike_are_refused(session):
+    # Spark names them a and A; neither is an alias or a table's column, and the statement
+    # quotes one A: which one it means cannot be told, so it is refused, not renamed.
+    with pytest.raises(SqlError, match="two columns named A") as error:
+        session.sql("SELECT * FROM VALUES (1, 2) AS v(a, `A`)")
+    assert error.value.code == "SQL_COMPILATION_ERROR"
+    # Names alike by Snowflake's rule itself, as in Snowflake.
+    assert session.sql("SELECT 1 AS x, 2 AS X").columns == ["X", "X"]
+    assert session.sql("SELECT 'a', 'A'").columns == ["A", "A"]
+
+
+# Spark's operators inside DML (defect 3: sqlglot could not read `>>>` and `v:path`, and
+# read `SET b = x OR y` as `(b = x)`): each DML leaves the rows Spark's own SELECT of the
+# same expressions gives.
+BASE = "(SELECT * FROM VALUES (1, 1, 'a', NULL), (2, 2, 'b', NULL), (3, 3, 'c', NULL), " \
+       "(6, 6, 'd', NULL) AS N(ID, K, V, B))"
+DML_AS_SPARK = [
+    ("UPDATE N SET K = ID >>> 1 WHERE ID >> 1 = 1 OR ID << 1 = 12",
+     "SELECT ID, CASE WHEN ID >> 1 = 1 OR ID << 1 = 12 THEN ID >>> 1 ELSE K END, V, B FROM N"),
+    ("DELETE FROM N WHERE (ID >>> 1) = 0", "SELECT * FROM N WHERE NOT (ID >>> 1) = 0"),
+    ("INSERT INTO N SELECT ID >>> 1, K DIV 2, V || '!', NOT ID <=> 6 FROM N WHERE ID = 6",
+     "SELECT * FROM N UNION ALL SELECT ID >>> 1, K DIV 2, V || '!', NOT ID <=> 6 FROM N WHERE ID = 6"),
+    ("UPDATE N SET B = K > 1 OR V = 'a', V = V || '!'",
+     "SELECT ID, K, V || '!', K > 1 OR V = 'a' FROM N"),
+    ("UPDATE N SET B = K = 3 AND V::string ILIKE 'C%'",
+     "SELECT ID, K, V, K = 3 AND V::string ILIKE 'C%' FROM N"),
+    ("UPDATE N SET V = V || (ID <=> NULL)::string || transform(array(K), x -> x + 1)[0] "
+     "WHERE !(ID = 1) AND ID IS DISTINCT FROM 6",
+     "SELECT ID, K, CASE WHEN !(ID = 1) AND ID IS DISTINCT FROM 6 THEN V || (ID <=> NULL)::string "
+     "|| transform(array(K), x -> x + 1)[0] ELSE V END, B FROM N"),
+    ("UPDATE N SET V = parse_json('{\"a\":{\"b\":\"x\"}}'):a.b::string || 1.50BD || hex(X'AB') "
+     "|| '\\u0041' || (INTERVAL '1' DAY > INTERVAL '1' HOUR) WHERE ID = 3",
+     "SELECT ID, K, CASE WHEN ID = 3 THEN parse_json('{\"a\":{\"b\":\"x\"}}'):a.b::string || "
+     "1.50BD || hex(X'AB') || '\\u0041' || (INTERVAL '1' DAY > INTERVAL '1' HOUR) ELSE V END, B FROM N"),
+    ("MERGE INTO N USING (SELECT 4 AS ID) S ON N.ID = S.ID >>> 0 WHEN MATCHED THEN UPDATE SET "
+     "V = 'no' WHEN NOT MATCHED THEN INSERT VALUES (S.ID >>> 1, S.ID << 2, 'm', S.ID > 1 OR false)",
+     "SELECT * FROM N UNION ALL SELECT 2, 16, 'm', true"),
+    ("MERGE INTO N USING (SELECT 2 AS ID) S ON N.ID = S.ID WHEN MATCHED AND N.K >>> 1 = 1 "
+     "THEN UPDATE SET B = N.K = 2 OR false",
+     "SELECT ID, K, V, CASE WHEN ID = 2 THEN K = 2 OR false ELSE B END FROM N"),
+]
+
+
+@pytest.mark.parametrize(("dml", "query"), DML_AS_SPARK)
+def test_spark_operators_inside_dml_mean_what_spark_says(session, spark, dml, query):
+    session.sql("CREATE TABLE N (ID NUMBER, K NUMBER, V VARCHAR, B BOOLEAN)")
+    session.sql("INSERT INTO N VALUES (1, 1, 'a', NULL), (2, 2, 'b', NULL), (3, 3, 'c', NULL), "
+                "(6, 6, 'd', NULL)")
+    session.sql(dml)
+    expected = spark.sql(f"WITH N AS {BASE} {query}")
+    assert sorted(tuple(map(str, row)) for row in values(session.sql("SELECT * FROM N"))) == sorted(
+        tuple(map(str, row)) for row in values(expected))
+
+
+def test_dml_the_reader_cannot_read_says_what_to_write(session):
+    session.sql("CREATE TABLE N (ID NUMBER, V VARCHAR)")
+    session.sql("INSERT INTO N VALUES (1, 'A')")
+    with pytest.raises(SqlError, match="write it as a function call") as error:
+        session.sql("UPDATE N SET V = lower(CAST(V AS STRING COLLATE UTF8_LCASE))")
+    assert error.value.code == "SQL_COMPILATION_ERROR"
+    # Both ways the message names work: Spark reads a view's body itself.
+    session.sql("UPDATE N SET V = CAST(lower(collate(V, 'UTF8_LCASE')) AS STRING) || '1'")
+    session.sql("CREATE VIEW CV AS SELECT CAST(lower(CAST('B' AS STRING COLLATE UTF8_LCASE)) AS "
+                "STRING) AS V")
+    session.sql("UPDATE N SET V = N.V || CV.V FROM CV")
+    assert values(session.sql("SELECT V FROM N")) == [("a1b",)]
+
+
+# Statement size (defect 4: a 5,000-branch CASE ran the JVM out of memory and answered a
+# raw Py4JJavaError; long statements spent twice Spark's time in per-node JVM calls)
+@pytest.mark.parametrize(("text", "named"), [
+    ("SELECT CASE " + " ".join(f"WHEN ID = {i} THEN 'a{i}'" for i in range(5_000)) + " END FROM R",
+     "5,000 CASE branches"),
+    ("SELECT COUNT(*) FROM R WHERE " + " OR ".join(f"ID = {i}" for i in range(10_002)),
+     "10,001 AND/OR operators"),
+    ("SELECT COUNT(*) FROM R WHERE ID IN (" + ", ".join(map(str, range(100_002))) + ")",
+     "100,001 commas"),
+])
+def test_a_statement_too_large_is_refused_up_front_and_the_session_goes_on(world, text, named):
+    with pytest.raises(SqlError, match=named) as error:
+        world.sql(text)
+    assert error.value.code == "STATEMENT_TOO_COMPLEX"
+    assert "join" in str(error.value)  # and says what to write instead
+    assert values(world.sql("SELECT COUNT(*) FROM R")) == [(3,)]
+
+
+def test_a_statement_at_the_limits_runs_as_spark_runs_it(world, spark):
+    branches = "SELECT CASE " + " ".join(f"WHEN ID = {i} THEN {i * 10}" for i in range(1_000))
+    text = f"{branches} END AS c FROM R WHERE ID IN ({', '.join(map(str, range(2_000)))}) ORDER BY 1"
+    assert values(world.sql(text)) == [(10,), (20,), (30,)]
+    spark.createDataFrame([(1,), (2,), (3,)], "ID INT").createOrReplaceTempView("r_now")
+    try:
+        assert values(world.sql(text)) == values(spark.sql(text.replace("FROM R", "FROM r_now")))
+    finally:
+        spark.catalog.dropTempView("r_now")
+    chain = "SELECT " + " + ".join(["ID"] * 2_000) + " FROM R"
+    with pytest.raises(SqlError) as error:  # too deep for Spark's parser: said so
+        world.sql(chain)
+    assert error.value.code == "STATEMENT_TOO_COMPLEX"
