@@ -35,6 +35,7 @@ from pipelines.sql.source_text import (
     parse_with_spans,
     quoted_names,
     span,
+    writes_watermark,
 )
 from pipelines.sql.spark_reading import Output, Reference, name_parts, outputs, references
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
@@ -290,7 +291,17 @@ class Binder:
         grammar lacks them); the text itself when it holds none."""
         if not has_extensions(text):
             return text
-        tree = parse_with_spans(text)
+        try:
+            tree = parse_with_spans(text)
+        except SqlError:
+            if writes_watermark(text):  # Spark's clause, unknown to the reader of ours
+                raise SqlError(
+                    "a WATERMARK clause cannot be read in a statement that also uses "
+                    "AT(...), BEFORE(...), CHANGES(...), a change stream's READ_ function or "
+                    "SYSTEM$STREAM_HAS_DATA: create a view of that read and put the WATERMARK "
+                    "on the view", "SQL_COMPILATION_ERROR",
+                ) from None  # fmt: skip
+            raise
         splice = Splice(text)
         for call in tree.find_all(exp.Anonymous):
             if call.name.upper() == STREAM_HAS_DATA:

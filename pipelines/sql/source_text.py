@@ -31,7 +31,7 @@ from pipelines.sql.statements import LITERALS
 
 __all__ = [
     "Splice", "check_one_statement", "extent", "has_extensions", "parse_with_spans",
-    "quoted_names", "span",
+    "quoted_names", "span", "writes_watermark",
 ]  # fmt: skip
 
 _SPAN = "span"
@@ -258,6 +258,11 @@ def has_extensions(text: str) -> bool:
     comments), or a time travel (``VERSION AS OF``): only then is sqlglot's reading of a
     query needed."""
     return _OURS.search(_code(text)[0]) is not None
+
+
+def writes_watermark(text: str) -> bool:
+    """Whether the text holds a ``WATERMARK`` clause (outside strings and comments)."""
+    return re.search(r"(?<![\w$`])WATERMARK\s", _code(text)[0], re.I) is not None
 
 
 def check_one_statement(text: str) -> None:

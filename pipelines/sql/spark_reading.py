@@ -31,8 +31,12 @@ __all__ = ["Output", "Reference", "name_parts", "outputs", "parse_plan", "refere
 
 #: Plan nodes that give the relation below them its alias (no alias is added then).
 _ALIASES = frozenset({"SubqueryAlias", "UnresolvedSubqueryColumnAliases"})
-#: Plan nodes a TABLESAMPLE clause becomes.
-_SAMPLES = frozenset({"Sample", "GlobalLimit", "LocalLimit", "Limit"})
+#: Clauses Spark reads between a table's name and its alias (``t [time travel]
+#: [TABLESAMPLE (...)] [WATERMARK ...] [AS alias]``): a sample, a sample of n rows (a
+#: limit), an event-time watermark.
+_AFTER_NAME = frozenset(
+    {"Sample", "GlobalLimit", "LocalLimit", "Limit", "UnresolvedEventTimeWatermark"}
+)
 
 
 @dataclass(frozen=True)
@@ -94,15 +98,18 @@ def references(spark: SparkSession, text: str) -> list[Reference]:
         if kind == "RelationTimeTravel":  # ``t@v1``: its relation is not a child
             children = [node.relation()]
         for child in children:
-            stack.append((child, ((kind, node), *above[:1]), scope))
+            stack.append((child, ((kind, node), *above[:_ABOVE]), scope))
         for plan in _list(node.subqueries()):
             stack.append((plan, (), scope))
     return sorted(found, key=lambda r: r.start)
 
 
-#: A plan node still to visit: the node, its parent and grandparent (kind, node), and the
-#: CTE names in scope.
+#: A plan node still to visit: the node, up to :data:`_ABOVE` + 1 of its ancestors
+#: nearest first (kind, node), and the CTE names in scope.
 _Item = tuple[Any, tuple[tuple[str, Any], ...], frozenset[str]]
+#: Ancestors kept beyond the parent: a time travel, a sample of rows (two limits) and a
+#: watermark can stand between a name and its alias.
+_ABOVE = 4
 
 
 def _cte_bodies(node: Any, scope: frozenset[str]) -> list[_Item]:
@@ -120,14 +127,20 @@ def _cte_bodies(node: Any, scope: frozenset[str]) -> list[_Item]:
 
 def _reference(node: Any, parts: tuple[str, ...], above: tuple[tuple[str, Any], ...]) -> Reference:
     """A relation's name and where its alias is or goes: Spark reads ``t [time travel]
-    [TABLESAMPLE (...)] [AS alias]``, so an alias added goes after the sample."""
+    [TABLESAMPLE (...)] [WATERMARK ...] [AS alias]``, so an alias added goes after the
+    last of these clauses written after the name."""
     start, end = _range(node)
-    kinds = [kind for kind, _ in above]
-    travel = kinds[:1] == ["RelationTimeTravel"]
-    holder = above[1] if travel and len(above) > 1 else (above[0] if above else ("", None))
-    # TABLESAMPLE (n PERCENT) is a Sample, (n ROWS) a limit, read from after the name.
-    sampled = holder[0] in _SAMPLES and _range(holder[1])[0] >= end
-    alias_at = _range(holder[1])[1] if sampled else end
+    travel = [kind for kind, _ in above[:1]] == ["RelationTimeTravel"]
+    chain = above[1:] if travel else above
+    alias_at = end
+    for kind, clause in chain:
+        if kind not in _AFTER_NAME:
+            break
+        first, last = _range(clause)
+        if first < end:  # a LIMIT of the query, not a clause of the name
+            break
+        alias_at = max(alias_at, last)
+    holder = chain[0] if chain else ("", None)
     return Reference(parts, start, end, alias_at, holder[0] in _ALIASES, travel)
 
 

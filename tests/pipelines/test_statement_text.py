@@ -272,6 +272,41 @@ def test_a_sample_of_a_version_is_what_spark_samples(world, spark):
         spark.catalog.dropTempView("r_at_1")
 
 
+# A watermark (Spark reads ``t [time travel] [sample] [WATERMARK ...] [AS alias]``): the
+# alias added to a table read went before WATERMARK, a syntax error Spark does not make.
+WATERMARKED = [
+    "SELECT E.ID FROM E WATERMARK TS DELAY OF INTERVAL 1 MINUTE ORDER BY 1",
+    "SELECT x.ID FROM E WATERMARK TS DELAY OF INTERVAL 1 MINUTE AS x ORDER BY 1",
+    "SELECT E.ID FROM E TABLESAMPLE (100 PERCENT) WATERMARK TS DELAY OF INTERVAL 1 MINUTE",
+    "SELECT E.ID FROM E TABLESAMPLE (2 ROWS) WATERMARK TS DELAY OF INTERVAL 1 SECOND",
+    "SELECT * FROM E WATERMARK TS DELAY OF INTERVAL 1 MINUTE JOIN R ON E.ID = R.ID",
+]
+
+
+@pytest.mark.parametrize("text", WATERMARKED)
+def test_a_watermark_keeps_the_alias_where_spark_reads_it(world, spark, text):
+    world.sql("CREATE TABLE E (ID NUMBER, TS TIMESTAMP)")
+    world.sql("INSERT INTO E VALUES (1, TIMESTAMP'2020-01-01 00:00:00'), "
+              "(2, TIMESTAMP'2020-01-01 00:01:00')")  # fmt: skip
+    other = spark.newSession()
+    for name in ("E", "R"):
+        other.createDataFrame(world.sql(f"SELECT * FROM {name}").toArrow()).createOrReplaceTempView(name)
+    assert sorted(values(world.sql(text))) == sorted(values(other.sql(text)))
+
+
+def test_a_watermark_beside_a_clause_of_ours_is_refused_by_name(world):
+    world.sql("INSERT INTO R VALUES (4, 'w')")  # version 2
+    text = ("SELECT R.ID FROM R AT(VERSION => 1) TABLESAMPLE (5 ROWS) "
+            "WATERMARK current_timestamp() AS TS DELAY OF INTERVAL 1 MINUTE ORDER BY 1")  # fmt: skip
+    with pytest.raises(SqlError, match="WATERMARK clause cannot be read") as error:
+        world.sql(text)
+    assert error.value.code == "SQL_COMPILATION_ERROR"
+    # What the message says to do instead answers.
+    world.sql("CREATE VIEW R1 AS SELECT * FROM R AT(VERSION => 1)")
+    watermarked = "SELECT R1.ID FROM R1 WATERMARK current_timestamp() AS TS DELAY OF INTERVAL 1 MINUTE"
+    assert sorted(values(world.sql(watermarked))) == AT_1
+
+
 # Result names, decided per column (defect 2: decided per statement, so `5 AS id` kept a
 # table column's case, and `id` with `"id"` gave two columns named id)
 @pytest.mark.parametrize(("text", "names"), [
