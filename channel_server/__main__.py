@@ -97,6 +97,11 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="stop the compaction worker (and its JVM) after this idle time (default 10 minutes)",
     )
     parser.add_argument(
+        "--spark-worker-nice", type=int, default=CompactionTrigger().worker_nice,
+        help="niceness of the Spark worker (compaction, SQL, refreshes), 0 to 19: it takes "
+             "the CPU flushes leave (default 10; 0: the service's priority)",
+    )  # fmt: skip
+    parser.add_argument(
         "--sql-max-sessions", type=int, default=256,
         help="POST /v1/sql sessions held at once; past it a new one gets 429 (default 256)",
     )  # fmt: skip
@@ -157,6 +162,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             max_intermediate_bytes=int(args.compact_after_mb * MiB),
             spark_master=args.spark_master,
             worker_idle_seconds=parse_duration(args.compaction_worker_idle, "worker idle time"),
+            worker_nice=args.spark_worker_nice,
         ),
         sql=SqlLimits(
             max_sessions=args.sql_max_sessions,

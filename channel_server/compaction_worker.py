@@ -4,8 +4,9 @@ It compacts tables and runs SQL statements (``POST /v1/sql``) in one warm Spark.
 request is one JSON line; each answer one frame (a JSON header line with the payload's
 length in ``bytes``, then the payload), read in full before the next request is sent.
 
-Compaction runs in a separate process so ingestion latency does not suffer, and
-in one *long-lived* process so its Spark session (JVM, JIT-compiled code, Python
+Compaction runs in a separate process so ingestion latency does not suffer (at a lower
+CPU priority, ``CompactionTrigger.worker_nice``, so it cannot take the CPU flushes need),
+and in one *long-lived* process so its Spark session (JVM, JIT-compiled code, Python
 task workers) stays warm: a run in a warm session takes about a quarter of the
 time of one in a fresh process (``make bench``). Tables take turns; the worker
 is started on first use, restarted if it died, and stopped after a quiet spell so

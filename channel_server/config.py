@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,14 @@ class Limits:
     max_wait_seconds: float = 60.0
 
 
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return default if value is None or not value.strip() else int(value)
+    except ValueError:
+        raise ConfigurationError(f"${name} must be an integer, got {value!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class CompactionTrigger:
     """When the service starts a background compaction of a table, and where it runs:
@@ -51,6 +60,17 @@ class CompactionTrigger:
     extra_args: tuple[str, ...] = ()
     #: The worker (and its JVM) is stopped after this long without a compaction.
     worker_idle_seconds: float = 600.0
+    #: The worker's niceness (0 to 19; 0: the service's own priority), by default
+    #: ``$INGEST_SPARK_WORKER_NICE`` or 10. Its compactions, statements and refreshes then
+    #: take the CPU the flushes and producers leave, so a compaction on a busy machine does
+    #: not hold commits up; on an idle one it changes nothing.
+    worker_nice: int = field(default_factory=lambda: _env_int("INGEST_SPARK_WORKER_NICE", 10))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.worker_nice <= 19:
+            raise ConfigurationError(
+                f"the Spark worker's niceness must be 0 to 19, got {self.worker_nice}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

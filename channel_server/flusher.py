@@ -15,13 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 
+import pyarrow as pa
 from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 
 from catalog import Catalog
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter
-from flush.commit import ChannelFencedError
+from flush.commit import ChannelFencedError, CommitRecord, Laps
 from ingest_sdk.validation import check_offset_token
 from ingest_sdk.wire import pack_txn_version
 
@@ -158,33 +159,55 @@ class TableFlusher:
             self.budget.release(batch.nbytes)
         return kept
 
+    def _take(self) -> tuple[list[PendingBatch], list[ChannelProgress]]:
+        """Every pending batch that can be committed, and the channels' new positions."""
+        table = self.table
+        batches = []
+        for batch in table.take_pending():
+            if batch.channel.valid:
+                batches.append(batch)
+            else:  # a reopen or drop already discarded these; free them if one slipped by
+                self.budget.release(batch.nbytes)
+        progress = _progress(batches)
+        unfit = {p.channel: reason for p in progress if (reason := _unfit(p)) is not None}
+        if unfit:
+            batches = self._drop_unfit(batches, unfit)
+            progress = [p for p in progress if p.channel not in unfit]
+        return batches, progress
+
+    def _write(
+        self, parts: list[pa.Table], progress: list[ChannelProgress], timings: dict[str, float]
+    ) -> CommitRecord:
+        """Steps 1 to 4 in one worker thread: row ids from the catalog (where SQL sessions
+        reserve theirs too), the Delta commit, then the catalog's index of it. If the
+        index update fails the commit still stands (start-up replays it)."""
+        laps = Laps(timings)
+        first_row_id = self.catalog.reserve_row_ids(
+            self.table.info.id, sum(p.num_rows for p in parts)
+        )
+        laps.lap("row_ids")
+        record = self.writer.commit_flush(parts, progress, first_row_id, timings)
+        laps = Laps(timings)
+        try:
+            self.catalog.apply_commit(self.table.info.id, record)  # Step 4
+        except Exception:
+            log.exception("catalog update after commit %d failed", record.version)
+        laps.lap("catalog")
+        return record
+
     async def flush_once(self) -> None:
         """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
         table = self.table
+        asked = time.monotonic()
         async with table.lock:
-            batches = []
-            for batch in table.take_pending():
-                if batch.channel.valid:
-                    batches.append(batch)
-                else:  # a reopen or drop already discarded these; free them if one slipped by
-                    self.budget.release(batch.nbytes)
-            progress = _progress(batches)
-            unfit = {p.channel: reason for p in progress if (reason := _unfit(p)) is not None}
-            if unfit:
-                batches = self._drop_unfit(batches, unfit)
-                progress = [p for p in progress if p.channel not in unfit]
+            started = time.monotonic()
+            batches, progress = self._take()
             if not batches:
                 return
+            timings = {"lock": started - asked}
             parts = [b.data for b in batches if b.data is not None and b.rows]
-            started = time.monotonic()
             try:
-                # Row ids come from the catalog, where SQL sessions reserve theirs too.
-                first_row_id = await asyncio.to_thread(
-                    self.catalog.reserve_row_ids, table.info.id, sum(p.num_rows for p in parts)
-                )
-                record = await asyncio.to_thread(
-                    self.writer.commit_flush, parts, progress, first_row_id
-                )
+                record = await asyncio.to_thread(self._write, parts, progress, timings)
             except ChannelFencedError as fenced:
                 # Another writer committed a newer generation: these handles are stale.
                 for batch in batches:
@@ -198,25 +221,35 @@ class TableFlusher:
             if record.rows:
                 table.ingest_files += 1
                 table.ingest_bytes += record.file_bytes
-            # Step 4: the index. If this fails the commit still stands; start-up replays it.
-            try:
-                await asyncio.to_thread(self.catalog.apply_commit, table.info.id, record)
-            except Exception:
-                log.exception("catalog update after commit %d failed", record.version)
             # Step 5: acknowledge.
             for item in progress:
                 channel = table.channels.get(item.channel)
                 if channel is not None and channel.generation == item.generation:
                     channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
             self.budget.release(sum(b.nbytes for b in batches))
-            now = time.monotonic()
-            took = now - started
-            name = table.info.full_name
-            self.metrics.flush_duration.labels(name).observe(took)
-            self.metrics.rows_committed.labels(name).inc(record.rows)
-            latency = self.metrics.commit_latency.labels(name)
-            for batch in batches:
-                latency.observe(now - batch.arrived)
-            self.flush_estimate = 0.7 * self.flush_estimate + 0.3 * took
-            if self.on_flush is not None:
-                self.on_flush(table, record.rows, took)
+            self._observe(batches, record, started, timings)
+
+    def _observe(
+        self, batches: list[PendingBatch], record: CommitRecord, started: float,
+        timings: dict[str, float],
+    ) -> None:  # fmt: skip
+        """Metrics of a committed flush (its phases too), and the flush-time estimate."""
+        table = self.table
+        now = time.monotonic()
+        took = now - started
+        name = table.info.full_name
+        self.metrics.flush_duration.labels(name).observe(took)
+        self.metrics.rows_committed.labels(name).inc(record.rows)
+        latency = self.metrics.commit_latency.labels(name)
+        phase = self.metrics.flush_phase
+        waited, in_server = phase.labels("lag_wait"), phase.labels("in_server")
+        for batch in batches:
+            latency.observe(now - batch.arrived)
+            in_server.observe(now - batch.arrived)
+            waited.observe(max(0.0, started - batch.arrived))
+        timings["flush"] = took
+        for key, seconds in timings.items():
+            phase.labels(key).observe(seconds)
+        self.flush_estimate = 0.7 * self.flush_estimate + 0.3 * took
+        if self.on_flush is not None:
+            self.on_flush(table, record.rows, took)

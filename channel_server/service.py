@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -177,8 +178,12 @@ class IngestService:
         return True
 
     def _compaction_command(self) -> list[str]:
+        """The worker's command line, run at its niceness through ``nice(1)`` (a POSIX
+        tool; without it the worker runs at the service's priority)."""
         trigger = self.config.compaction
+        nice = shutil.which("nice") if trigger.worker_nice else None
         return [
+            *([nice, "-n", str(trigger.worker_nice)] if nice else []),
             sys.executable, "-m", "pipelines.sql.worker", "--serve",
             "--warehouse", str(self.config.warehouse),
             "--catalog", str(self.config.catalog_file),

@@ -11,6 +11,7 @@ commit the catalog has not recorded.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 import orjson
@@ -22,7 +23,7 @@ from catalog.records import ChannelProgress, CommitRecord
 from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import stamped
 from flush.failpoints import failpoint
-from flush.parquet_files import write_parquet_file
+from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
 from ingest_sdk import TableSchema
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
@@ -32,6 +33,7 @@ __all__ = [
     "ChannelFencedError",
     "ChannelProgress",
     "CommitRecord",
+    "Laps",
     "TableWriter",
     "app_id",
     "commits_after",
@@ -86,13 +88,27 @@ def commits_after(table_uri: str, version: int) -> list[CommitRecord]:
 
 
 class TableWriter:
-    """Writes flushes into one Delta table; keeps the log loaded between flushes."""
+    """Writes flushes into one Delta table; keeps the log loaded between flushes.
+
+    A flush refreshes the loaded log once, before it commits: the commit is made on that
+    version and lands exactly one above it or not at all (``flush.commit_clock`` turns
+    delta-rs' own retries off), so the writer knows its version without reading the log
+    again. The channels' positions in the log (``transaction_version``) are looked up
+    only for what this writer does not already know: a log still at the version of the
+    writer's own last commit holds, for each channel it committed, exactly the position
+    it wrote there.
+    """
 
     def __init__(self, table_uri: str, schema: TableSchema) -> None:
         self.table_uri = table_uri
         self.schema = schema
         self.arrow_schema = delta_schema(schema)
         self._table = DeltaTable(table_uri)
+        #: The log version :attr:`_positions` describes (None: nothing known yet).
+        self._known_version: int | None = None
+        #: Each channel's packed position in the log at :attr:`_known_version` (None: the
+        #: log holds none), as looked up or as this writer's own commit wrote it.
+        self._positions: dict[str, int | None] = {}
 
     def committed_generation(self, channel: str) -> int:
         """The generation of the channel's newest commit in the log (0: none).
@@ -105,19 +121,34 @@ class TableWriter:
         landed = self._table.transaction_version(app_id(channel))
         return 0 if landed is None else unpack_txn_version(landed)[0]
 
+    def _log_positions(self, channels: list[ChannelProgress]) -> dict[str, int | None]:
+        """Each channel's position in the loaded log: known ones from this writer's own
+        bookkeeping when the log is still at the version it describes, the rest looked up."""
+        version = self._table.version()
+        if version != self._known_version:  # another writer committed, or nothing is known
+            self._known_version, self._positions = version, {}
+        for progress in channels:
+            if progress.channel not in self._positions:
+                self._positions[progress.channel] = self._table.transaction_version(
+                    app_id(progress.channel)
+                )
+        return {p.channel: self._positions[p.channel] for p in channels}
+
     def _landed(self, channels: list[ChannelProgress]) -> CommitRecord | None:
-        """The commit of this exact flush if an earlier attempt already made it.
+        """The commit of this exact flush if an earlier attempt already made it (a retry
+        whose first commit landed but whose answer was lost). Loads the newest version.
 
         Raises:
             ChannelFencedError: a channel is already past this flush (a newer generation
                 committed): this is a stale writer, and committing would reorder the channel.
         """
         self._table.update_incremental()
+        positions = self._log_positions(channels)
         landed_all = True
         fenced = []
         for progress in channels:
             target = pack_txn_version(progress.generation, progress.batch_seq)
-            landed = self._table.transaction_version(app_id(progress.channel))
+            landed = positions[progress.channel]
             if landed is not None and landed > target:
                 fenced.append(progress.channel)
             elif landed is None or landed < target:
@@ -136,8 +167,57 @@ class TableWriter:
                 return record
         return None
 
+    def _write_rows(
+        self, parts: list[pa.Table], first_row_id: int
+    ) -> tuple[int, WrittenFile | None]:
+        """Steps 1 and 2: the rows with their ids, as one fsynced Parquet file under
+        ``_ingest/``; returns the row count and the file (None: no rows)."""
+        rows = sum(part.num_rows for part in parts)
+        if not rows:
+            return 0, None
+        data = pa.concat_tables(parts)  # chunks are written as they are: no copy
+        data = data.append_column(
+            self.arrow_schema.field(ROW_ID_COLUMN),
+            pa.array(range(first_row_id, first_row_id + rows), pa.int64()),
+        )
+        return rows, write_parquet_file(self.table_uri, data)
+
+    def _commit(
+        self, actions: list[AddAction | RemoveAction], channels: list[ChannelProgress],
+        metadata: dict[str, str],
+    ) -> tuple[int, CommitRecord | None]:  # fmt: skip
+        """Step 3: one Delta commit on the loaded version; its version. A concurrent commit
+        (compaction, DML, a pipeline commit, another flush) makes delta-rs refuse it (the
+        stamp is for the next version only, see flush.commit_clock): nothing landed, so it
+        goes again on the newest version, the channels checked again there (fencing). If
+        that check finds this flush landed after all, its record comes back instead."""
+        txns = [Transaction(app_id(c.channel), pack_txn_version(c.generation, c.batch_seq))
+                for c in channels]  # fmt: skip
+        for attempt in commit_conflict_retries():
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    if channels and (landed := self._landed(channels)) is not None:
+                        return landed.version, landed
+                    if not channels:
+                        self._table.update_incremental()
+                base = self._table.version()
+                self._table.create_write_transaction(
+                    actions, "append", self.arrow_schema,
+                    commit_properties=stamped(self._table, metadata, txns),
+                )  # fmt: skip
+        if channels and self._known_version == base:  # the log moved by this commit alone
+            self._known_version = base + 1
+            self._positions.update(
+                {c.channel: t.version for c, t in zip(channels, txns, strict=True)}
+            )
+        return base + 1, None
+
     def commit_flush(
-        self, parts: list[pa.Table], channels: list[ChannelProgress], first_row_id: int
+        self,
+        parts: list[pa.Table],
+        channels: list[ChannelProgress],
+        first_row_id: int,
+        timings: dict[str, float] | None = None,
     ) -> CommitRecord:
         """Make one flush durable: rows and channel tokens in one Delta commit.
 
@@ -151,48 +231,45 @@ class TableWriter:
           5. Acknowledge: wake the producers waiting for these tokens.
 
         A retried call after an attempt whose commit landed but whose answer was
-        lost returns that commit instead of committing the rows twice.
+        lost returns that commit instead of committing the rows twice. ``timings``, if
+        given, gets the seconds of each phase (``landed_check``, ``parquet``,
+        ``delta_commit``).
 
         Raises:
             Exception: any write or commit failure; nothing of this flush is visible then.
         """
+        laps = Laps(timings)
         if channels and (landed := self._landed(channels)) is not None:
             return landed
-        # Step 1
-        rows = sum(part.num_rows for part in parts)
-        next_row_id = first_row_id + rows
-        actions: list[AddAction | RemoveAction] = []
-        file_bytes = 0
-        if rows:
-            data = pa.concat_tables(parts)  # chunks are written as they are: no copy
-            data = data.append_column(
-                self.arrow_schema.field(ROW_ID_COLUMN),
-                pa.array(range(first_row_id, next_row_id), pa.int64()),
-            )
-            # Step 2
-            written = write_parquet_file(self.table_uri, data)
-            actions.append(written.add_action())
-            file_bytes = written.size
+        if not channels:
+            self._table.update_incremental()
+        laps.lap("landed_check")
+        rows, written = self._write_rows(parts, first_row_id)  # Steps 1 and 2
+        laps.lap("parquet")
         failpoint("after_parquet_write")
-        # Step 3
+        next_row_id = first_row_id + rows
         metadata = {COMMIT_METADATA_KEY: _metadata(channels, next_row_id, rows)}
-        txns = [Transaction(app_id(c.channel), pack_txn_version(c.generation, c.batch_seq))
-                for c in channels]  # fmt: skip
         failpoint("before_delta_commit")
-        # A concurrent commit (compaction, DML, a pipeline commit, another flush) makes
-        # delta-rs refuse this one (the stamp is for the next version only, see
-        # flush.commit_clock): nothing landed, so it goes again on the newest version.
-        for attempt in commit_conflict_retries():
-            with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    self._table.update_incremental()
-                self._table.create_write_transaction(
-                    actions, "append", self.arrow_schema,
-                    commit_properties=stamped(self._table, metadata, txns),
-                )  # fmt: skip
+        actions: list[AddAction | RemoveAction] = [written.add_action()] if written else []
+        version, landed = self._commit(actions, channels, metadata)  # Step 3
+        laps.lap("delta_commit")
+        if landed is not None:
+            return landed
         failpoint("after_delta_commit")
-        # The handle does not see its own commit until refreshed. With a concurrent
-        # writer (compaction) the version read here may be a later one; recovery only
-        # needs "at or after this flush", which that still is.
-        self._table.update_incremental()
-        return CommitRecord(self._table.version(), tuple(channels), next_row_id, rows, file_bytes)
+        file_bytes = written.size if written else 0
+        return CommitRecord(version, tuple(channels), next_row_id, rows, file_bytes)
+
+
+class Laps:
+    """Seconds between successive :meth:`lap` calls, added up by name into ``into`` (a
+    flush's phases for the metrics; nothing is kept when ``into`` is None)."""
+
+    def __init__(self, into: dict[str, float] | None) -> None:
+        self.into = into
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.into is not None:
+            self.into[name] = self.into.get(name, 0.0) + now - self._last
+        self._last = now

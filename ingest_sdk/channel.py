@@ -91,6 +91,10 @@ class AsyncChannel:
         self._sent = 0  # items ever acknowledged by the server
         self._next_seq = 1
         self._acked_seq = 0
+        #: The newest batch_seq the server said is committed, and the token it named then:
+        #: a wait for anything up to it needs no round trip.
+        self._committed_seq = 0
+        self._committed_token = offset_token
         self._token_seq: dict[str, int] = {}
         self._changed = asyncio.Condition()
         # Held for a whole enqueue (including a wait for room): asyncio locks are FIFO, so
@@ -312,6 +316,10 @@ class AsyncChannel:
     ) -> str | None:
         """Return once ``offset_token`` (default: everything inserted so far) is committed.
 
+        A position at or before one an earlier answer reported committed is answered at
+        once, without asking the server again (a producer waiting for each of its batches
+        in turn makes one round trip per commit, not one per batch).
+
         Returns:
             The channel's committed offset token at that moment.
 
@@ -323,6 +331,8 @@ class AsyncChannel:
         seq = await self._sent_target(offset_token, deadline)
         if seq == 0:
             return self._opened_token  # nothing was ever sent through this handle
+        if seq <= self._committed_seq and self._error is None:
+            return self._committed_token  # an answer already said so: no round trip
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -337,7 +347,14 @@ class AsyncChannel:
                 extra_timeout=min(remaining, _WAIT_SLICE),
             )  # fmt: skip
             if answer["committed"]:
+                self._note_committed(answer.get("committed_batch_seq", seq), answer["offset_token"])
                 return answer["offset_token"]
+
+    def _note_committed(self, seq: int, token: str | None) -> None:
+        """Remember the newest committed position an answer named (each batch of a handle
+        commits in order, so every batch_seq up to it is committed too)."""
+        if seq > self._committed_seq:
+            self._committed_seq, self._committed_token = seq, token
 
     async def get_latest_committed_offset_token(self) -> str | None:
         """The newest committed offset token of this channel (``None`` before any commit)."""

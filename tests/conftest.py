@@ -14,6 +14,11 @@ import pytest
 # JVM's defaults. (SPARK_SUBMIT_OPTS reaches the driver JVM without the notice that
 # JAVA_TOOL_OPTIONS prints on every start.)
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The services' Spark workers run at the service's own priority here (their default is
+# niceness 10, behind the flushes): the suite's two processes share two cores, and a niced
+# worker would wait for the other process's Spark session, not for a flush. The worker's
+# niceness itself is tested with an explicit CompactionTrigger(worker_nice=...).
+os.environ.setdefault("INGEST_SPARK_WORKER_NICE", "0")
 
 #: The longest files, longest first: ``make test`` runs files in two processes, each
 #: taking the next file as it finishes one, so a long file started last would run alone

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -43,6 +45,23 @@ def test_background_compaction_past_the_file_threshold(server_factory, client_fa
     )
     channel.insert_rows([{"ID": 60}], end_offset_token="6")  # ingestion goes on
     assert channel.wait_for_commit(timeout=30) == "6"
+
+
+def test_the_worker_runs_at_its_niceness(server_factory, tmp_path):
+    """The Spark worker starts through nice(1) at its niceness, so its compactions and
+    statements take the CPU the flushes leave; 0 runs it at the service's priority."""
+    niced = server_factory(compaction=CompactionTrigger(enabled=False, worker_nice=7))
+    command = niced.service._compaction_command()
+    assert command[1:3] == ["-n", "7"] and command[3] == sys.executable
+    shown = subprocess.run(
+        [*command[:3], sys.executable, "-c", "import os; print(os.nice(0))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert int(shown.stdout) == min(19, os.nice(0) + 7)
+    plain = server_factory(
+        warehouse=tmp_path / "plain", compaction=CompactionTrigger(enabled=False, worker_nice=0)
+    )
+    assert plain.service._compaction_command()[0] == sys.executable
 
 
 def test_clustering_must_name_table_columns(server, client_factory):

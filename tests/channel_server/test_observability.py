@@ -36,13 +36,16 @@ def test_metrics_have_help_types_table_labels_and_live_buffer_gauges(server, cli
     text, families = scrape(server.url)
     for name in ("ingest_rows_inserted", "ingest_rows_committed", "ingest_flush_duration_seconds",
                  "ingest_insert_to_commit_seconds", "ingest_buffer_bytes_used",
-                 "ingest_rejected_requests", "ingest_compactions"):  # fmt: skip
+                 "ingest_rejected_requests", "ingest_compactions",
+                 "ingest_flush_phase_seconds"):  # fmt: skip
         assert f"# HELP {name}" in text and f"# TYPE {name}" in text, name
     assert sample(families, "ingest_rows_inserted_total", table="DB.S.T") == 10
     assert sample(families, "ingest_rows_committed_total", table="DB.S.T") == 10
     assert sample(families, "ingest_flush_duration_seconds_count", table="DB.S.T") >= 1
     assert sample(families, "ingest_insert_to_commit_seconds_count", table="DB.S.T") == 1
     assert families["ingest_insert_to_commit_seconds"].type == "histogram"
+    for phase in ("lag_wait", "row_ids", "parquet", "delta_commit", "catalog", "flush"):
+        assert sample(families, "ingest_flush_phase_seconds_count", phase=phase) >= 1, phase
     # Everything is flushed: the buffer gauge says 0 (it used to keep the last insert's size).
     assert sample(families, "ingest_buffer_bytes_used") == 0
     assert sample(families, "ingest_buffer_bytes_peak") > 0

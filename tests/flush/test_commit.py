@@ -75,6 +75,69 @@ def test_a_stale_writer_is_fenced_by_its_app_transaction(writer):
     assert DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist() == [1]
 
 
+def test_a_writer_that_committed_before_is_fenced_after_another_writers_commit(writer):
+    """The writer knows the positions it committed; a commit by anyone else makes it look
+    them up again, so a newer generation landed meanwhile still fences it."""
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "1", 1)], 0)
+    TableWriter(writer.table_uri, SCHEMA).commit_flush(
+        [part(2)], [ChannelProgress("a", 2, 1, "new", 1)], 1
+    )
+    with pytest.raises(ChannelFencedError):
+        writer.commit_flush([part(3)], [ChannelProgress("a", 1, 2, "2", 1)], 2)
+    assert sorted(DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist()) == [
+        1,
+        2,
+    ]
+
+
+def test_positions_the_writer_committed_itself_are_not_looked_up_again(writer, monkeypatch):
+    looked_up = []
+    lookup = DeltaTable.transaction_version
+    monkeypatch.setattr(DeltaTable, "transaction_version",
+                        lambda table, app: looked_up.append(app) or lookup(table, app))  # fmt: skip
+    for seq in range(1, 4):
+        channels = [
+            ChannelProgress("a", 1, seq, str(seq), 1),
+            ChannelProgress("b", 1, seq, None, 1),
+        ]
+        record = writer.commit_flush([part(seq)], channels, seq)
+        assert record.version == seq  # landed right above the version it was made on
+    assert sorted(looked_up) == [app_id("a"), app_id("b")]  # the first flush only
+    # The same flush again (its answer was lost): found landed from what the writer knows.
+    assert writer.commit_flush([part(3)], channels, 3).version == 3
+    assert DeltaTable(writer.table_uri).to_pyarrow_table().num_rows == 3
+
+
+def test_a_commit_refused_for_a_concurrent_one_checks_the_channels_again(writer, monkeypatch):
+    """A newer generation committed between the check and the commit: the refused commit
+    goes again only after the channels are checked on the newest version, and is fenced."""
+    import flush.commit as commit_module
+
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "1", 1)], 0)
+    write = commit_module.write_parquet_file
+
+    def write_while_another_writer_commits(*args, **kwargs):
+        monkeypatch.setattr(commit_module, "write_parquet_file", write)  # once
+        other = TableWriter(writer.table_uri, SCHEMA)
+        other.commit_flush([part(9)], [ChannelProgress("a", 2, 1, "new", 1)], 9)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(commit_module, "write_parquet_file", write_while_another_writer_commits)
+    with pytest.raises(ChannelFencedError):
+        writer.commit_flush([part(2)], [ChannelProgress("a", 1, 2, "2", 1)], 1)
+    assert sorted(DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist()) == [
+        1,
+        9,
+    ]
+
+
+def test_a_flush_reports_the_time_of_its_phases(writer):
+    timings = {}
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "1", 1)], 0, timings)
+    assert set(timings) == {"landed_check", "parquet", "delta_commit"}
+    assert all(seconds >= 0 for seconds in timings.values())
+
+
 def test_token_only_flush_commits_metadata_without_files(writer):
     record = writer.commit_flush([], [ChannelProgress("a", 1, 1, "99", 0)], 0)
     table = DeltaTable(writer.table_uri)

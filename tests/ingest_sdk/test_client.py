@@ -233,6 +233,34 @@ def test_reopen_invalidates_the_old_handle_and_discards_its_buffer(server, clien
     assert table_rows(info["location"], "ID") == [(Decimal(10),)]
 
 
+def test_a_wait_an_earlier_answer_already_covered_asks_the_server_nothing(server, client_factory):
+    """Each batch of a handle commits in order, so one answer that batch_seq N is committed
+    answers every later wait up to N: a producer waiting for each batch in turn makes one
+    round trip per commit."""
+    client = client_factory(server.url)
+    client.create_table("db.s.t", {"ID": "INT"})
+    channel = client.open_channel(request())
+    transport = channel._channel._client.transport
+    asked = []
+    send = transport.request
+
+    async def counted(method, path, **kwargs):
+        asked.append(path)
+        return await send(method, path, **kwargs)
+
+    transport.request = counted
+    for n in range(3):
+        channel.insert_rows([{"ID": n}], end_offset_token=str(n))
+    assert channel.wait_for_commit(timeout=30) == "2"
+    waits = asked.count("/v1/channels/wait")
+    assert channel.wait_for_commit("0", timeout=30) == "2"  # committed with "2", answered then
+    assert channel.wait_for_commit("1", timeout=30) == "2"
+    assert asked.count("/v1/channels/wait") == waits
+    channel.insert_rows([{"ID": 3}], end_offset_token="3")
+    assert channel.wait_for_commit("3", timeout=30) == "3"  # a new position: the server says
+    assert asked.count("/v1/channels/wait") > waits
+
+
 def test_close_flushes_and_returns_once_committed(server, client_factory):
     client = client_factory(server.url, max_client_lag=30.0)
     info = client.create_table("db.s.t", {"ID": "INT"})
