@@ -29,6 +29,7 @@ from pipelines.sql.refresh_history import FUNCTION as HISTORY_FUNCTION
 from pipelines.sql.refresh_history import history_call, history_frame
 from pipelines.sql.source_text import (
     Splice,
+    blanked,
     check_one_statement,
     extent,
     has_extensions,
@@ -248,7 +249,7 @@ class Binder:
         check_one_statement(text)
         text = self._our_clauses(spark_sql_text(text))
         self.quoted |= quoted_names(text)
-        splice = Splice(text)
+        splice, code = Splice(text), blanked(text)  # code: no comment reads as TABLE
         for reference in references(self.session.spark, text):
             if len(reference.parts) == 1 and reference.parts[0].lower() in self.made:
                 # A view this binder made: a DML target (aliased by the query we wrote),
@@ -261,7 +262,7 @@ class Binder:
             # ``TABLE t`` (a query of one table) takes no alias; after a TABLESAMPLE, the
             # alias goes after the sample (Spark reads ``t [time travel] [sample] [alias]``).
             if label is not None and not (
-                reference.aliased or _TABLE_QUERY.search(text, 0, reference.start)
+                reference.aliased or _TABLE_QUERY.search(code, 0, reference.start)
             ):
                 splice.replace(reference.alias_at, reference.alias_at, f" AS {quote(label)}")
         return splice.render()

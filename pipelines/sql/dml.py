@@ -22,7 +22,7 @@ from catalog import TableInfo
 from flush.change_commit import ChangeSet
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
-from ingest_sdk.schema import Column, quote_identifier
+from ingest_sdk.schema import Column, quote_identifier, spark_fold
 from pipelines.errors import SqlError
 from pipelines.sql.binding import Binder, quote
 from pipelines.sql.source_text import extent
@@ -45,6 +45,8 @@ def _q(name: str) -> str:
 def _column(info: TableInfo, identifier: exp.Expression) -> Column:
     """The target column an assignment or column list names (identifier rules)."""
     node = identifier.this if isinstance(identifier, exp.Column) else identifier
+    if isinstance(identifier, exp.Column) and identifier.table:
+        _check_qualifier(identifier)
     if not isinstance(node, exp.Identifier):
         shown = identifier.sql("spark") if identifier is not None else "nothing"
         raise SqlError(f"expected a column name, got {shown[:80]!r}", "SQL_COMPILATION_ERROR")
@@ -57,6 +59,26 @@ def _column(info: TableInfo, identifier: exp.Expression) -> Column:
             "SQL_COMPILATION_ERROR",
         )
     return column
+
+
+def _check_qualifier(column: exp.Column) -> None:
+    """A target column written qualified (``SET t.c = ...``) must be qualified by the
+    target's alias, or its name when it has none, as Spark resolves it.
+
+    Raises:
+        SqlError: another qualifier (a source's alias, a name no relation has): it was
+            dropped, and the target's column written.
+    """
+    statement = column.root()
+    table = statement.this.this if isinstance(statement.this, exp.Schema) else statement.this
+    target = (table.alias or table.name) if isinstance(table, exp.Table) else ""
+    qualifier = [part.name for part in column.parts[:-1]]
+    if len(qualifier) != 1 or spark_fold(qualifier[0]) != spark_fold(target):
+        raise SqlError(
+            f"invalid identifier {column.sql('spark')[:80]!r}: the columns set or listed "
+            f"here are the target's ({target}); write the column alone ({column.name}) or "
+            f"qualified by {target}", "SQL_COMPILATION_ERROR",
+        )  # fmt: skip
 
 
 def _rows(

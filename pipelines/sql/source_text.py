@@ -30,7 +30,7 @@ from pipelines.errors import SqlError
 from pipelines.sql.statements import LITERALS
 
 __all__ = [
-    "Splice", "check_one_statement", "extent", "has_extensions", "parse_with_spans",
+    "Splice", "blanked", "check_one_statement", "extent", "has_extensions", "parse_with_spans",
     "quoted_names", "span", "writes_watermark",
 ]  # fmt: skip
 
@@ -118,9 +118,15 @@ _TYPE = re.compile(r"\b(?:STRUCT|ARRAY|MAP)\s*<", re.I)
 _ANGLES = re.compile(r"[<>]")
 
 
+def blanked(text: str) -> str:
+    """``text`` with its literals, quoted names and comments made spaces, every other
+    character in its place."""
+    return LITERALS.sub(lambda m: " " * len(m.group(0)), text)
+
+
 def readable(text: str) -> str:
     """``text`` as sqlglot can read it, every character in its place (:data:`_UNREADABLE`)."""
-    code = LITERALS.sub(lambda m: " " * len(m.group(0)), text)
+    code = blanked(text)
     types = _types(code)  # in order, apart
     starts = [start for start, _ in types]
     out, position = [], 0

@@ -86,6 +86,11 @@ def references(spark: SparkSession, text: str) -> list[Reference]:
         kind = _short(node)
         if kind == "UnresolvedRelation":
             parts = _seq(node.multipartIdentifier())
+            if not node.options().isEmpty():
+                raise SqlError(f"options on a table read ({'.'.join(parts)} WITH (...)) are "
+                               "not supported: the warehouse reads its tables itself; remove "
+                               "the WITH (...) after the name",
+                               "SQL_COMPILATION_ERROR")  # fmt: skip
             if not (len(parts) == 1 and parts[0].lower() in scope):
                 found.append(_reference(node, parts, above))
             continue

@@ -193,10 +193,12 @@ SUPPORTED = (
 _METADATA = re.compile(
     r"(?<![\w$`])(METADATA\$(?:ACTION|ISUPDATE|ROW_ID)|SYSTEM\$STREAM_HAS_DATA)(?![\w$])", re.I
 )
-#: String literals, quoted names and comments. An unterminated one runs to the end of the text,
-#: so no start is scanned twice (``/*/*/*...`` would otherwise cost quadratic time).
+#: String literals (Spark's raw ``r'...'`` too: a backslash in it is a character, and
+#: ``''`` after it starts another literal, as Spark reads it), quoted names and comments.
+#: An unterminated one runs to the end of the text, so no start is scanned twice
+#: (``/*/*/*...`` would otherwise cost quadratic time).
 LITERALS = re.compile(
-    r"'(?:[^'\\]|\\.|'')*(?:'|\Z)|`[^`]*(?:`|\Z)|\"(?:[^\"]|\"\")*(?:\"|\Z)|--[^\n]*|/\*.*?(?:\*/|\Z)",
+    r"(?<![\w$])[rR]'[^']*(?:'|\Z)|'(?:[^'\\]|\\.|'')*(?:'|\Z)|`[^`]*(?:`|\Z)|\"(?:[^\"]|\"\")*(?:\"|\Z)|--[^\n]*|/\*.*?(?:\*/|\Z)",
     re.S,
 )
 #: Parentheses, brackets and CASE may nest this deep: deeper statements are refused before
@@ -209,7 +211,9 @@ MAX_NESTING = 32
 MAX_CASE_BRANCHES = 1_000  # WHEN
 MAX_CONDITIONS = 10_000  # AND, OR
 MAX_LIST_ITEMS = 100_000  # commas: IN lists, VALUES, select lists, arguments
-_COUNTED = re.compile(r"[()\[\]{},]|\b(?:CASE|END|WHEN|AND|OR)\b", re.I)
+#: ``decode(x, s1, r1, s2, r2, ...)`` is a CASE of one branch per pair: its commas count
+#: toward MAX_CASE_BRANCHES too.
+_COUNTED = re.compile(r"\bdecode\s*\(|[()\[\]{},]|\b(?:CASE|END|WHEN|AND|OR)\b", re.I)
 #: A chain of prefix operators (``NOT NOT ...``, ``- - ...``) nests as deep as it is long.
 _PREFIX_RUN = re.compile(rf"(?:(?:\bNOT\b|[-+~!])\s*){{{MAX_NESTING + 1}}}", re.I)
 
@@ -295,7 +299,7 @@ def check_nesting(text: str) -> None:
             "STATEMENT_TOO_COMPLEX",
         )
     for count, limit, what, instead in (
-        (shape.branches, MAX_CASE_BRANCHES, "CASE branches (WHEN)",
+        (shape.branches, MAX_CASE_BRANCHES, "CASE branches (WHEN, or pairs of decode)",
          "put the mapping in a table, or a VALUES list, and join it"),
         (shape.conditions, MAX_CONDITIONS, "AND/OR operators",
          "write alternatives of one column as column IN (...), or join a table of them"),
@@ -314,11 +318,22 @@ def _shape(text: str) -> _Shape:
     # Brackets and CASE ... END are counted apart: a stray END (a column named END)
     # must not cancel an open parenthesis.
     shape, brackets, cases, position = _Shape(), 0, 0, 0
+    decodes: list[int] = []  # the bracket depths at which a decode( is open
+    paired = 0  # commas between decode's arguments
     for literal in [*LITERALS.finditer(text), None]:
         stop = literal.start() if literal is not None else len(text)
         for counted in _COUNTED.finditer(text, position, stop):
             token = counted.group(0).upper()
-            if token == "CASE":
+            if token.startswith("DECODE"):
+                brackets += 1
+                decodes.append(brackets)
+            elif token == "," and decodes and decodes[-1] == brackets:
+                shape.items += 1
+                paired += 1  # two arguments more: one branch more
+            elif token in ")]}" and decodes and decodes[-1] == brackets:
+                decodes.pop()
+                brackets -= 1
+            elif token == "CASE":
                 cases += 1
             elif token == "END":
                 cases = max(0, cases - 1)
@@ -335,6 +350,7 @@ def _shape(text: str) -> _Shape:
         if literal is not None:
             _check_comment(literal.group(0))
             position = literal.end()
+    shape.branches += paired // 2
     return shape
 
 
