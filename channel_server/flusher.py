@@ -21,10 +21,10 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 from catalog import Catalog
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
-from flush import ChannelProgress, TableWriter
+from flush import ChannelProgress, TableWriter, commits_after
 from flush.commit import ChannelFencedError, CommitRecord, Laps
 from ingest_sdk.validation import check_offset_token
-from ingest_sdk.wire import pack_txn_version
+from ingest_sdk.wire import pack_txn_version, unpack_txn_version
 
 __all__ = ["TableFlusher"]
 
@@ -88,6 +88,12 @@ class TableFlusher:
         #: Moving estimate of one flush's duration; flushes start this much before the
         #: deadline so rows are committed by arrival + max_client_lag, not after it.
         self.flush_estimate = 0.0
+        #: An attempt failed without an answer: its commit may have landed, so batches put
+        #: back are checked against the log before they go into a commit with newer ones.
+        self._unanswered = False
+        #: A commit may be missing from the catalog (an attempt failed after its commit, or
+        #: the index update failed): the next index update replays every commit it lacks.
+        self.unindexed = False
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"flush {self.table.info.full_name}")
@@ -188,12 +194,54 @@ class TableFlusher:
         laps.lap("row_ids")
         record = self.writer.commit_flush(parts, progress, first_row_id, timings)
         laps = Laps(timings)
-        try:
-            self.catalog.apply_commit(self.table.info.id, record)  # Step 4
+        try:  # Step 4
+            if self.unindexed:
+                self.reindex()
+            else:
+                self.catalog.apply_commit(self.table.info.id, record)
         except Exception:
+            self.unindexed = True
             log.exception("catalog update after commit %d failed", record.version)
         laps.lap("catalog")
         return record
+
+    def reindex(self) -> None:
+        """Record in the catalog every flush commit of the log it lacks, in order (the
+        catalog's ``applied_version`` only moves forward, so a commit skipped once would be
+        skipped for good, by start-up recovery too)."""
+        info = self.catalog.get_table_by_id(self.table.info.id)
+        if info is not None:
+            for record in commits_after(info.uri, info.applied_version):
+                self.catalog.apply_commit(info.id, record)
+        self.unindexed = False
+
+    async def _drop_landed(
+        self, batches: list[PendingBatch]
+    ) -> tuple[list[PendingBatch], list[ChannelProgress]]:
+        """After an attempt that failed without an answer: the batches its commit already
+        holds (the log has their channel at their generation and at or past their
+        batch_seq) are acknowledged and freed; the rest, and their progress, go on."""
+        positions = await asyncio.to_thread(self.writer.landed_positions, _progress(batches))
+        done: list[PendingBatch] = []
+        kept: list[PendingBatch] = []
+        for batch in batches:
+            landed = positions.get(batch.channel.name)
+            generation, seq = unpack_txn_version(landed) if landed is not None else (0, 0)
+            same = generation == batch.generation and seq >= batch.batch_seq
+            (done if same else kept).append(batch)
+        self._acknowledge(_progress(done))
+        self.budget.release(sum(b.nbytes for b in done))
+        if done:
+            self.unindexed = True  # that commit's answer, and its index update, were lost
+        self._unanswered = False
+        return kept, _progress(kept)
+
+    def _acknowledge(self, progress: list[ChannelProgress]) -> None:
+        """Step 5: wake the producers waiting for these positions."""
+        for item in progress:
+            channel = self.table.channels.get(item.channel)
+            if channel is not None and channel.generation == item.generation:
+                channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
 
     async def flush_once(self) -> None:
         """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
@@ -202,7 +250,11 @@ class TableFlusher:
         async with table.lock:
             started = time.monotonic()
             batches, progress = self._take()
+            if batches and self._unanswered:
+                batches, progress = await self._drop_landed(batches)
             if not batches:
+                if self.unindexed:
+                    await asyncio.to_thread(self.reindex)
                 return
             timings = {"lock": started - asked}
             parts = [b.data for b in batches if b.data is not None and b.rows]
@@ -216,16 +268,13 @@ class TableFlusher:
                 table.put_back(batches)  # the next attempt drops the invalidated ones
                 raise
             except BaseException:
+                self._unanswered = self.unindexed = True  # it may have committed
                 table.put_back(batches)
                 raise
             if record.rows:
                 table.ingest_files += 1
                 table.ingest_bytes += record.file_bytes
-            # Step 5: acknowledge.
-            for item in progress:
-                channel = table.channels.get(item.channel)
-                if channel is not None and channel.generation == item.generation:
-                    channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
+            self._acknowledge(progress)  # Step 5
             self.budget.release(sum(b.nbytes for b in batches))
             self._observe(batches, record, started, timings)
 

@@ -432,8 +432,10 @@ class IngestService:
             else self.config.flush.default_max_client_lag
         )
         async with table.lock:  # never while a flush of this table is in flight
-            writer = self._flushers[table.info.id].writer
-            logged = await asyncio.to_thread(writer.committed_generation, name)
+            flusher = self._flushers[table.info.id]
+            if flusher.unindexed:  # the token is read from the catalog: bring it up to date
+                await asyncio.to_thread(flusher.reindex)
+            logged = await asyncio.to_thread(flusher.writer.committed_generation, name)
             record = await asyncio.to_thread(
                 self.catalog.open_channel, table.info.id, name, logged + 1
             )

@@ -134,6 +134,12 @@ class TableWriter:
                 )
         return {p.channel: self._positions[p.channel] for p in channels}
 
+    def landed_positions(self, channels: list[ChannelProgress]) -> dict[str, int | None]:
+        """Each channel's packed position (``pack_txn_version``) in the newest log (None:
+        the log holds none): what an attempt that failed without an answer committed."""
+        self._table.update_incremental()
+        return self._log_positions(channels)
+
     def _landed(self, channels: list[ChannelProgress]) -> CommitRecord | None:
         """The commit of this exact flush if an earlier attempt already made it (a retry
         whose first commit landed but whose answer was lost). Loads the newest version.

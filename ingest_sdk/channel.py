@@ -321,7 +321,9 @@ class AsyncChannel:
         in turn makes one round trip per commit, not one per batch).
 
         Returns:
-            The channel's committed offset token at that moment.
+            A committed offset token of the channel at or after the one waited for: the
+            newest an answer of the server to this handle named (a wait an earlier answer
+            covered is answered from it, so a later commit may not be in it yet).
 
         Raises:
             CommitTimeoutError: not committed within ``timeout`` seconds (it may still be later).
