@@ -220,7 +220,8 @@ class TableFlusher:
     ) -> tuple[list[PendingBatch], list[ChannelProgress]]:
         """After an attempt that failed without an answer: the batches its commit already
         holds (the log has their channel at their generation and at or past their
-        batch_seq) are acknowledged and freed; the rest, and their progress, go on."""
+        batch_seq) are indexed in the catalog, acknowledged and freed; the rest, and their
+        progress, go on."""
         positions = await asyncio.to_thread(self.writer.landed_positions, _progress(batches))
         done: list[PendingBatch] = []
         kept: list[PendingBatch] = []
@@ -229,10 +230,13 @@ class TableFlusher:
             generation, seq = unpack_txn_version(landed) if landed is not None else (0, 0)
             same = generation == batch.generation and seq >= batch.batch_seq
             (done if same else kept).append(batch)
-        self._acknowledge(_progress(done))
-        self.budget.release(sum(b.nbytes for b in done))
-        if done:
-            self.unindexed = True  # that commit's answer, and its index update, were lost
+        if done:  # that commit's answer, and its index update, were lost: index, then wake
+            try:
+                await asyncio.to_thread(self.reindex)
+            except Exception:
+                log.exception("catalog update after a commit whose answer was lost failed")
+            self._acknowledge(_progress(done))
+            self.budget.release(sum(b.nbytes for b in done))
         self._unanswered = False
         return kept, _progress(kept)
 

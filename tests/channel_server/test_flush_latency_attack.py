@@ -133,11 +133,9 @@ async def http_to(url: str):
 # -- the flusher: a commit that raised after it landed -----------------------------------------
 
 
-# FIXED (was a defect, found in this round; it predates 72f2f11).
-@pytest.mark.parametrize("newcomer", ["same channel", "another channel"])
-async def test_a_landed_commit_that_raised_is_not_committed_again_with_newer_rows(
-    server_factory, monkeypatch, newcomer
-):
+def lose_the_first_answer_and_hold_its_retry(monkeypatch):
+    """The first flush's commit lands but its call raises (``landed`` is set then); its
+    retry waits for ``release``. Returns (landed, release)."""
     import flush.commit as commit_module
     from channel_server.flusher import TableFlusher
 
@@ -157,6 +155,15 @@ async def test_a_landed_commit_that_raised_is_not_committed_again_with_newer_row
 
     monkeypatch.setattr(commit_module, "failpoint", lost_answer)
     monkeypatch.setattr(TableFlusher, "flush_once", held_retry)
+    return landed, release
+
+
+# FIXED (was a defect, found in this round; it predates 72f2f11).
+@pytest.mark.parametrize("newcomer", ["same channel", "another channel"])
+async def test_a_landed_commit_that_raised_is_not_committed_again_with_newer_rows(
+    server_factory, monkeypatch, newcomer
+):
+    landed, release = lose_the_first_answer_and_hold_its_retry(monkeypatch)
     server = server_factory()
     try:
         async with http_to(server.url) as api:
@@ -210,24 +217,7 @@ async def open_answer(api: Http, channel: str, lag: float = 0.05) -> dict:
 async def test_a_reopen_after_a_landed_commit_that_raised_answers_the_landed_token(
     server_factory, monkeypatch
 ):
-    import flush.commit as commit_module
-    from channel_server.flusher import TableFlusher
-
-    landed, release = threading.Event(), threading.Event()
-    real_flush = TableFlusher.flush_once
-
-    def lost_answer(name: str) -> None:
-        if name == "after_delta_commit" and not landed.is_set():
-            landed.set()
-            raise InjectedFailure("after_delta_commit")
-
-    async def held_retry(self: TableFlusher) -> None:
-        if landed.is_set() and not release.is_set():
-            await asyncio.get_running_loop().run_in_executor(None, release.wait, 60)
-        await real_flush(self)
-
-    monkeypatch.setattr(commit_module, "failpoint", lost_answer)
-    monkeypatch.setattr(TableFlusher, "flush_once", held_retry)
+    landed, release = lose_the_first_answer_and_hold_its_retry(monkeypatch)
     server = server_factory()
     try:
         async with http_to(server.url) as api:
@@ -249,12 +239,9 @@ async def test_a_reopen_after_a_landed_commit_that_raised_answers_the_landed_tok
         release.set()
 
 
-# FIXED (was a defect, found in this round; it predates 72f2f11).
-async def test_a_reopen_after_a_failed_catalog_update_answers_the_committed_token(
-    server_factory, monkeypatch
-):
-    server = server_factory()
-    catalog = server.service.catalog
+def fail_first_catalog_update(monkeypatch, catalog) -> list[int]:
+    """The catalog's first ``apply_commit`` raises (as a locked database would); returns
+    the list that gets the version it failed for."""
     real_apply, failed = catalog.apply_commit, []
 
     def apply_once_failing(table_id, record):
@@ -264,6 +251,16 @@ async def test_a_reopen_after_a_failed_catalog_update_answers_the_committed_toke
         return real_apply(table_id, record)
 
     monkeypatch.setattr(catalog, "apply_commit", apply_once_failing)
+    return failed
+
+
+# FIXED (was a defect, found in this round; it predates 72f2f11).
+async def test_a_reopen_after_a_failed_catalog_update_answers_the_committed_token(
+    server_factory, monkeypatch
+):
+    server = server_factory()
+    catalog = server.service.catalog
+    failed = fail_first_catalog_update(monkeypatch, catalog)
     async with http_to(server.url) as api:
         uri = await api.create_table()
         old = await api.open("a", lag=0.05)
@@ -286,15 +283,7 @@ async def test_a_failed_catalog_update_is_replayed_even_after_a_later_one_succee
     server = server_factory()
     warehouse = server.config.warehouse
     catalog = server.service.catalog
-    real_apply, failed = catalog.apply_commit, []
-
-    def apply_once_failing(table_id, record):
-        if not failed:
-            failed.append(record.version)
-            raise RuntimeError("database is locked")
-        return real_apply(table_id, record)
-
-    monkeypatch.setattr(catalog, "apply_commit", apply_once_failing)
+    failed = fail_first_catalog_update(monkeypatch, catalog)
     async with http_to(server.url) as api:
         uri = await api.create_table()
         b = await api.open("b", lag=0.05)
@@ -317,6 +306,21 @@ async def test_a_failed_catalog_update_is_replayed_even_after_a_later_one_succee
 
 
 # -- TableWriter against other writers of the same table ---------------------------------------
+
+
+def between_check_and_commit(monkeypatch, action) -> None:
+    """Run ``action`` once, while the next flush writes its Parquet file: after its check
+    of the channels, before its commit."""
+    import flush.commit as commit_module
+
+    write = commit_module.write_parquet_file
+
+    def meanwhile(*args, **kwargs):
+        monkeypatch.setattr(commit_module, "write_parquet_file", write)  # once
+        action()
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(commit_module, "write_parquet_file", meanwhile)
 
 
 @pytest.fixture
@@ -396,7 +400,6 @@ def test_another_writers_commit_makes_the_writer_look_positions_up_again(
     """A plain write_deltalake append or a compaction-like rewrite (no app transactions)
     moves the log: the positions are looked up again, the commit lands above it and the
     record names the version that really holds the flush (the catalog applies it)."""
-    import flush.commit as commit_module
 
     writer = TableWriter(uri, SCHEMA)
     for seq in (1, 2, 3):
@@ -415,14 +418,7 @@ def test_another_writers_commit_makes_the_writer_look_positions_up_again(
     if moment == "between flushes":
         other_commit()
     else:
-        write = commit_module.write_parquet_file
-
-        def meanwhile(*args, **kwargs):
-            monkeypatch.setattr(commit_module, "write_parquet_file", write)
-            other_commit()
-            return write(*args, **kwargs)
-
-        monkeypatch.setattr(commit_module, "write_parquet_file", meanwhile)
+        between_check_and_commit(monkeypatch, other_commit)
     record = writer.commit_flush([part(4)], [ChannelProgress("a", 1, 4, "4", 1)], 4)
     assert looked_up, "the positions were not looked up after another writer's commit"
     assert record.version == flush_version(uri, "a", 1, 4) == DeltaTable(uri).version()
@@ -526,7 +522,6 @@ async def test_a_newer_generation_from_another_process_fences_the_server(
     another process commits a newer generation of the channel exactly one version later,
     before the next flush or while it writes its file. The server must be fenced: the stale
     batch is not committed and its wait says the handle is invalidated, never committed."""
-    import flush.commit as commit_module
 
     server = server_factory()
     async with http_to(server.url) as api:
@@ -544,14 +539,7 @@ async def test_a_newer_generation_from_another_process_fences_the_server(
         if moment == "between flushes":
             newer_generation()
         else:
-            write = commit_module.write_parquet_file
-
-            def meanwhile(*args, **kwargs):
-                monkeypatch.setattr(commit_module, "write_parquet_file", write)
-                newer_generation()
-                return write(*args, **kwargs)
-
-            monkeypatch.setattr(commit_module, "write_parquet_file", meanwhile)
+            between_check_and_commit(monkeypatch, newer_generation)
         await api.rows("a", gen, 2, range(10, 20))
         status, body, _ = await api.wait("a", gen, 2)
         assert status == 409 and body["error"]["code"] == "CHANNEL_INVALIDATED", body
@@ -567,7 +555,6 @@ async def test_the_catalog_applies_the_version_that_holds_the_flush(
     """Another process appends (write_deltalake) or rewrites files (compaction-like) while
     the server flushes: the flush lands above it, the version the catalog records is the
     one that holds the flush, and a restart replays nothing twice."""
-    import flush.commit as commit_module
 
     server = server_factory()
     warehouse = server.config.warehouse
@@ -588,14 +575,7 @@ async def test_the_catalog_applies_the_version_that_holds_the_flush(
         if moment == "between flushes":
             other_commit()
         else:
-            write = commit_module.write_parquet_file
-
-            def meanwhile(*args, **kwargs):
-                monkeypatch.setattr(commit_module, "write_parquet_file", write)
-                other_commit()
-                return write(*args, **kwargs)
-
-            monkeypatch.setattr(commit_module, "write_parquet_file", meanwhile)
+            between_check_and_commit(monkeypatch, other_commit)
         await api.rows("a", gen, 4, [4])
         assert await api.committed("a", gen, 4) == "4"
         assert (
@@ -683,9 +663,7 @@ def test_explicit_tokens_out_of_order_and_reused(server, client_factory):
 # FIXED (was a defect, minor, new in 72f2f11): the docstring promised "the committed
 # token at that moment"; the contract is now a committed token at or after the one waited
 # for, the newest an answer to this handle named (docs/sdk.md).
-def test_an_answer_from_memory_names_a_committed_token_at_or_after_the_wait(
-    server, client_factory
-):
+def test_an_answer_from_memory_names_a_committed_token_at_or_after_the_wait(server, client_factory):
     client = client_factory(server.url)
     client.create_table(TABLE, COLUMNS)
     channel = client.open_channel(REQUEST)
