@@ -21,7 +21,7 @@ from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
 from catalog import Catalog
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
-from flush import ChannelProgress, TableWriter, commits_after
+from flush import ChannelProgress, TableWriter, replay_commits
 from flush.commit import ChannelFencedError, CommitRecord, Laps
 from ingest_sdk.validation import check_offset_token
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
@@ -186,7 +186,8 @@ class TableFlusher:
     ) -> CommitRecord:
         """Steps 1 to 4 in one worker thread: row ids from the catalog (where SQL sessions
         reserve theirs too), the Delta commit, then the catalog's index of it. If the
-        index update fails the commit still stands (start-up replays it)."""
+        index update fails the commit still stands (the next update, a channel's open and
+        start-up replay what the catalog lacks)."""
         laps = Laps(timings)
         first_row_id = self.catalog.reserve_row_ids(
             self.table.info.id, sum(p.num_rows for p in parts)
@@ -206,13 +207,8 @@ class TableFlusher:
         return record
 
     def reindex(self) -> None:
-        """Record in the catalog every flush commit of the log it lacks, in order (the
-        catalog's ``applied_version`` only moves forward, so a commit skipped once would be
-        skipped for good, by start-up recovery too)."""
-        info = self.catalog.get_table_by_id(self.table.info.id)
-        if info is not None:
-            for record in commits_after(info.uri, info.applied_version):
-                self.catalog.apply_commit(info.id, record)
+        """Record in the catalog every flush commit of the log it lacks, in order."""
+        replay_commits(self.catalog, self.table.info.id)
         self.unindexed = False
 
     async def _drop_landed(

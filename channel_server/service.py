@@ -27,7 +27,7 @@ from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.sql_service import SqlService
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
-from flush import commits_after, create_catalog_table, drop_table
+from flush import create_catalog_table, drop_table, replay_commits
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
@@ -136,8 +136,7 @@ class IngestService:
             if not (Path(info.uri) / "_delta_log").exists():
                 log.error("table %s has no Delta log at %s; skipping", info.full_name, info.uri)
                 continue
-            for record in commits_after(info.uri, info.applied_version):
-                self.catalog.apply_commit(info.id, record)
+            for record in replay_commits(self.catalog, info.id):
                 replayed += 1
                 log.info("recovered commit %d of %s", record.version, info.full_name,
                          extra={"table": info.full_name, "version": record.version})  # fmt: skip

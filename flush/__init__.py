@@ -10,6 +10,7 @@ from flush.commit import (
     CommitRecord,
     TableWriter,
     commits_after,
+    replay_commits,
 )
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import (
@@ -39,6 +40,7 @@ __all__ = [
     "drop_table",
     "new_table_folder",
     "read_table",
+    "replay_commits",
     "table_schema_of",
     "write_parquet_file",
 ]

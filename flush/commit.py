@@ -19,6 +19,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
+from catalog.base import Catalog
 from catalog.records import ChannelProgress, CommitRecord
 from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import stamped
@@ -37,6 +38,7 @@ __all__ = [
     "TableWriter",
     "app_id",
     "commits_after",
+    "replay_commits",
 ]
 
 COMMIT_METADATA_KEY = "ingest"
@@ -85,6 +87,20 @@ def commits_after(table_uri: str, version: int) -> list[CommitRecord]:
         if COMMIT_METADATA_KEY in entry
     ]
     return sorted(records, key=lambda record: record.version)
+
+
+def replay_commits(catalog: Catalog, table_id: int) -> list[CommitRecord]:
+    """Record in the catalog every flush commit of the table's log newer than the
+    catalog's applied version, oldest first (the applied version only moves forward, so
+    a commit skipped once would be skipped for good); returns them. Nothing for a table
+    the catalog no longer has."""
+    info = catalog.get_table_by_id(table_id)
+    if info is None:
+        return []
+    records = commits_after(info.uri, info.applied_version)
+    for record in records:
+        catalog.apply_commit(info.id, record)
+    return records
 
 
 class TableWriter:
@@ -148,8 +164,7 @@ class TableWriter:
             ChannelFencedError: a channel is already past this flush (a newer generation
                 committed): this is a stale writer, and committing would reorder the channel.
         """
-        self._table.update_incremental()
-        positions = self._log_positions(channels)
+        positions = self.landed_positions(channels)
         landed_all = True
         fenced = []
         for progress in channels:
