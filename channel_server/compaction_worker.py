@@ -1,4 +1,4 @@
-"""The service's Spark worker: one long-lived ``python -m pipelines.sql.worker --serve``.
+"""The service's Spark worker: one long-lived ``python -m pipelines.worker --serve``.
 
 It compacts tables and runs SQL statements (``POST /v1/sql``) in one warm Spark. Each
 request is one JSON line; each answer one frame (a JSON header line with the payload's

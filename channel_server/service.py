@@ -183,7 +183,7 @@ class IngestService:
         nice = shutil.which("nice") if trigger.worker_nice else None
         return [
             *([nice, "-n", str(trigger.worker_nice)] if nice else []),
-            sys.executable, "-m", "pipelines.sql.worker", "--serve",
+            sys.executable, "-m", "pipelines.worker", "--serve",
             "--warehouse", str(self.config.warehouse),
             "--catalog", str(self.config.catalog_file),
             "--target-file-mb", str(trigger.target_file_mb),

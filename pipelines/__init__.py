@@ -31,7 +31,7 @@ from pipelines.streams.changes import ChangeMode
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from pipelines.sql.session import Session
+    from pipelines.session import Session
 
 __all__ = [
     "ChangeMode",
@@ -54,7 +54,7 @@ def __getattr__(name: str) -> object:
     """``Session`` is imported on first use: the CLI's ``--url`` mode and the service's
     HTTP side import this package without needing the session (and its imports)."""
     if name == "Session":
-        from pipelines.sql.session import Session
+        from pipelines.session import Session
 
         return Session
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")

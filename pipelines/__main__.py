@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from catalog import Catalog
     from ingest_sdk import IngestError
     from ingest_sdk.change_stream_reader import Query
-    from pipelines.sql.session import Session
+    from pipelines.session import Session
 
 PROMPT = "sql> "
 MAX_ROWS = 10_000
@@ -228,7 +228,7 @@ class LocalRunner:
     """A :class:`Session` on the warehouse folder, with Spark in this process."""
 
     def __init__(self, warehouse: Path, session: Session | None = None) -> None:
-        from pipelines.sql.session import Session
+        from pipelines.session import Session
 
         self.where = f"warehouse {warehouse}"
         self.session: Session = session or Session(warehouse)

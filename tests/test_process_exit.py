@@ -84,7 +84,7 @@ def test_the_wrapper_keeps_the_status_main_gave(body, code, stderr):
         "channel_server",
         "flush.compact",
         "pipelines",
-        "pipelines.sql.worker",
+        "pipelines.worker",
         "examples.kafka_bridge",
         "bench",
     ],

@@ -25,8 +25,6 @@ from flush.tables import ROW_ID_COLUMN
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.history import data_changed
 from pipelines.sql.plan_guard import RefusedStatementError
-from pipelines.sql.refresh_history import FUNCTION as HISTORY_FUNCTION
-from pipelines.sql.refresh_history import history_call, history_frame
 from pipelines.sql.source_text import (
     Splice,
     blanked,
@@ -98,14 +96,25 @@ def _check_initialized(session: StatementContext, info: TableInfo) -> None:
         )
 
 
-def _reads_a_change_stream(table: exp.Table) -> bool:
-    """A ``READ_<change stream>(...)`` call (other table functions, such as Spark's
-    ``range``, are Spark's)."""
+def _table_function(table: exp.Table) -> exp.Anonymous | None:
+    """The call of one of our table functions a table reference holds: ``READ_<change
+    stream>(...)``, or ``TABLE(<name>(...))`` for a name of :data:`TABLE_FUNCTIONS`.
+    Other calls, such as Spark's ``range``, are Spark's."""
     call = table.this
     if not isinstance(call, exp.Anonymous):
-        return False
+        return None
     name = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
-    return name.upper().startswith("READ_")
+    if name.upper().startswith("READ_"):
+        return call
+    inner = call.expressions[0] if len(call.expressions) == 1 else None
+    if (name.upper() == "TABLE" and isinstance(inner, exp.Anonymous)
+            and inner.name.upper() in TABLE_FUNCTIONS):  # fmt: skip
+        return inner
+    return None
+
+
+#: The table functions written ``TABLE(<name>(...))`` that the session answers.
+TABLE_FUNCTIONS = frozenset({"DYNAMIC_TABLE_REFRESH_HISTORY"})
 
 
 def result_names(binder: Binder, frame: DataFrame, text: str) -> DataFrame:
@@ -322,16 +331,10 @@ class Binder:
         clause, not the alias), what replaces them and the alias it goes by."""
         names = [table.args.get(k) for k in ("catalog", "db", "this")]
         first = min(span(n)[0] for n in names if n is not None)
-        if (history := history_call(table)) is not None:
+        if (call := _table_function(table)) is not None:
             defaults = self.defaults or (self.session.database, self.session.schema)
-            frame = history_frame(self.session, history, defaults)
-            return first, span(table.this)[1], self.view(frame, HISTORY_FUNCTION), HISTORY_FUNCTION
-        if _reads_a_change_stream(table):
-            defaults = self.defaults or (self.session.database, self.session.schema)
-            call = table.this
-            label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
-            frame = self.session.table_function(table, defaults)
-            return first, span(call)[1], self.view(frame, label), label
+            frame, label = self.session.table_function(table, call, defaults)
+            return first, span(table.this)[1], self.view(frame, label), label
         clauses = [table.args.get(k) for k in ("when", "version", "changes")]
         if not isinstance(table.this, exp.Identifier) or not any(clauses):
             return None

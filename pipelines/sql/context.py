@@ -2,7 +2,7 @@
 
 The session hands itself to every handler (:data:`pipelines.sql.ddl.HANDLERS`, the DML
 runners of :mod:`pipelines.sql.dml`) and to the :class:`~pipelines.sql.binding.Binder`.
-They are typed against this protocol, not against :class:`~pipelines.sql.session.Session`,
+They are typed against this protocol, not against :class:`~pipelines.session.Session`,
 so no handler module imports the session module (which imports all of them): the
 session satisfies the protocol structurally, and mypy checks that where it passes
 itself. The protocol lists exactly what the handlers use; a handler that needs more
@@ -109,7 +109,11 @@ class StatementContext(Protocol):
         """Drop the temporary views earlier statements made."""
         ...
 
-    def table_function(self, table: exp.Table, defaults: tuple[str, str]) -> DataFrame:
-        """The rows of a table-valued call in a query (``READ_<change stream>(...)``);
-        ``defaults``: the database and schema its unqualified name means."""
+    def table_function(
+        self, table: exp.Table, call: exp.Anonymous, defaults: tuple[str, str]
+    ) -> tuple[DataFrame, str]:
+        """The rows of one of our table-valued calls in a query (``READ_<change
+        stream>(...)``, ``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``) and the name its
+        view goes by; ``call``: the function's call inside ``table``; ``defaults``: the
+        database and schema its unqualified names mean."""
         ...

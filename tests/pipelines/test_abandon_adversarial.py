@@ -178,7 +178,7 @@ def test_a_commit_stuck_past_the_app_transaction_retention_lands_once(
 def test_a_decided_commit_past_its_timeout_is_reported_pending(
     session_factory, monkeypatch
 ):
-    from pipelines.sql.worker import SessionPool, StatementClock, answer_statement
+    from pipelines.worker import SessionPool, StatementClock, answer_statement
 
     s = session_factory()
     s.sql("CREATE TABLE t3 (id NUMBER, v VARCHAR)")

@@ -477,7 +477,7 @@ def test_query_runtime_error_surfaces_where_the_query_runs(shared, capsys):
     from pyspark.errors import PySparkException
 
     from pipelines.__main__ import LocalRunner, run_one
-    from pipelines.sql.worker import SessionPool, StatementClock, answer_statement
+    from pipelines.worker import SessionPool, StatementClock, answer_statement
 
     frame = shared.sql("SELECT 1/0 AS x")
     with pytest.raises(PySparkException):

@@ -631,7 +631,7 @@ def _worker_master(env: dict, prefix: list[str], tmp: Path) -> dict:
         "    sys.stderr.write('CAPTURE ' + json.dumps({'master': master, 'config': config}) + '\\n')\n"
         "    sys.stderr.flush(); os._exit(0)\n"
         "st.spark_session = fake\n"
-        "from pipelines.sql import worker\n"
+        "from pipelines import worker\n"
         "worker.main(['--warehouse', sys.argv[1]])\n"
     )
     (tmp / "wh").mkdir(exist_ok=True)

@@ -1,5 +1,7 @@
-"""The sub-packages of ``pipelines`` import only downwards, and no statement handler
-imports the session module: handlers see the session as ``StatementContext``.
+"""The sub-packages of ``pipelines`` form layers that import only downwards, and none of
+them imports the modules at the package's top (the session, the worker, the command
+line), which put them together: statement handlers see the session as
+``StatementContext``.
 
 Read from the source (every import, also under TYPE_CHECKING and inside functions), so a
 circle cannot come back unnoticed.
@@ -13,7 +15,17 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pipelines"
-SESSION = "pipelines.sql.session"
+#: Each sub-package's layer: it may import its own modules and those of lower layers.
+LAYERS = {
+    "streams": 0,
+    "transactions": 1,
+    "sql": 2,
+    "dynamic_tables": 3,
+    "change_streams": 3,
+    "spark_sources": 4,
+}
+#: The top: what puts the layers together. No sub-package imports these.
+TOP = ("pipelines.session", "pipelines.worker", "pipelines.__main__")
 
 
 def imported(path: Path) -> set[str]:
@@ -28,34 +40,39 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-def test_only_the_session_and_the_worker_import_the_session_module():
-    importers = {path.name for path in (PACKAGE / "sql").glob("*.py") if SESSION in imported(path)}
-    assert importers <= {"session.py", "worker.py"}, importers
+def sub_package(name: str) -> str | None:
+    """The sub-package a dotted module name lies in (None: not in one)."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[0] == "pipelines" and parts[1] in LAYERS:
+        return parts[1]
+    return None
 
 
-@pytest.mark.parametrize(
-    ("package", "never"),
-    [
-        ("streams", ("pipelines.sql", "pipelines.transactions", "pipelines.spark_sources")),
-        ("transactions", ("pipelines.sql", "pipelines.spark_sources")),
-    ],
-)
-def test_lower_sub_packages_do_not_import_higher_ones(package, never):
+def test_every_sub_package_has_a_layer():
+    found = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert found == set(LAYERS), "give the new sub-package a layer in LAYERS"
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_sub_packages_import_only_lower_layers(package):
     for path in (PACKAGE / package).glob("*.py"):
-        wrong = {n for n in imported(path) if n.startswith(never)}
-        assert not wrong, f"{path.name} imports {sorted(wrong)}"
+        names = imported(path)
+        upward = {
+            name for name in names
+            if (other := sub_package(name)) is not None and other != package
+            and LAYERS[other] >= LAYERS[package]
+        }  # fmt: skip
+        assert not upward, f"{package}/{path.name} imports {sorted(upward)}"
+        top = {name for name in names if name.startswith(TOP)}
+        assert not top, f"{package}/{path.name} imports {sorted(top)}"
 
 
-@pytest.mark.parametrize("package", ["dynamic_tables", "change_streams"])
-def test_only_the_session_and_the_worker_reach_the_handlers_above_sql(package):
-    """``dynamic_tables`` and ``change_streams`` build on ``sql``'s binder and helpers; in
-    ``sql`` only the session (which dispatches statements) and the worker (which runs the
-    refresh loop) import them back."""
-    importers = {
-        path.name
-        for path in (PACKAGE / "sql").glob("*.py")
-        if any(name.startswith(f"pipelines.{package}") for name in imported(path))
-    }
-    assert importers <= {"session.py", "worker.py"}, importers
-    for path in (PACKAGE / package).glob("*.py"):
-        assert SESSION not in imported(path), path.name
+def test_the_layer_test_sees_an_upward_import(tmp_path):
+    """The walk reads imports inside functions and TYPE_CHECKING blocks too."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from pipelines.session import Session\n"
+        "def f():\n    from pipelines.dynamic_tables import refresh\n"
+    )
+    assert {"pipelines.session", "pipelines.dynamic_tables.refresh"} <= imported(module)

@@ -33,6 +33,7 @@ from ingest_sdk.errors import IngestError
 from pipelines.change_streams import definition as change_streams
 from pipelines.change_streams.function import read_frame
 from pipelines.dynamic_tables import definition as dynamic
+from pipelines.dynamic_tables import refresh_history
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -181,10 +182,16 @@ class Session:
         self.views.clear()
         self.view_names.clear()
 
-    def table_function(self, table: exp.Table, defaults: tuple[str, str]) -> DataFrame:
-        """A change stream's ``READ_<name>(...)`` in a query (see
-        :mod:`pipelines.change_streams.function`)."""
-        return read_frame(self, table, defaults)
+    def table_function(
+        self, table: exp.Table, call: exp.Anonymous, defaults: tuple[str, str]
+    ) -> tuple[DataFrame, str]:
+        """A change stream's ``READ_<name>(...)`` (:mod:`pipelines.change_streams.function`)
+        or ``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``
+        (:mod:`pipelines.dynamic_tables.refresh_history`) in a query."""
+        if call.name.upper() == refresh_history.FUNCTION:
+            return refresh_history.history_frame(self, call, defaults), refresh_history.FUNCTION
+        label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+        return read_frame(self, table, defaults), label
 
     def user_names(self, text: str) -> str:
         """``text`` (an error message) with our temporary views' names replaced by the

@@ -1,12 +1,12 @@
 """``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``: the refresh history of dynamic tables as
 a relation a query reads (filtered, joined, ordered by Spark like any other).
 
-The binder answers the call before Spark sees the query: the rows come from the
-catalog's history (:meth:`catalog.Catalog.list_refreshes`, newest first) and become a
-temporary view. Arguments, by name: ``NAME => 'db.schema.dt'`` (one table; unqualified
-parts take the session's defaults), ``NAME_PREFIX => 'DB.S'`` (tables whose qualified
-name starts so), ``ERROR_ONLY => TRUE`` (failed refreshes only), ``RESULT_LIMIT => n``
-(at most n rows, 1 to 10,000; 100 by default, newest first).
+The binder finds the call and the session answers it before Spark sees the query: the
+rows come from the catalog's history (:meth:`catalog.Catalog.list_refreshes`, newest
+first) and become a temporary view. Arguments, by name: ``NAME => 'db.schema.dt'`` (one
+table; unqualified parts take the session's defaults), ``NAME_PREFIX => 'DB.S'`` (tables
+whose qualified name starts so), ``ERROR_ONLY => TRUE`` (failed refreshes only),
+``RESULT_LIMIT => n`` (at most n rows, 1 to 10,000; 100 by default, newest first).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["COLUMNS", "FUNCTION", "history_call", "history_frame", "history_rows"]
+__all__ = ["COLUMNS", "FUNCTION", "history_frame", "history_rows"]
 
 FUNCTION = "DYNAMIC_TABLE_REFRESH_HISTORY"
 DEFAULT_LIMIT, MAX_LIMIT = 100, 10_000
@@ -39,17 +39,6 @@ COLUMNS = (
     "SKIPPED_TICKS BIGINT"
 )
 _ARGUMENTS = ("NAME", "NAME_PREFIX", "ERROR_ONLY", "RESULT_LIMIT")
-
-
-def history_call(table: exp.Table) -> exp.Anonymous | None:
-    """The DYNAMIC_TABLE_REFRESH_HISTORY call a ``FROM TABLE(...)`` holds, if it is one."""
-    outer = table.this
-    if not (isinstance(outer, exp.Anonymous) and outer.name.upper() == "TABLE"):
-        return None
-    inner = outer.expressions[0] if len(outer.expressions) == 1 else None
-    if isinstance(inner, exp.Anonymous) and inner.name.upper() == FUNCTION:
-        return inner
-    return None
 
 
 def _arguments(call: exp.Anonymous) -> dict[str, exp.Expression]:

@@ -1,6 +1,6 @@
 """The service's Spark worker: one long-lived process, one warm Spark, two kinds of work.
 
-``python -m pipelines.sql.worker --serve --warehouse W`` reads one JSON request per line on
+``python -m pipelines.worker --serve --warehouse W`` reads one JSON request per line on
 stdin and writes one **frame** per request on stdout: a JSON header line holding
 ``"bytes": N``, then exactly N bytes of payload (an Arrow IPC stream of a statement's
 rows, or nothing). Framed answers have no size limit and can never run into the next
@@ -44,13 +44,13 @@ import pyarrow as pa
 
 from flush.compact import answer_compaction, parse_args
 from pipelines.errors import SqlError, evaluation_errors
-from pipelines.sql.session import Session
+from pipelines.session import Session
 from pipelines.sql.statements import classify
 from pipelines.transactions.statement_deadline import statement_deadline
 
 __all__ = ["SessionPool", "StatementClock", "answer_statement", "main", "write_frame"]
 
-log = logging.getLogger("pipelines.sql.worker")
+log = logging.getLogger("pipelines.worker")
 
 #: The Spark scheduler pool of dynamic-table refreshes (FAIR against the default pool).
 REFRESH_POOL = "refresh"
