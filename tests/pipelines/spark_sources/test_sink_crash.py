@@ -28,8 +28,8 @@ from deltalake import DeltaTable
 
 from flush import read_table
 from flush.tables import ROW_ID_COLUMN, live_files
+from tests.servers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 600
 
 _CHILD = """

@@ -25,7 +25,7 @@ import pytest
 from flush import read_table
 from pipelines import Session, StreamConflictError
 from tests.pipelines.conftest import rows
-from tests.pipelines.test_consumption_crash import (
+from tests.pipelines.transactions.test_consumption_crash import (
     KILL_POINTS,
     Child,
     catalog_of,

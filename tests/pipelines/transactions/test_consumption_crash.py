@@ -39,8 +39,8 @@ from flush.maintenance import maintain_catalog_table, vacuum_data_folders
 from pipelines import Session, SqlError, StreamConflictError
 from pipelines.transactions.commit import recover_pending, stream_app_id
 from tests.pipelines.conftest import rows
+from tests.servers import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 600  # a loaded 2-core machine takes a minute to start a JVM
 FIRST = list(range(1, 9))  # the rows in SRC when a consumer starts
 MORE = [101, 102, 103]  # rows added after recovery, to consume a second time

@@ -13,7 +13,7 @@ import textwrap
 
 from catalog import SqliteCatalog
 from flush.commit_clock import clock
-from tests.pipelines.test_change_stream_balance import _every_change
+from tests.pipelines.change_streams.test_balance import _every_change
 
 CHILD = """
 import sys

@@ -21,7 +21,7 @@ import pipelines.transactions.commit as pipeline_commit
 from pipelines import Session, SqlError
 from pipelines.transactions.statement_deadline import statement_deadline
 from tests.pipelines.conftest import rows
-from tests.pipelines.test_multi_table_commit import (
+from tests.pipelines.transactions.test_multi_table_commit import (
     SOURCE,
     decided_and_left,
     held_by_live_owner,

@@ -3,7 +3,7 @@ partition workflow (the first query's partitions, a merge and a split read by th
 parents and then their children, every change of many keys returned exactly once in its
 key's partition of the moment, reads that end before their partition does, large
 transactions), heartbeats (idle tables, writers with skewed clocks), retention, and bad
-arguments. What the records hold is in ``test_change_stream_read.py``."""
+arguments. What the records hold is in ``test_read.py``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import flush.commit_clock as commit_clock
 from flush.commit_clock import now_us
 from pipelines import SqlError
 from pipelines.change_streams.records import key_hash, rfc3339
-from tests.pipelines.test_change_stream_read import (
+from tests.pipelines.change_streams.test_read import (
     CAPTURES,
     changes,
     created,

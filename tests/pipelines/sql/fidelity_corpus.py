@@ -1,4 +1,4 @@
-"""Statements and the comparison behind tests/pipelines/test_statement_fidelity.py.
+"""Statements and the comparison behind tests/pipelines/sql/test_statement_fidelity.py.
 
 A statement run through ``Session.sql`` must answer what Spark answers on the same text
 (issue 30): the product may change only what it must (names bound to our objects, our

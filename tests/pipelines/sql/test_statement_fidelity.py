@@ -8,7 +8,7 @@ case), or refuse the statement at the SQL boundary (``STATEMENT_NOT_ALLOWED``, l
 a statement Spark runs must never be refused as a syntax or compilation error. A sample
 of corpus A runs again inside a view and a dynamic table's definition.
 
-Outcomes (tests/pipelines/fidelity_corpus.py): SAME; DIFFERENT (other rows or column
+Outcomes (tests/pipelines/sql/fidelity_corpus.py): SAME; DIFFERENT (other rows or column
 types), DIFFERENT_NAMES (the same values, columns named otherwise) and OTHER_ERROR (any
 other error of the session) fail the test, all listed in one assertion message, each
 with the statement, the session's answer and Spark's; REFUSED_BY_BOUNDARY is allowed
@@ -44,8 +44,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines import Session
-from tests.pipelines import fidelity_corpus as corpus
-from tests.pipelines.fidelity_corpus import (
+from tests.pipelines.sql import fidelity_corpus as corpus
+from tests.pipelines.sql.fidelity_corpus import (
     BOUNDARY,
     DENIED_REFUSED,
     DIFFERENT,

@@ -30,15 +30,15 @@ from flush.commit_clock import clock
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
 from pipelines.dynamic_tables.diff import arrow_value_diff
-from tests.pipelines.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
     assert_consistent,
     assert_same_as_query,
     canon,
     row_ids,
 )
+from tests.servers import ROOT
 
 S = 1_000_000
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # Shared warehouse

@@ -49,7 +49,7 @@ from flush.commit_clock import clock
 from flush.compaction import CompactionPolicy, compact_table
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
-from tests.pipelines.test_consumption_crash import Child, catalog_of, pending_of
+from tests.pipelines.transactions.test_consumption_crash import Child, catalog_of, pending_of
 
 S = 1_000_000  # µs
 

@@ -2,7 +2,7 @@
 (NO_DATA, FULL as a difference), the history, refusals, and what reads them.
 
 The refresh internals have their own files (classify, schedule, diff, rewrite); the
-SIGKILL tests are in ``test_dynamic_table_kill.py``.
+SIGKILL tests are in ``test_kill.py``.
 """
 
 from __future__ import annotations

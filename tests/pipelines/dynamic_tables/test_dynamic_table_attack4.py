@@ -22,13 +22,13 @@ import pytest
 
 import pipelines.dynamic_tables.refresh_change as refresh_change
 from pipelines import Session, SqlError
-from tests.pipelines.test_consumption_crash import Child
-from tests.pipelines.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
     assert_consistent,
     bag,
     canon,
     refresh_commits,
 )
+from tests.pipelines.transactions.test_consumption_crash import Child
 
 SEED = "INSERT INTO T VALUES (1, 'x', 1.5), (2, 'y', 2.5), (3, 'z', NULL), (4, NULL, 4.0)"
 #: DML touching every kind of change: an insert, an update, a delete, and a delete and

@@ -27,7 +27,7 @@ from pipelines.change_streams.read import ReadArgs, read_args
 from pipelines.change_streams.read import read as read_records
 from pipelines.change_streams.records import key_hash, rfc3339
 from pipelines.errors import ObjectNotFoundError
-from tests.pipelines.test_change_stream_read import (
+from tests.pipelines.change_streams.test_read import (
     changes,
     created,
     flush_rows,

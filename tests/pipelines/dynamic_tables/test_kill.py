@@ -27,7 +27,12 @@ from deltalake import DeltaTable
 from flush.change_commit import PIPELINE_METADATA_KEY
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import rows
-from tests.pipelines.test_consumption_crash import KILL_POINTS, Child, catalog_of, pending_of
+from tests.pipelines.transactions.test_consumption_crash import (
+    KILL_POINTS,
+    Child,
+    catalog_of,
+    pending_of,
+)
 
 DEFINITION = "SELECT ID, V FROM T WHERE ID <> 2"
 REFRESH = """

@@ -3,7 +3,7 @@ AccountBalance records for the four value capture types, the shapes of INSERT, U
 and DELETE (key changes, copy-on-write noise), tables without a primary key, values
 against what ``SELECT`` returns, and who wrote a transaction (channels, SQL, dynamic
 table refreshes, compaction). How a read proceeds (partitions, heartbeats, retention,
-arguments) is in ``test_change_stream_partitions.py``; its helpers are here."""
+arguments) is in ``test_partitions.py``; its helpers are here."""
 
 from __future__ import annotations
 

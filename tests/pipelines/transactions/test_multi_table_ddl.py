@@ -18,7 +18,7 @@ import pytest
 
 from pipelines import Session, SqlError, TransactionConflictError
 from pipelines.transactions.commit_owner import owner_alive, process_identity
-from tests.pipelines.test_multi_table_commit import (
+from tests.pipelines.transactions.test_multi_table_commit import (
     SOURCE,
     decided_and_left,
     held_by_live_owner,
@@ -26,6 +26,7 @@ from tests.pipelines.test_multi_table_commit import (
     t2,
     table,
 )
+from tests.servers import ROOT
 
 
 def nothing_pending(session: Session) -> None:
@@ -180,7 +181,7 @@ print(os.read(read, 10).decode())
 
 def test_a_forked_child_does_not_take_its_dead_parents_commit_for_alive():
     done = subprocess.run([sys.executable, "-c", FORKED_CHILD], capture_output=True, text=True,
-                          timeout=60, cwd=Path(__file__).parents[2])  # fmt: skip
+                          timeout=60, cwd=ROOT)  # fmt: skip
     assert done.stdout.strip() == "False", done
 
 

@@ -5,7 +5,7 @@ cost only to whoever reads the table's changes by row id: a stream on it or a dy
 table reading it. Without them the refresh writes the result as the table's whole new
 content (``ChangeSet.replaces``, a staged ``overwrite``). These tests pin down when each
 is chosen, what the history and streams show, and the overwrite's conflict check; the
-SIGKILL scenarios are in ``test_dynamic_table_kill.py`` (``overwrite_*``).
+SIGKILL scenarios are in ``test_kill.py`` (``overwrite_*``).
 """
 
 from __future__ import annotations

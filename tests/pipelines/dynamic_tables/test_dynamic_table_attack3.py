@@ -27,7 +27,7 @@ from flush.compaction import CompactionPolicy, compact_table
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import WINDOW
-from tests.pipelines.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
     assert_consistent,
     assert_same_as_query,
     bag,

@@ -35,7 +35,7 @@ from pipelines import Session, SqlError
 from pipelines.sql.statements import classify
 from pipelines.transactions.statement_deadline import statement_deadline
 from tests.pipelines.conftest import rows
-from tests.pipelines.test_multi_table_commit import (
+from tests.pipelines.transactions.test_multi_table_commit import (
     SOURCE,
     at_failpoint,
     decided_and_left,
@@ -46,9 +46,8 @@ from tests.pipelines.test_multi_table_commit import (
     t2_in_delta,
     table,
 )
-from tests.pipelines.test_stuck_commit import pending_rows, staged_file
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.pipelines.transactions.test_stuck_commit import pending_rows, staged_file
+from tests.servers import ROOT
 
 
 def damaged(session_factory, monkeypatch) -> tuple[Session, int, Path]:

@@ -4,7 +4,7 @@ and never stops the scheduler for the other tables: one FAILED row whose count g
 its readers SKIPPED (UPSTREAM_FAILED), until ``CREATE OR REPLACE DYNAMIC TABLE``.
 
 Through the embedded session with a controlled clock (``refresh_due(now_us)``, as in
-``test_dynamic_table_scheduling.py``), and through the service's own scheduler, where
+``test_scheduler.py``), and through the service's own scheduler, where
 the test waits for history rows and never for a time.
 """
 
