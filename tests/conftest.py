@@ -27,8 +27,8 @@ LONG_FILES = (
     "tests/test_docs.py",
     "tests/bench/test_smoke.py",
     "tests/pipelines/sql/test_statement_fidelity.py",
-    "tests/pipelines/dynamic_tables/test_dynamic_table_adversarial.py",
-    "tests/pipelines/dynamic_tables/test_dynamic_table_attack4.py",
+    "tests/pipelines/dynamic_tables/test_refresh_exactly_once.py",
+    "tests/pipelines/dynamic_tables/test_rewrite_end_to_end.py",
     "tests/pipelines/transactions/test_multi_table_kill.py",
     "tests/channel_server/test_dynamic_table_service.py",
     "tests/pipelines/dynamic_tables/test_moved_source.py",
@@ -40,7 +40,7 @@ LONG_FILES = (
     "tests/examples/test_kafka_bridge.py",
     "tests/channel_server/test_sql_security.py",
     "tests/pipelines/dynamic_tables/test_property.py",
-    "tests/pipelines/dynamic_tables/test_dynamic_table_attack3.py",
+    "tests/pipelines/dynamic_tables/test_overwrite_concurrency.py",
     "tests/channel_server/test_change_stream_http.py",
     "tests/ingest_sdk/test_change_stream_reader.py",
     "tests/pipelines/change_streams/test_partitions.py",
@@ -48,7 +48,8 @@ LONG_FILES = (
     "tests/pipelines/change_streams/test_kill.py",
     "tests/pipelines/test_cli_tail.py",
     "tests/pipelines/spark_sources/test_change_stream_source.py",
-    "tests/pipelines/change_streams/test_change_stream_attack.py",
+    "tests/pipelines/change_streams/test_delivery_guarantees.py",
+    "tests/pipelines/change_streams/test_hostile_reads.py",
 )
 
 

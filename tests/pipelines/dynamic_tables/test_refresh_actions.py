@@ -1,4 +1,8 @@
-"""Adversarial tests of five recent changes (second round):
+"""How each kind of refresh is recorded and goes live: NO_DATA in one catalog write, FULL
+by value in Arrow, CREATE OR REPLACE at its swap, DROP ... CASCADE against a running
+refresh, ``refresh_due``'s horizon; and the Spark worker that runs the refreshes.
+
+Adversarial tests of five recent changes (second round):
 
 1. e716632: NO_DATA refreshes in one catalog write (``add_no_data_refresh``, ``_no_data``).
 2. 464867a: FULL refresh by value diffs in Arrow on the driver (``arrow_value_diff``).
@@ -30,7 +34,7 @@ from flush.commit_clock import clock
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
 from pipelines.dynamic_tables.diff import arrow_value_diff
-from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
     assert_same_as_query,
     canon,
@@ -46,7 +50,7 @@ S = 1_000_000
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    session = Session(tmp_path_factory.mktemp("attack2") / "warehouse", spark=spark)
+    session = Session(tmp_path_factory.mktemp("refresh_actions") / "warehouse", spark=spark)
     yield session
     session.close()
 

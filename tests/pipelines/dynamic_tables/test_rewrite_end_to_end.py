@@ -1,4 +1,7 @@
-"""Adversarial tests of 28c26ba: a stateless dynamic table refreshes INCREMENTALLY by
+"""The incremental rewrite end to end, through sessions: DML, refreshes, sources that go
+away, another writer, SIGKILL, against the query run fresh and against Spark.
+
+Adversarial tests of 28c26ba: a stateless dynamic table refreshes INCREMENTALLY by
 running its query over the sources' changes with text *inserted* into the query as
 written (the two hidden columns at the end of every SELECT list, ``EXCEPT (them)`` after
 every ``*``, their names in column lists).
@@ -22,7 +25,7 @@ import pytest
 
 import pipelines.dynamic_tables.refresh_change as refresh_change
 from pipelines import Session, SqlError
-from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
     bag,
     canon,

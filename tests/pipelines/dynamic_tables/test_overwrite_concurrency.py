@@ -1,4 +1,8 @@
-"""Adversarial tests of d59ed71: a FULL refresh of a dynamic table nothing follows is one
+"""An overwrite refresh against whatever happens while it is computed and committed: a
+follower appearing, compaction, another session's overwrite, a write from outside the
+protocol; and what readers of its changes and versions see afterwards.
+
+Adversarial tests of d59ed71: a FULL refresh of a dynamic table nothing follows is one
 Delta overwrite commit (``ChangeSet.replaces`` -> staged ``overwrite``) instead of a
 MERGE of the difference.
 
@@ -27,7 +31,7 @@ from flush.compaction import CompactionPolicy, compact_table
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import WINDOW
-from tests.pipelines.dynamic_tables.test_dynamic_table_adversarial import (
+from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
     assert_same_as_query,
     bag,
