@@ -5,7 +5,7 @@ import pytest
 from pipelines import Session
 
 # Helper modules the tests import: their asserts explain a failure as a test's do.
-pytest.register_assert_rewrite("tests.pipelines.dynamic_tables.checks")
+pytest.register_assert_rewrite("tests.pipelines.dynamic_tables.checks", "tests.pipelines.refusals")
 
 
 @pytest.fixture

@@ -22,17 +22,10 @@ import orjson
 import pytest
 
 from flush.commit_clock import now_us
-from pipelines import SqlError
 from pipelines.change_streams.records import rfc3339
 from pipelines.errors import ObjectNotFoundError
 from tests.pipelines.change_streams.test_read import changes, created, partitions, read_tree
-
-
-def refused(session, text, code="INVALID_ARGUMENT", kind=SqlError):
-    with pytest.raises(kind) as caught:
-        session.sql(text).collect()
-    assert caught.value.code == code, caught.value
-    return str(caught.value)
+from tests.pipelines.refusals import assert_refused
 
 
 def call(start="NULL", end="NULL", token="NULL", heartbeat="1000", name="READ_CS"):
@@ -56,22 +49,24 @@ def test_a_timestamp_outside_the_calendar_is_refused_as_an_invalid_argument(watc
     arg, value = which
     start = f"'{created(s, 'CS')}'"
     text = call(start=value, token=f"'{token}'") if arg == "start" else call(start, value)
-    refused(s, text)
+    assert_refused(s, text, "INVALID_ARGUMENT")
 
 
 def test_ordinary_bad_timestamps_and_heartbeats_are_refused(watched):
     s, token = watched
     start = f"'{created(s, 'CS')}'"
     for bad in ("'now'", "'0001-01-01'", "'9999-12-31'", "'1700000000'", "'NaN'", "''"):
-        refused(s, call(start=bad))
+        assert_refused(s, call(start=bad), "INVALID_ARGUMENT")
     for beat in ("1e400", "-1000", "'NaN'", "'Infinity'", "999", "300001", "1000.5", "NULL"):
-        refused(s, call(start=start, token=f"'{token}'", heartbeat=beat))
-    refused(s, call(start=start).replace("end_timestamp", "START_TIMESTAMP"))
+        assert_refused(s, call(start=start, token=f"'{token}'", heartbeat=beat), "INVALID_ARGUMENT")
+    assert_refused(
+        s, call(start=start).replace("end_timestamp", "START_TIMESTAMP"), "INVALID_ARGUMENT"
+    )
     # A token that is SQL, or another stream's token, is no partition of this stream.
     s.sql("CREATE CHANGE STREAM OTHER FOR T")
     (other,) = [p["token"] for p in partitions(s, "OTHER")]
     for bad in ("'''); DROP TABLE T; --'", f"'{other}'", f"'{token} '", f"'{token.upper()}'"):
-        refused(s, call(start=start, token=bad))
+        assert_refused(s, call(start=start, token=bad), "INVALID_ARGUMENT")
     assert s.sql("SELECT count(*) FROM T").collect()[0][0] == 0
 
 
@@ -81,10 +76,10 @@ def test_read_in_views_ctes_inserts_and_other_schemas(watched):
     text = call(start=f"'{created(s, 'CS')}'", token=f"'{token}'")
     s.sql(f"CREATE VIEW VV AS {text}")
     assert s.sql("SELECT count(*) FROM VV").collect()[0][0] == 2  # the change, a heartbeat
-    refused(
+    assert_refused(
         s,
         f"CREATE DYNAMIC TABLE DD TARGET_LAG = '1 minute' AS {text}",
-        code="SQL_COMPILATION_ERROR",
+        "SQL_COMPILATION_ERROR",
     )
     s.sql("CREATE TABLE SINK (C VARCHAR)")
     s.sql(f"INSERT INTO SINK {text}")
@@ -102,7 +97,9 @@ def test_read_in_views_ctes_inserts_and_other_schemas(watched):
     found = [orjson.loads(r[0]) for r in s.sql(call(start, token=f"'{other}'", name="DB.S2.READ_CS")).collect()]  # fmt: skip
     assert [m["keys"] for c in changes(found) for m in c["mods"]] == [{"ID": 7}]
     s.sql("DROP SCHEMA DB.S2 CASCADE")
-    refused(s, call(start, name="DB.S2.READ_CS"), code="OBJECT_NOT_FOUND", kind=ObjectNotFoundError)
+    assert_refused(
+        s, call(start, name="DB.S2.READ_CS"), "OBJECT_NOT_FOUND", kind=ObjectNotFoundError
+    )
 
 
 def test_unicode_and_dotted_stream_names(watched):

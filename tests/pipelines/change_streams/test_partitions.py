@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 import flush.commit_clock as commit_clock
 from flush.commit_clock import now_us
-from pipelines import SqlError
 from pipelines.change_streams.records import key_hash, rfc3339
 from tests.pipelines.change_streams.test_read import (
     CAPTURES,
@@ -33,6 +32,7 @@ from tests.pipelines.change_streams.test_read import (
     read,
     read_tree,
 )
+from tests.pipelines.refusals import assert_refused
 
 KEYS = 300
 
@@ -345,15 +345,6 @@ def test_a_writer_whose_clock_is_behind_commits_after_the_heartbeat(watched, mon
 
 
 # Retention and bad arguments
-def refused(session, text, code, *words, kind=SqlError):
-    with pytest.raises(kind) as caught:
-        session.sql(text).collect()
-    assert caught.value.code == code, caught.value
-    for word in words:
-        assert word in str(caught.value), caught.value
-    return caught.value
-
-
 def test_a_start_outside_retention_before_creation_or_in_the_future_is_refused(watched):
     s, token = watched
     table = s.require_table("T")
@@ -365,20 +356,22 @@ def test_a_start_outside_retention_before_creation_or_in_the_future_is_refused(w
     )  # fmt: skip
     (old_token,) = [p.token for p in s.catalog.list_partitions(old.uid)]
     hour_ago = now_us() - 3_600_000_000
-    message = refused(s, f"SELECT * FROM READ_OLD('{rfc3339(hour_ago - 5_000_000)}', NULL, "
-                         f"'{old_token}', 1000)", "INVALID_ARGUMENT", "retention period")  # fmt: skip
+    message = assert_refused(
+        s, f"SELECT * FROM READ_OLD('{rfc3339(hour_ago - 5_000_000)}', NULL, '{old_token}', 1000)",
+        "INVALID_ARGUMENT", "retention period",
+    )  # fmt: skip
     assert "3600 s" in str(message)
     # Just inside the retention period: read.
     (last,) = read(s, "OLD", rfc3339(hour_ago + 60_000_000), old_token)
     assert list(last) == ["heartbeat_record"]
     # Before the stream was created; at that moment; in the future.
     stream = s.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    refused(s, f"SELECT * FROM READ_CS('{rfc3339(stream.created_us - 1)}', NULL, '{token}', "
-               "1000)", "INVALID_ARGUMENT", "the stream was created",
-            rfc3339(stream.created_us))  # fmt: skip
+    assert_refused(s, f"SELECT * FROM READ_CS('{rfc3339(stream.created_us - 1)}', NULL, "
+                      f"'{token}', 1000)", "INVALID_ARGUMENT", "the stream was created",
+                   rfc3339(stream.created_us))  # fmt: skip
     assert list(read(s, "CS", rfc3339(stream.created_us), token)[-1]) == ["heartbeat_record"]
-    refused(s, f"SELECT * FROM READ_CS('{rfc3339(now_us() + 60_000_000)}', NULL, '{token}', "
-               "1000)", "INVALID_ARGUMENT", "in the future")  # fmt: skip
+    assert_refused(s, f"SELECT * FROM READ_CS('{rfc3339(now_us() + 60_000_000)}', NULL, "
+                      f"'{token}', 1000)", "INVALID_ARGUMENT", "in the future")  # fmt: skip
 
 
 @pytest.mark.parametrize(("arguments", "code", "words"), [
@@ -417,7 +410,7 @@ def test_bad_arguments_are_refused_with_what_to_pass(watched, arguments, code, w
     stream = s.catalog.get_change_stream("DB", "PUBLIC", "CS")
     start = f"'{rfc3339(stream.created_us + 1)}'"
     text = arguments.format(start=start, token=token, before=f"'{rfc3339(stream.created_us)}'")
-    refused(s, f"SELECT * FROM READ_CS({text})", code, *words)
+    assert_refused(s, f"SELECT * FROM READ_CS({text})", code, *words)
 
 
 def test_heartbeat_bounds_stream_names_and_tokens(watched):
@@ -429,12 +422,12 @@ def test_heartbeat_bounds_stream_names_and_tokens(watched):
     found = s.sql(f"SELECT * FROM READ_CS(TIMESTAMP '{start.replace('T', ' ')[:-1]}', NULL, "
                   f"'{token}', 1000, NULL)").collect()  # fmt: skip
     assert list(json.loads(found[-1][0])) == ["heartbeat_record"]
-    refused(s, f"SELECT * FROM READ_NOPE('{start}', NULL, NULL, 1000)", "OBJECT_NOT_FOUND",
-            "change stream DB.PUBLIC.NOPE does not exist")  # fmt: skip
+    assert_refused(s, f"SELECT * FROM READ_NOPE('{start}', NULL, NULL, 1000)", "OBJECT_NOT_FOUND",
+                   "change stream DB.PUBLIC.NOPE does not exist")  # fmt: skip
     # A token of another stream is not one of this stream's.
     s.sql("CREATE CHANGE STREAM OTHER FOR T")
     (other,) = [p["token"] for p in partitions(s, "OTHER")]
-    refused(
+    assert_refused(
         s,
         f"SELECT * FROM READ_CS('{now()}', NULL, '{other}', 1000)",
         "INVALID_ARGUMENT",
@@ -443,7 +436,7 @@ def test_heartbeat_bounds_stream_names_and_tokens(watched):
     # A child's token before the child's start.
     s.sql(f"ALTER CHANGE STREAM CS SPLIT PARTITION '{token}'")
     child = next(p for p in partitions(s, "CS") if p["state"] == "OPEN")
-    refused(
+    assert_refused(
         s,
         f"SELECT * FROM READ_CS('{start}', NULL, '{child['token']}', 1000)",
         "INVALID_ARGUMENT",

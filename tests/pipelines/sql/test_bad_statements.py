@@ -40,6 +40,7 @@ from pipelines import (
 from pipelines.errors import evaluation_errors
 from pipelines.streams.changes import change_events
 from tests.pipelines.conftest import rows
+from tests.pipelines.refusals import assert_refused
 
 # The world every test starts from: T has versions 0 (create), 1 and 2 (inserts); stream
 # ST sits at version 1, so it holds the insert of (3, 'z'); TGT is empty.
@@ -132,30 +133,6 @@ def assert_same(before: dict[str, object], after: dict[str, object]) -> None:
     assert not changed, f"a refused statement changed {changed}: " + "; ".join(
         f"{key}: {before[key]!r} -> {after.get(key)!r}"[:600] for key in changed
     )
-
-
-def refused(
-    session: Session,
-    text: object,
-    error: type[SqlError],
-    code: str,
-    *fragments: str,
-    sql: bool = False,
-) -> SqlError:
-    """Run ``text``: it must raise exactly ``error`` with ``code`` and a message holding
-    every fragment (case-insensitive), and change nothing. Any other exception type
-    propagates and fails the test."""
-    before = state(session, sql)
-    with pytest.raises(SqlError) as caught:
-        session.sql(text)  # type: ignore[arg-type]
-    exc = caught.value
-    assert type(exc) is error, f"{type(exc).__name__} ({exc.code}): {exc}"
-    assert exc.code == code, f"code {exc.code}: {exc}"
-    message = str(exc).lower()
-    for fragment in fragments:
-        assert fragment.lower() in message, f"{fragment!r} not in {str(exc)!r}"
-    assert_same(before, state(session, sql))
-    return exc
 
 
 def bad(text, error, code, *fragments, id, marks=()):
@@ -360,7 +337,10 @@ CASES = [
 
 @pytest.mark.parametrize(("text", "error", "code", "fragments"), CASES)
 def test_bad_statement_is_refused_and_changes_nothing(shared, text, error, code, fragments):
-    refused(shared, text, error, code, *fragments)
+    assert_refused(
+        shared, text, code, *fragments,
+        kind=error, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+    )  # fmt: skip
 
 
 # Cases that today change something (known bugs): each on a fresh warehouse of its own.
@@ -380,7 +360,10 @@ ISOLATED = [
 
 @pytest.mark.parametrize(("text", "error", "code", "fragments"), ISOLATED)
 def test_bad_statement_on_its_own_warehouse(world, text, error, code, fragments):
-    refused(world, text, error, code, *fragments)
+    assert_refused(
+        world, text, code, *fragments,
+        kind=error, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+    )  # fmt: skip
 
 
 def test_if_not_exists_keeps_the_existing_stream_and_its_offset(world):
@@ -408,8 +391,10 @@ def test_at_version_reads_that_version(shared):
 
 
 def test_create_existing_table_names_the_sql_fix(shared):
-    refused(shared, "CREATE TABLE t (a INT)", S, "TABLE_EXISTS", "already exists", "IF NOT EXISTS",
-            "OR REPLACE")  # fmt: skip
+    assert_refused(
+        shared, "CREATE TABLE t (a INT)", "TABLE_EXISTS", "already exists", "IF NOT EXISTS",
+        "OR REPLACE", kind=S, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+    )  # fmt: skip
 
 
 def test_stale_stream_is_refused_and_its_target_stays_empty(world):
@@ -417,14 +402,9 @@ def test_stale_stream_is_refused_and_its_target_stays_empty(world):
     world.sql("CREATE TABLE t (a INT NOT NULL, s VARCHAR(3))")
     world.sql("INSERT INTO t VALUES (9, 'new')")
     for text in ("INSERT INTO tgt SELECT a FROM st", "SELECT * FROM st"):
-        before = state(world)
-        with pytest.raises(SqlError) as caught:
-            world.sql(text)
-        assert type(caught.value) is StreamStaleError
-        assert caught.value.code == "STREAM_STALE"
-        assert "stale" in str(caught.value)
-        assert "CREATE OR REPLACE STREAM" in str(caught.value)
-        assert_same(before, state(world))
+        assert_refused(world, text, "STREAM_STALE", "stale", "CREATE OR REPLACE STREAM",
+                       kind=StreamStaleError, exact_kind=True, collect=False,
+                       unchanged=state)  # fmt: skip
     assert world.sql("SELECT * FROM tgt").collect() == []
     assert [r.stale for r in world.sql("SHOW STREAMS").collect()] == [True]
     # The fix the message names works.
@@ -446,7 +426,10 @@ NONDETERMINISTIC = "(SELECT 1 AS a, 'p' AS s UNION ALL SELECT 1, 'q')"
 def test_merge_matching_a_target_row_twice_changes_nothing(world, then):
     whens = then if then.startswith("WHEN") else f"WHEN MATCHED THEN {then}"
     text = f"MERGE INTO t USING {NONDETERMINISTIC} src ON t.a = src.a {whens}"
-    refused(world, text, S, "NONDETERMINISTIC_MERGE", "more than one source row", "ON condition")
+    assert_refused(
+        world, text, "NONDETERMINISTIC_MERGE", "more than one source row", "ON condition",
+        kind=S, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+    )  # fmt: skip
     assert rows(world.sql("SELECT * FROM t")) == [(1, "x"), (2, "y"), (3, "z")]
 
 
@@ -570,14 +553,11 @@ def test_ddl_inside_a_transaction_is_refused_and_the_transaction_goes_on(world):
     world.sql("BEGIN")
     world.sql("INSERT INTO tgt VALUES (7)")
     for text, what in DDL_IN_TRANSACTION:
-        error = refused(
-            world,
-            text,
-            S,
-            COMPILE,
-            f"{what} cannot run inside a transaction",
+        error = assert_refused(
+            world, text, COMPILE, f"{what} cannot run inside a transaction",
             "COMMIT or ROLLBACK first",
-        )
+            kind=S, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+        )  # fmt: skip
         assert what in str(error)
     world.sql("INSERT INTO tgt VALUES (8)")
     assert rows(world.sql("SELECT a FROM tgt")) == [(7,), (8,)]
@@ -591,7 +571,10 @@ def test_begin_twice_is_refused_and_the_first_transaction_goes_on(world):
     world.sql("BEGIN")
     world.sql("INSERT INTO tgt VALUES (7)")
     for text in ("BEGIN", "BEGIN TRANSACTION", "START TRANSACTION"):
-        refused(world, text, S, "TRANSACTION_ALREADY_OPEN", "already open", "COMMIT or ROLLBACK")
+        assert_refused(
+            world, text, "TRANSACTION_ALREADY_OPEN", "already open", "COMMIT or ROLLBACK",
+            kind=S, exact_kind=True, ignore_case=True, collect=False, unchanged=state,
+        )  # fmt: skip
     world.sql("COMMIT")
     assert rows(world.sql("SELECT a FROM tgt")) == [(7,)]
     world.sql("BEGIN")  # and a new one can start

@@ -25,9 +25,9 @@ from flush.compaction import compact_table
 from flush.tables import ROW_ID_COLUMN
 from ingest_sdk import convert_rows
 from pipelines import ObjectNotFoundError, SqlError, StreamStaleError, UnsupportedStatementError
-from pipelines.errors import evaluation_errors
 from pipelines.sql.statements import classify
 from pipelines.transactions.commit import recover_pending
+from tests.pipelines.refusals import assert_refused
 
 
 # Helpers
@@ -61,19 +61,6 @@ def state(session):
     streams = [(s.full_name, s.id, s.offset_version) for s in catalog.list_streams()]
     return (tables, streams, catalog.list_databases(), catalog.list_schemas(), folders,
             session.database, session.schema)  # fmt: skip
-
-
-def refused(session, text, code, *fragments, kind=SqlError):
-    """Run a statement that must fail with ``code`` (and ``kind``), its message holding
-    ``fragments``, and change nothing. Returns the message."""
-    before = state(session)
-    with pytest.raises(kind) as caught, evaluation_errors():
-        session.sql(text).collect()
-    assert caught.value.code == code, caught.value
-    for fragment in fragments:
-        assert fragment in str(caught.value), caught.value
-    assert state(session) == before, text
-    return str(caught.value)
 
 
 @pytest.fixture
@@ -288,7 +275,7 @@ def test_ctas_whose_commit_is_decided_keeps_the_new_table(src, monkeypatch):
 )
 def test_ctas_errors_change_nothing(src, text, code, fragment):
     src.sql("CREATE STREAM s ON TABLE src")
-    refused(src, text, code, fragment)
+    assert_refused(src, text, code, fragment, unchanged=state)
 
 
 # TRUNCATE TABLE
@@ -323,13 +310,15 @@ def test_truncate_deletes_every_row_as_a_change_streams_see(src):
 def test_truncate_errors_change_nothing(src):
     session = src
     session.sql("CREATE STREAM s ON TABLE src")
-    refused(session, "TRUNCATE TABLE missing", "OBJECT_NOT_FOUND", "DB.PUBLIC.MISSING",
-            kind=ObjectNotFoundError)  # fmt: skip
-    refused(session, "TRUNCATE TABLE s", "OBJECT_NOT_FOUND", "DB.PUBLIC.S")  # a stream
-    refused(session, "TRUNCATE TABLE a.b.c.d", "UNSUPPORTED_STATEMENT", "supported:",
-            kind=UnsupportedStatementError)  # fmt: skip
+    assert_refused(session, "TRUNCATE TABLE missing", "OBJECT_NOT_FOUND", "DB.PUBLIC.MISSING",
+                   kind=ObjectNotFoundError, unchanged=state)  # fmt: skip
+    assert_refused(session, "TRUNCATE TABLE s", "OBJECT_NOT_FOUND", "DB.PUBLIC.S",  # a stream
+                   unchanged=state)  # fmt: skip
+    assert_refused(session, "TRUNCATE TABLE a.b.c.d", "UNSUPPORTED_STATEMENT", "supported:",
+                   kind=UnsupportedStatementError, unchanged=state)  # fmt: skip
     session.sql("BEGIN")
-    refused(session, "TRUNCATE TABLE src", "SQL_COMPILATION_ERROR", "COMMIT or ROLLBACK first")
+    assert_refused(session, "TRUNCATE TABLE src", "SQL_COMPILATION_ERROR",
+                   "COMMIT or ROLLBACK first", unchanged=state)  # fmt: skip
     session.sql("ROLLBACK")
 
 
@@ -386,10 +375,11 @@ def test_drop_refuses_what_holds_objects_unless_cascade(session):
     session.sql("CREATE STREAM db.public.watch ON TABLE shop.raw.orders")  # elsewhere
     orders = session.require_table("shop.raw.orders")
     for text in ("DROP SCHEMA shop.raw", "DROP SCHEMA shop.raw RESTRICT"):
-        refused(session, text, "OBJECT_NOT_EMPTY", "SHOP.RAW.ORDERS", "SHOP.RAW.ORDERS_S",
-                "drop them first", "DROP SCHEMA SHOP.RAW CASCADE")  # fmt: skip
-    refused(session, "DROP DATABASE shop", "OBJECT_NOT_EMPTY", "SHOP.MART.TOTALS",
-            "SHOP.RAW.ORDERS", "DROP DATABASE SHOP CASCADE")  # fmt: skip
+        assert_refused(session, text, "OBJECT_NOT_EMPTY", "SHOP.RAW.ORDERS", "SHOP.RAW.ORDERS_S",
+                       "drop them first", "DROP SCHEMA SHOP.RAW CASCADE",
+                       unchanged=state)  # fmt: skip
+    assert_refused(session, "DROP DATABASE shop", "OBJECT_NOT_EMPTY", "SHOP.MART.TOTALS",
+                   "SHOP.RAW.ORDERS", "DROP DATABASE SHOP CASCADE", unchanged=state)  # fmt: skip
 
     assert answer(session, "DROP SCHEMA shop.raw CASCADE") == [("RAW successfully dropped.",)]
     assert not Path(orders.uri).exists()
@@ -431,12 +421,13 @@ def test_drop_refuses_what_holds_objects_unless_cascade(session):
 def test_database_and_schema_errors_change_nothing(session, text, code, fragment):
     session.sql("CREATE TABLE t (a INT)")
     session.sql("CREATE STREAM s ON TABLE t")
-    refused(session, text, code, fragment)
+    assert_refused(session, text, code, fragment, unchanged=state)
 
 
 def test_database_statements_do_not_run_in_a_transaction(session):
     session.sql("BEGIN")
-    refused(session, "CREATE DATABASE x", "SQL_COMPILATION_ERROR", "COMMIT or ROLLBACK first")
+    assert_refused(session, "CREATE DATABASE x", "SQL_COMPILATION_ERROR",
+                   "COMMIT or ROLLBACK first", unchanged=state)  # fmt: skip
     session.sql("ROLLBACK")
 
 
@@ -529,7 +520,7 @@ def test_explain_shows_the_plan_without_paths(src):
     ],
 )
 def test_explain_errors(src, text, code, fragment):
-    refused(src, text, code, fragment)
+    assert_refused(src, text, code, fragment, unchanged=state)
 
 
 # SYSTEM$STREAM_HAS_DATA
@@ -581,24 +572,27 @@ def test_stream_has_data_is_repeatable_in_a_transaction(src, session_factory):
 def test_stream_has_data_errors(src):
     session = src
     session.sql("CREATE STREAM s ON TABLE src")
-    refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('nope')", "OBJECT_NOT_FOUND",
-            "stream DB.PUBLIC.NOPE does not exist", kind=ObjectNotFoundError)  # fmt: skip
-    refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('src')", "OBJECT_NOT_FOUND", "DB.PUBLIC.SRC")
-    refused(session, "SELECT 1 FROM src WHERE SYSTEM$STREAM_HAS_DATA('x.y.nope')",
-            "OBJECT_NOT_FOUND", "X.Y.NOPE")  # fmt: skip
-    refused(session, "SELECT SYSTEM$STREAM_HAS_DATA(s)", "SQL_COMPILATION_ERROR", "as a string")
-    refused(
-        session, "SELECT SYSTEM$STREAM_HAS_DATA('s', 's')", "SQL_COMPILATION_ERROR", "one argument"
-    )
-    refused(
+    assert_refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('nope')", "OBJECT_NOT_FOUND",
+                   "stream DB.PUBLIC.NOPE does not exist", kind=ObjectNotFoundError,
+                   unchanged=state)  # fmt: skip
+    assert_refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('src')", "OBJECT_NOT_FOUND",
+                   "DB.PUBLIC.SRC", unchanged=state)  # fmt: skip
+    assert_refused(session, "SELECT 1 FROM src WHERE SYSTEM$STREAM_HAS_DATA('x.y.nope')",
+                   "OBJECT_NOT_FOUND", "X.Y.NOPE", unchanged=state)  # fmt: skip
+    assert_refused(session, "SELECT SYSTEM$STREAM_HAS_DATA(s)", "SQL_COMPILATION_ERROR",
+                   "as a string", unchanged=state)  # fmt: skip
+    assert_refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('s', 's')", "SQL_COMPILATION_ERROR",
+                   "one argument", unchanged=state)  # fmt: skip
+    assert_refused(
         session,
         "SELECT SYSTEM$STREAM_HAS_DATA('a b')",
         "SQL_COMPILATION_ERROR",
         "not a stream name",
+        unchanged=state,
     )
     session.sql("DROP TABLE src")
-    refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('s')", "STREAM_STALE", "stale",
-            kind=StreamStaleError)  # fmt: skip
+    assert_refused(session, "SELECT SYSTEM$STREAM_HAS_DATA('s')", "STREAM_STALE", "stale",
+                   kind=StreamStaleError, unchanged=state)  # fmt: skip
 
 
 # DESCRIBE HISTORY
@@ -636,9 +630,11 @@ def test_describe_history(src, spark):
     assert set(json.loads(rows[0]["metadata"])) == {"run"}
     everything = json.dumps([r.asDict() for r in rows], default=str)
     assert str(session.warehouse.resolve()) not in everything  # CREATE TABLE's location is left out
-    refused(session, "DESCRIBE HISTORY missing", "OBJECT_NOT_FOUND", "DB.PUBLIC.MISSING")
+    assert_refused(session, "DESCRIBE HISTORY missing", "OBJECT_NOT_FOUND", "DB.PUBLIC.MISSING",
+                   unchanged=state)  # fmt: skip
     session.sql("CREATE STREAM s ON TABLE src")
-    refused(session, "DESCRIBE HISTORY s", "OBJECT_NOT_FOUND", "DB.PUBLIC.S")
+    assert_refused(session, "DESCRIBE HISTORY s", "OBJECT_NOT_FOUND", "DB.PUBLIC.S",
+                   unchanged=state)  # fmt: skip
 
 
 # AT (VERSION => n)
@@ -655,8 +651,9 @@ def test_time_travel_by_version(src):
     assert sorted(answer(session, "SELECT id FROM src BEFORE (VERSION => 3)")) == [(1,), (2,), (3,)]
     assert answer(session, "SELECT count(*) FROM src AT (VERSION => 0)") == [(0,)]
     assert sorted(answer(session, "SELECT id FROM src")) == [(1,), (3,)]
-    refused(session, "SELECT * FROM src AT (VERSION => 9)", "SQL_COMPILATION_ERROR",
-            "version 9 of DB.PUBLIC.SRC does not exist (versions 0 to 3)")  # fmt: skip
+    assert_refused(session, "SELECT * FROM src AT (VERSION => 9)", "SQL_COMPILATION_ERROR",
+                   "version 9 of DB.PUBLIC.SRC does not exist (versions 0 to 3)",
+                   unchanged=state)  # fmt: skip
 
 
 # Hostile headers: classified or refused in linear time (a hang is the failure).

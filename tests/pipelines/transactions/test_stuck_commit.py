@@ -21,6 +21,7 @@ import pipelines.transactions.commit as pipeline_commit
 from pipelines import Session, SqlError
 from pipelines.transactions.statement_deadline import statement_deadline
 from tests.pipelines.conftest import rows
+from tests.pipelines.refusals import assert_refused
 from tests.pipelines.transactions.test_multi_table_commit import (
     SOURCE,
     decided_and_left,
@@ -151,9 +152,7 @@ def test_abandon_refuses_a_commit_whose_owner_is_alive(session_factory, monkeypa
     ],
 )
 def test_abandon_bad_input(statement, code, session):
-    with pytest.raises(SqlError) as refused:
-        session.sql(statement)
-    assert refused.value.code == code
+    assert_refused(session, statement, code, collect=False)
 
 
 def test_abandon_is_refused_inside_a_transaction(session):
