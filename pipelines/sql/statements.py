@@ -46,7 +46,7 @@ _COLUMN_LIST = r"\((?P<columns>[^()]*(?:\([^()]*\)[^()]*)*)\)"
 #: Statement kinds by header, first match wins; the pattern must match the whole text.
 #: Each character of a header has one place to go in its pattern (a trailing ``.*`` at most
 #: gives back once, to a closing ``)``), so a hostile header costs time linear in its length
-#: (tests/pipelines/test_day_one_statements.py runs long ones).
+#: (tests/pipelines/sql/test_day_one_statements.py runs long ones).
 _HEADERS: list[tuple[str, str]] = [
     ("begin", r"(?:BEGIN|START)(?:\s+(?:TRANSACTION|WORK))?(?:\s+NAME\s+\S+)?"),
     ("commit", r"COMMIT(?:\s+WORK)?"),

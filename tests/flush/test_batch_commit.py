@@ -2,7 +2,7 @@
 writer never lands in a table that does not hold its earlier batches.
 
 (Crashes around the commit are covered end to end, with Spark, by
-tests/pipelines/test_sink_crash.py; these are the edges of the function itself.)
+tests/pipelines/spark_sources/test_sink_crash.py; these are the edges of the function itself.)
 """
 
 from __future__ import annotations

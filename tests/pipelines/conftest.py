@@ -4,6 +4,9 @@ import pytest
 
 from pipelines import Session
 
+# Helper modules the tests import: their asserts explain a failure as a test's do.
+pytest.register_assert_rewrite("tests.pipelines.dynamic_tables.checks", "tests.pipelines.refusals")
+
 
 @pytest.fixture
 def session_factory(tmp_path, spark):

@@ -1,0 +1,112 @@
+"""What the dynamic-table tests compare and how they force an interleaving: a table
+against its query run fresh (as a multiset: duplicates, NULLs, NaN and -0.0 count), the
+refresh history against the table's log, its row ids, the table folders no table owns,
+and ``once``, a hook that runs another client's statement at one point of a refresh.
+
+A plain module the test files import (no fixtures)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import orjson
+from deltalake import DeltaTable
+
+from flush.change_commit import PIPELINE_METADATA_KEY
+from flush.tables import ROW_ID_COLUMN
+from pipelines import Session
+
+
+def canon(value: object) -> object:
+    """A value as compared here: NaN equal to NaN, -0.0 apart from 0.0, bytes as hex,
+    whole numbers by value (a count is a bigint in a query, a NUMBER in a table)."""
+    if isinstance(value, int | Decimal) and not isinstance(value, bool):
+        return "#" + str(Decimal(value).normalize())
+    if isinstance(value, float):
+        return "NaN" if math.isnan(value) else repr(value)
+    if isinstance(value, bytes | bytearray):
+        return "0x" + bytes(value).hex()
+    return value if value is None or isinstance(value, str) else repr(value)
+
+
+def bag(session: Session, query: str) -> Counter:
+    """A query's rows as a multiset (duplicates, NULLs, NaN and -0.0 count)."""
+    return Counter(tuple(canon(v) for v in row) for row in session.sql(query).collect())
+
+
+def assert_same_as_query(session: Session, name: str, query: str) -> None:
+    content, fresh = bag(session, f"SELECT * FROM {name}"), bag(session, query)
+    assert content == fresh, (
+        f"{name} differs from its query: only in {name}: {list((content - fresh).items())[:5]}; "
+        f"only in the query: {list((fresh - content).items())[:5]}"
+    )
+
+
+def refresh_commits(uri: str) -> list[int]:
+    """The refresh (history row) ids in the table's log, oldest first."""
+    entries = sorted(DeltaTable(uri).history(), key=lambda e: e["version"])
+    return [orjson.loads(e[PIPELINE_METADATA_KEY])["dynamic_table"]["refresh"]
+            for e in entries if PIPELINE_METADATA_KEY in e]  # fmt: skip
+
+
+def row_ids(uri: str) -> list[int]:
+    return DeltaTable(uri).to_pyarrow_table(columns=[ROW_ID_COLUMN]).column(0).to_pylist()
+
+
+def assert_consistent(session: Session, name: str) -> None:
+    """History and log agree: every SUCCEEDED refresh that wrote is in the log exactly
+    once, the log holds no other refresh, no commit is pending, no claim is left, and
+    the table's row ids are unique."""
+    info = session.require_table(name)
+    dt = session.catalog.get_dynamic_table(info.id)
+    assert session.catalog.pending_commits() == []
+    assert dt is not None and dt.claimed_by is None
+    logged = refresh_commits(info.uri)
+    assert len(logged) == len(set(logged)), f"a refresh was applied twice: {logged}"
+    history = session.catalog.list_refreshes(info.id)
+    wrote = {
+        r.id for r in history if r.state == "SUCCEEDED" and r.action in ("FULL", "INCREMENTAL")
+    }
+    assert wrote == set(logged), (wrote, logged)
+    assert not [r for r in history if r.state == "EXECUTING"]
+    ids = row_ids(info.uri)
+    assert len(ids) == len(set(ids)), "duplicate row ids in the dynamic table"
+
+
+def history_rows(session: Session, name: str) -> list[tuple]:
+    info = session.require_table(name)
+    return [
+        (r.trigger, r.state, r.action, r.reason) for r in session.catalog.list_refreshes(info.id)
+    ]
+
+
+def once(action):
+    """A wrapper factory: the wrapped function runs ``action`` once, after its first
+    call returned (the hook of a deterministic interleaving)."""
+
+    def wrap(original):
+        fired = []
+
+        def hooked(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if not fired:
+                fired.append(True)
+                action()
+            return result
+
+        return hooked
+
+    return wrap
+
+
+def folders(session: Session) -> set[str]:
+    return {p.parent.name for p in Path(session.warehouse).rglob("_delta_log")}
+
+
+def orphan_folders(session: Session) -> set[str]:
+    """Table folders no table of the catalog owns."""
+    owned = {Path(t.uri).name for t in session.catalog.list_tables()}
+    return folders(session) - owned

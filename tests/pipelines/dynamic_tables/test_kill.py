@@ -1,0 +1,167 @@
+"""A dynamic table's refresh, and its CREATE, SIGKILLed at every step of the commit.
+
+A refresh is one consumer commit (``pipelines.transactions.commit.commit_consumer``)
+whose plan carries the refresh claim. The child process runs ``ALTER DYNAMIC TABLE ...
+REFRESH`` (an incremental refresh that deletes and inserts rows; in the ``overwrite_``
+scenarios a FULL refresh of a table nothing follows, which overwrites it) or a CREATE
+(the initial refresh) and is killed at one failpoint. A new session on the warehouse (whose opening
+recovers) must then find the refresh applied once or not at all: the table holds the
+query's result at the data timestamp recorded (the new one if the commit was decided,
+the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
+pending commit is left, the table's log holds the refresh at most once, and the next
+refresh brings the table to the query's result.
+
+The children start together in the module fixture (a JVM each); helpers come from
+``test_consumption_crash``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+from deltalake import DeltaTable
+
+from flush.change_commit import PIPELINE_METADATA_KEY
+from pipelines import Session, SqlError
+from tests.pipelines.conftest import rows
+from tests.pipelines.transactions.test_consumption_crash import (
+    KILL_POINTS,
+    Child,
+    catalog_of,
+    pending_of,
+)
+
+DEFINITION = "SELECT ID, V FROM T WHERE ID <> 2"
+REFRESH = """
+session.sql("ALTER DYNAMIC TABLE D REFRESH")
+report(outcome="refreshed")
+"""
+CREATE = f"""
+session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
+report(outcome="created")
+"""
+#: Scenario -> (what the child runs, the failpoint it is killed at).
+SCENARIOS = {
+    **{f"refresh_{point}": (REFRESH, point) for point in KILL_POINTS},
+    **{f"overwrite_{point}": (REFRESH, point) for point in
+       ("pipeline_after_validate", "pipeline_after_decide", "pipeline_before_finish")},
+    "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
+    "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
+}  # fmt: skip
+
+
+def setup_warehouse(session: Session, create: bool, full: bool = False) -> None:
+    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
+    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
+    if create:
+        return
+    mode = "REFRESH_MODE = FULL " if full else ""
+    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {mode}AS {DEFINITION}")
+    session.sql("UPDATE T SET V = 'x' WHERE ID = 3")  # the refresh deletes one, inserts one
+    session.sql("INSERT INTO T VALUES (5, 'e')")
+
+
+def content(session: Session, name: str) -> list[tuple[int, str]]:
+    return sorted((int(i), v) for i, v in rows(session.sql(f"SELECT ID, V FROM {name}")))
+
+
+def refresh_commits(uri: str) -> list[int]:
+    """The refresh history ids in the table's log, oldest first (one per refresh commit)."""
+    entries = sorted(DeltaTable(uri).history(), key=lambda e: e["version"])
+    found = []
+    for entry in entries:
+        if PIPELINE_METADATA_KEY in entry:
+            metadata = orjson.loads(entry[PIPELINE_METADATA_KEY])
+            found.append(metadata["dynamic_table"]["refresh"])
+    return found
+
+
+@dataclass
+class Scenario:
+    warehouse: Path
+    child: Child
+    before: list[tuple[int, str]]  # D's content before the child ran ([] for CREATE)
+
+
+@pytest.fixture(scope="module")
+def kills(tmp_path_factory, spark):
+    started: dict[str, Scenario] = {}
+    try:
+        for name, (body, point) in SCENARIOS.items():
+            warehouse = tmp_path_factory.mktemp(name) / "warehouse"
+            with Session(warehouse, spark=spark) as session:
+                setup_warehouse(session, create=body is CREATE,
+                                full=name.startswith("overwrite_"))  # fmt: skip
+                before = [] if body is CREATE else content(session, "D")
+            child = Child.start(warehouse, body, f"{point}=kill", name=name)
+            started[name] = Scenario(warehouse, child, before)
+        yield started
+    finally:
+        for scenario in started.values():
+            scenario.child.stop()
+
+
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(("refresh_", "overwrite_"))])
+def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, name):
+    scenario = kills[name]
+    scenario.child.wait()
+    assert scenario.child.proc.returncode == -9, scenario.child.describe()
+    point = SCENARIOS[name][1]
+    decided = KILL_POINTS[point]
+    assert len(pending_of(scenario.warehouse)) == (0 if point == "pipeline_after_stage" else 1)
+    session = session_factory(scenario.warehouse)  # opening it recovers
+    assert pending_of(scenario.warehouse) == []
+    fresh = content(session, "T WHERE ID <> 2")
+    expected = fresh if decided else scenario.before
+    assert content(session, "D") == expected
+    info = session.require_table("D")
+    dt = session.catalog.get_dynamic_table(info.id)
+    assert dt.claimed_by is None and dt.refresh_seq == (2 if decided else 1)
+    history = session.catalog.list_refreshes(info.id)
+    assert [(r.trigger, r.state, r.reason) for r in history] == [
+        ("MANUAL", "SUCCEEDED" if decided else "FAILED", "" if decided else "INTERRUPTED"),
+        ("INITIAL", "SUCCEEDED", ""),
+    ]
+    if decided:
+        assert dt.data_timestamp_us == history[0].data_timestamp_us
+        assert history[0].table_version == DeltaTable(info.uri).version()
+    commits = refresh_commits(info.uri)
+    assert len(commits) == len(set(commits)) == (2 if decided else 1)
+    if name.startswith("overwrite_") and decided:  # one overwrite: every row replaced once
+        assert history[0].action == "FULL" and history[0].rows_deleted == len(scenario.before)
+        assert DeltaTable(info.uri).history(1)[0]["operation"] == "WRITE"
+    # The next refresh brings it to the query's result, once.
+    session.sql("INSERT INTO T VALUES (6, 'f')")
+    session.sql("ALTER DYNAMIC TABLE D REFRESH")
+    assert content(session, "D") == content(session, "T WHERE ID <> 2")
+    assert len(set(refresh_commits(info.uri))) == len(refresh_commits(info.uri))
+
+
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("create_")])
+def test_a_killed_create_leaves_the_table_whole_or_nothing(kills, session_factory, name):
+    scenario = kills[name]
+    scenario.child.wait()
+    assert scenario.child.proc.returncode == -9, scenario.child.describe()
+    decided = KILL_POINTS[SCENARIOS[name][1]]
+    catalog = catalog_of(scenario.warehouse)
+    try:  # before recovery: the half-made table is there, INITIALIZING
+        assert [dt.state for dt in catalog.list_dynamic_tables()] == ["INITIALIZING"]
+    finally:
+        catalog.close()
+    session = session_factory(scenario.warehouse)
+    if decided:
+        assert content(session, "D") == content(session, "T WHERE ID <> 2")
+        (dt,) = session.catalog.list_dynamic_tables()
+        assert dt.state == "ACTIVE" and dt.data_timestamp_us is not None
+        assert [r.state for r in session.catalog.list_refreshes()] == ["SUCCEEDED"]
+    else:
+        assert session.catalog.list_dynamic_tables() == []
+        assert [t.name for t in session.catalog.list_tables()] == ["T"]
+        assert list(scenario.warehouse.rglob("D*/_delta_log")) == []
+        with pytest.raises(SqlError, match="does not exist"):
+            session.sql("SELECT * FROM D")
+        session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
+        assert content(session, "D") == content(session, "T WHERE ID <> 2")
