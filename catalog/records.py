@@ -270,7 +270,8 @@ class DynamicTableRecord:
     refreshes of one table never both apply. ``state`` is INITIALIZING (the initial
     refresh runs; ``owner`` is its process), ACTIVE or SUSPENDED. ``target_lag_us`` None
     is DOWNSTREAM. ``row_ids``: PACKED (stateless queries: derived from the source rows'
-    ids) or SEQUENCE (from the table's row-id sequence).
+    ids), DERIVED (the query-delta engine's hashes of ids and group keys) or SEQUENCE
+    (from the table's row-id sequence).
     """
 
     table_id: int

@@ -6,10 +6,12 @@ row id, and streams with exactly-once consumption.
         session.sql("CREATE STREAM s ON TABLE t")
         session.sql("INSERT INTO t2 SELECT a FROM s")   # consumes s when it commits
 
-Inside: ``sql`` (the session, statement handlers, binder, plan guard and the service's
-worker), ``transactions`` (transactions and the consumer commit), ``streams`` (change
-sets between table versions), ``spark_sources`` (the PySpark data sources); ``errors``
-is shared by all, and ``python -m pipelines`` is the command line.
+Inside: ``session`` (the SQL session) and ``worker`` (the service's Spark worker) put
+together ``sql`` (statement handlers, binder, plan guard), ``transactions``
+(transactions and the consumer commit), ``streams`` (change sets between table
+versions), ``incremental`` (the query-delta engine), ``dynamic_tables``,
+``change_streams`` and ``spark_sources`` (the PySpark data sources); ``errors`` is
+shared by all, and ``python -m pipelines`` is the command line.
 """
 
 from __future__ import annotations

@@ -73,6 +73,11 @@ REASONS = {
 }
 
 
+#: Reasons of the stateless check that the query-delta engine may take over.
+ENGINE_REASONS = frozenset({"AGGREGATE", "JOIN", "WINDOW", "DISTINCT", "SET_OPERATION",
+                            "SUBQUERY_OUTSIDE_FROM", "REWRITE_UNSUPPORTED"})  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class PlanClass:
     """The verdict on one query: stateless (incremental) or not, and why not.
@@ -81,10 +86,20 @@ class PlanClass:
     each once; empty exactly when ``incremental``."""
 
     reasons: tuple[str, ...]
+    #: Maintained by the query-delta engine (not the stateless rewrite).
+    engine: bool = False
 
     @property
     def incremental(self) -> bool:
         return not self.reasons
+
+    @property
+    def engine_may_cover(self) -> bool:
+        """Whether every reason is one the query-delta engine may cover (its own check
+        of the optimized plan decides)."""
+        return bool(self.reasons) and all(
+            reason.split(":")[0] in ENGINE_REASONS for reason in self.reasons
+        )
 
     @property
     def reason_text(self) -> str:

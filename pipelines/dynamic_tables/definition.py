@@ -28,6 +28,7 @@ from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
 from pipelines.dynamic_tables.classify import PlanClass
 from pipelines.dynamic_tables.classify import classify as classify_plan
+from pipelines.dynamic_tables.derived import plan_over_stand_ins
 from pipelines.dynamic_tables.refresh import BUILDING, INITIAL, MANUAL, RefreshFailed, refresh
 from pipelines.dynamic_tables.rewrite import RewriteError, is_hidden, rewrite
 from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, parse_target_lag
@@ -58,6 +59,10 @@ if TYPE_CHECKING:
 __all__ = ["HANDLERS", "refresh_with_upstreams"]
 
 _MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT")
+#: The modes under which a query that is not stateless goes to the query-delta engine.
+#: AUTO keeps such a query FULL until ADAPTIVE refresh (which AUTO will resolve to) is
+#: built: then a change too large to pay off goes FULL for one refresh.
+_ENGINE_MODES = ("INCREMENTAL", "INCREMENTAL_STRICT")
 #: In the names of the tables CREATE OR REPLACE builds beside the ones they replace.
 _INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 
@@ -178,6 +183,8 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
         verdict = classify_plan(session.spark, frame, session.views)
         if verdict.incremental:
             verdict = _rewritable(session, txn, query)
+        if not verdict.incremental and verdict.engine_may_cover and mode in _ENGINE_MODES:
+            verdict = _derivable(session, query)
     finally:
         session.release_views()
     if mode in ("INCREMENTAL", "INCREMENTAL_STRICT") and not verdict.incremental:
@@ -198,7 +205,7 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     definition: dict[str, Any] = {
         "query": query, "default_database": defaults[0], "default_schema": defaults[1],
         "target_lag_us": lag.lag_us, "refresh_mode": mode, "mode_reason": verdict.reason_text,
-        "row_ids": "PACKED" if verdict.incremental and mode != "FULL" else "SEQUENCE",
+        "row_ids": _row_ids(verdict, mode),
         "initialize": initialize,
         "comment": literal(options.get("COMMENT")),
     }  # fmt: skip
@@ -225,6 +232,28 @@ def _rewritable(session: StatementContext, txn: Transaction, query: str) -> Plan
     except RewriteError as exc:
         return PlanClass((f"REWRITE_UNSUPPORTED:{str(exc)[:120]}",))
     return PlanClass(())
+
+
+def _derivable(session: StatementContext, query: str) -> PlanClass:
+    """A query the query-delta engine maintains (:mod:`.derived`), or the reasons it
+    cannot, from its optimized plan."""
+    defaults = (session.database, session.schema)
+
+    def bind(frames: Any) -> str:
+        txn = Transaction(session.catalog, session.spark, read_only=True)
+        return Binder(session, txn, defaults, sources=frames).bind(query)
+
+    reasons = plan_over_stand_ins(session, bind).reasons()
+    return PlanClass(tuple(reasons), engine=not reasons)
+
+
+def _row_ids(verdict: PlanClass, mode: str) -> str:
+    """How the table's rows get their ids: PACKED (the stateless rewrite passes its
+    sources' ids through), DERIVED (the engine derives them from ids and keys), or
+    SEQUENCE (reserved for the inserted rows of a FULL refresh's difference)."""
+    if not verdict.incremental or mode == "FULL":
+        return "SEQUENCE"
+    return "DERIVED" if verdict.engine else "PACKED"
 
 
 def _swap(session: StatementContext, existing: TableInfo, built: TableInfo, shown: str) -> None:
@@ -432,7 +461,7 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
 def effective_mode(dt: DynamicTableRecord) -> str:
     """INCREMENTAL or FULL: what refreshes after the initial one do (a stateless query's
     refreshes go FULL once only for a reason its history names)."""
-    return "INCREMENTAL" if dt.row_ids == "PACKED" else "FULL"
+    return "INCREMENTAL" if dt.row_ids in ("PACKED", "DERIVED") else "FULL"
 
 
 def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:

@@ -38,6 +38,7 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
+from pipelines.dynamic_tables.derived import TableSource, engine, plan_over_stand_ins
 from pipelines.dynamic_tables.diff import (
     UncomparableColumnError,
     arrow_value_diff,
@@ -46,6 +47,7 @@ from pipelines.dynamic_tables.diff import (
 )
 from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
 from pipelines.errors import SqlError, StreamStaleError
+from pipelines.incremental.delta import SIGN, Deltas
 from pipelines.sql.binding import Binder
 from pipelines.streams.changes import ACTION as CHANGE_ACTION
 from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
@@ -103,6 +105,8 @@ def compute(
     """The change of one refresh (the table at ``base``, loaded as ``handle``);
     ``followed``: whether the table has followers (None: ask the catalog)."""
     initial = dt.data_timestamp_us is None
+    if dt.row_ids == "DERIVED":
+        return _derived(session, dt, info, pinned, base, handle, followed)
     packed = dt.row_ids == "PACKED"
     reason = ""
     if packed and dt.refresh_mode != "FULL" and not initial:
@@ -133,6 +137,62 @@ def compute(
     else:
         computed = _full_by_value(session, info, frame, base, handle, initial)
     return Computed(computed.change, computed.counts, "FULL", reason)
+
+
+def _derived(
+    session: StatementContext, dt: DynamicTableRecord, info: TableInfo,
+    pinned: Sequence[PinnedSource], base: int, handle: DeltaTable, followed: bool | None,
+) -> Computed:  # fmt: skip
+    """A refresh of a table the query-delta engine maintains: its net change from the
+    sources' changes (INCREMENTAL), or the query's rows with their derived ids (FULL:
+    the initial refresh, REFRESH_MODE = FULL, or a reason)."""
+    from pyspark.sql import functions as F
+
+    initial = dt.data_timestamp_us is None
+    plan = plan_over_stand_ins(session, lambda frames: _bind(session, dt, pinned, frames)[1])
+    if plan.reasons():
+        raise RefreshFailed(f"the query's plan now holds what the incremental engine cannot "
+                            f"refresh ({', '.join(plan.reasons())}); CREATE OR REPLACE "
+                            "DYNAMIC TABLE defines it again", "SOURCE_CHANGED")  # fmt: skip
+    sources = {item.info.id: TableSource(session, item.info, item.after, item.to)
+               for item in pinned}  # fmt: skip
+    deltas = engine(plan, sources)
+    reason = ""
+    if dt.refresh_mode != "FULL" and not initial:
+        reason = _catalog_behind(dt, pinned, handle)
+        if not reason:
+            try:
+                return _derived_incremental(info, deltas)
+            except StreamStaleError:
+                reason = "CHANGES_NOT_RETAINED"
+        if dt.refresh_mode == "INCREMENTAL_STRICT":
+            raise RefreshFailed(
+                f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
+                "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
+            )  # fmt: skip
+    frame = _as_table(info, deltas.rows("new").withColumn(ACTION, F.lit("INSERT")),
+                      [ROW_ID_COLUMN, ACTION])  # fmt: skip
+    if followed is None:
+        followed = has_followers(session.catalog, info.id)
+    if not initial and not followed:
+        computed = _overwrite(session, info, frame, True, handle)
+    else:
+        computed = _full_by_id(session, info, frame, base, handle, initial)
+    return Computed(computed.change, computed.counts, "FULL", reason)
+
+
+def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:
+    from pyspark.sql import functions as F
+
+    net = deltas.net()
+    action = F.when(F.col(SIGN) > 0, F.lit("INSERT")).otherwise(F.lit("DELETE"))
+    frame = _as_table(info, net.withColumn(ACTION, action).drop(SIGN), [ROW_ID_COLUMN, ACTION])
+    change = net_change(frame.toArrow(), list(info.schema.names))
+    rows = _checked(info, change.rows)
+    return Computed(
+        ChangeSet(rows, change.deleted.cast(pa.int64()), change.new_ids.cast(pa.int64())),
+        [len(change.new_ids), len(change.deleted), change.updated], "INCREMENTAL",
+    )  # fmt: skip
 
 
 def has_followers(catalog: Catalog, table_id: int) -> bool:

@@ -18,6 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pipelines"
 #: Each sub-package's layer: it may import its own modules and those of lower layers.
 LAYERS = {
     "streams": 0,
+    "incremental": 0,
     "transactions": 1,
     "sql": 2,
     "dynamic_tables": 3,

@@ -4,7 +4,8 @@ A refresh is one consumer commit (``pipelines.transactions.commit.commit_consume
 whose plan carries the refresh claim. The child process runs ``ALTER DYNAMIC TABLE ...
 REFRESH`` (an incremental refresh that deletes and inserts rows; in the ``overwrite_``
 scenarios a FULL refresh of a table nothing follows, which overwrites it) or a CREATE
-(the initial refresh) and is killed at one failpoint. A new session on the warehouse (whose opening
+(the initial refresh) and is killed at one failpoint; the ``join_`` scenarios refresh a
+join incrementally through the query-delta engine. A new session on the warehouse (whose opening
 recovers) must then find the refresh applied once or not at all: the table holds the
 query's result at the data timestamp recorded (the new one if the commit was decided,
 the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
@@ -35,6 +36,8 @@ from tests.pipelines.transactions.test_consumption_crash import (
 )
 
 DEFINITION = "SELECT ID, V FROM T WHERE ID <> 2"
+#: The same rows through a join, which the query-delta engine refreshes incrementally.
+JOIN_DEFINITION = "REFRESH_MODE = INCREMENTAL AS SELECT T.ID, T.V FROM T JOIN T AS S ON T.ID = S.ID WHERE T.ID <> 2"
 REFRESH = """
 session.sql("ALTER DYNAMIC TABLE D REFRESH")
 report(outcome="refreshed")
@@ -48,18 +51,24 @@ SCENARIOS = {
     **{f"refresh_{point}": (REFRESH, point) for point in KILL_POINTS},
     **{f"overwrite_{point}": (REFRESH, point) for point in
        ("pipeline_after_validate", "pipeline_after_decide", "pipeline_before_finish")},
+    **{f"join_{point}": (REFRESH, point) for point in
+       ("pipeline_after_validate", "pipeline_after_decide", "pipeline_before_finish")},
     "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
     "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
 }  # fmt: skip
 
 
-def setup_warehouse(session: Session, create: bool, full: bool = False) -> None:
+def setup_warehouse(
+    session: Session, create: bool, full: bool = False, definition: str = DEFINITION
+) -> None:
     session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
     session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
     if create:
         return
     mode = "REFRESH_MODE = FULL " if full else ""
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {mode}AS {DEFINITION}")
+    if not definition.startswith("REFRESH_MODE"):
+        definition = f"{mode}AS {definition}"
+    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {definition}")
     session.sql("UPDATE T SET V = 'x' WHERE ID = 3")  # the refresh deletes one, inserts one
     session.sql("INSERT INTO T VALUES (5, 'e')")
 
@@ -94,7 +103,9 @@ def kills(tmp_path_factory, spark):
             warehouse = tmp_path_factory.mktemp(name) / "warehouse"
             with Session(warehouse, spark=spark) as session:
                 setup_warehouse(session, create=body is CREATE,
-                                full=name.startswith("overwrite_"))  # fmt: skip
+                                full=name.startswith("overwrite_"),
+                                definition=JOIN_DEFINITION if name.startswith("join_")
+                                else DEFINITION)  # fmt: skip
                 before = [] if body is CREATE else content(session, "D")
             child = Child.start(warehouse, body, f"{point}=kill", name=name)
             started[name] = Scenario(warehouse, child, before)
@@ -104,7 +115,9 @@ def kills(tmp_path_factory, spark):
             scenario.child.stop()
 
 
-@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(("refresh_", "overwrite_"))])
+@pytest.mark.parametrize(
+    "name", [n for n in SCENARIOS if n.startswith(("refresh_", "overwrite_", "join_"))]
+)
 def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, name):
     scenario = kills[name]
     scenario.child.wait()
@@ -133,6 +146,9 @@ def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, 
     if name.startswith("overwrite_") and decided:  # one overwrite: every row replaced once
         assert history[0].action == "FULL" and history[0].rows_deleted == len(scenario.before)
         assert DeltaTable(info.uri).history(1)[0]["operation"] == "WRITE"
+    if name.startswith("join_") and decided:  # the engine's refresh: the two changed rows
+        assert (history[0].action, history[0].rows_inserted, history[0].rows_updated) == (
+            "INCREMENTAL", 1, 1)
     # The next refresh brings it to the query's result, once.
     session.sql("INSERT INTO T VALUES (6, 'f')")
     session.sql("ALTER DYNAMIC TABLE D REFRESH")

@@ -1,0 +1,340 @@
+"""The query-delta engine: a query's net change between two versions of its sources,
+built operator by operator from Spark's optimized plan and run by Spark.
+
+Every operator of the plan is evaluated three ways, each a DataFrame with the operator's
+output columns (the plan's attributes, ids kept) and a row id: its rows at the **old**
+versions, at the **new** versions, and its **delta** (rows with a sign, +1 inserted, -1
+deleted, whose signed sum turns old into new). The rules, for an operator over inputs
+whose deltas are known:
+
+- projection, filter: applied to each row of the delta as to the rows (the row id
+  passes through);
+- UNION ALL: the children's deltas, each branch's ids hashed with its position;
+- inner and cross join: ``dA ⋈ B_new + A_old ⋈ dB`` (the two-term delta rule); a joined
+  row's id is a hash of its two sources' ids, so a changed row on either side shows as a
+  deletion and an insertion of one id, an update;
+- semi, anti and outer joins: the rows of the kept side that changed, or that the
+  condition matches with a changed row of the other side, are recomputed at both
+  versions (the condition as written: NOT IN's NULL rule holds, a NULL matches all);
+- aggregation (GROUP BY, DISTINCT, scalar aggregates): the groups whose input changed
+  are aggregated again at both versions: every aggregate stays exact (MIN, MAX, COUNT
+  DISTINCT, float sums) and a group's row id is a hash of its key, kept while it exists;
+- window with PARTITION BY: the partitions whose input changed are computed again.
+
+Nothing is held between refreshes (no operator state): a refresh reads the sources at
+the two versions and their changes; what it collects is the consolidated delta of the
+query (:meth:`Deltas.net`), which grows with the change. Operators the rules do not
+cover raise :class:`Unsupported`, whose code names the reason for a FULL refresh.
+
+Row ids are 64-bit hashes (``xxhash64``) of the ids and keys they derive from: two rows
+of one table share an id with probability about n²/2⁶⁵ (1 in 300,000 for ten million
+rows); a refresh that meets one fails rather than merge them (:meth:`Deltas.net`).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pipelines.incremental.plan import Node, PlanReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = ["ID", "SIGN", "Deltas", "Source", "Unsupported", "unsupported"]
+
+ID, SIGN = "_INGEST_ROW_ID", "_INGEST_SIGN"
+_LEFT, _RIGHT, _KEY, _COUNT = "_INGEST_L", "_INGEST_R", "_INGEST_K", "_INGEST_N"
+_HIT_LEFT, _HIT_RIGHT = "_INGEST_HL", "_INGEST_HR"
+
+#: Operators that map each row alone (a leaf of the walk is a source).
+_ROW_WISE = frozenset({"Project", "Filter"})
+_JOINS = frozenset({"Inner", "Cross", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
+                    "LeftAnti"})  # fmt: skip
+_SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
+              "RightOuter": "right_outer", "FullOuter": "full_outer",
+              "LeftSemi": "left_semi", "LeftAnti": "left_anti"}  # fmt: skip
+#: Operators no rule covers yet, by reason code.
+_REASONS = {
+    "Sort": "ORDER_BY", "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "LIMIT",
+    "Tail": "LIMIT", "Sample": "SAMPLE", "Expand": "GROUPING_SETS", "Generate": "GENERATOR",
+    "LocalRelation": "CONSTANT_RELATION", "OneRowRelation": "CONSTANT_RELATION",
+    "Range": "CONSTANT_RELATION",
+}  # fmt: skip
+
+
+class Unsupported(ValueError):
+    """The plan holds an operator no delta rule covers; ``code`` names it."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}{': ' + detail if detail else ''}")
+        self.code = code
+
+
+class Source:
+    """A source table as the engine reads it: its rows at the old and new versions and
+    its net change, each with the table's columns in order, then ``ID`` (and ``SIGN``
+    in ``changes``). Read on demand: a FULL evaluation reads the new rows only."""
+
+    def old(self) -> DataFrame:
+        raise NotImplementedError
+
+    def new(self) -> DataFrame:
+        raise NotImplementedError
+
+    def changes(self) -> DataFrame:
+        raise NotImplementedError
+
+
+def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool]) -> list[str]:
+    """The reason codes that keep the engine from the plan (empty: it covers it)."""
+    found: set[str] = set()
+    for node in _walk(root):
+        if node.kind in _REASONS:
+            found.add(_REASONS[node.kind])
+        elif not node.children:
+            if not is_source(node):
+                found.add(f"UNSUPPORTED:{node.kind}")
+        elif node.kind == "Join":
+            kind = _join_type(node)
+            if kind not in _JOINS:
+                found.add(f"UNSUPPORTED:{kind.split('(')[0]}")
+        elif node.kind == "Window":
+            if not reader.items(node.jvm.partitionSpec()):
+                found.add("WINDOW_WITHOUT_PARTITION_BY")
+        elif node.kind == "Union":
+            if node.jvm.byName() or node.jvm.allowMissingCol():
+                found.add("UNSUPPORTED:Union")
+        elif node.kind not in _ROW_WISE | {"Aggregate", "Window"}:
+            found.add(f"UNSUPPORTED:{node.kind}")
+        if reader.items(node.jvm.subqueries()):
+            found.add("SUBQUERY_EXPRESSION")
+        for attribute in node.output:
+            if str(attribute.name()).upper().startswith("_INGEST_"):
+                found.add("RESERVED_NAME")
+    return sorted(found)
+
+
+def _walk(node: Node) -> list[Node]:
+    return [node, *(n for child in node.children for n in _walk(child))]
+
+
+def _join_type(node: Node) -> str:
+    return str(node.jvm.joinType().toString())
+
+
+class Deltas:
+    """The three evaluations of every operator of one plan (memoised per node)."""
+
+    def __init__(
+        self, reader: PlanReader, root: Node, source: Callable[[Node], Source]
+    ) -> None:
+        self.reader, self.root, self._source = reader, root, source
+        self._memo: dict[tuple[int, str], DataFrame] = {}
+
+    # The rows at a version ("old", "new") and the delta ("delta"), per operator
+    def state(self, node: Node, version: str) -> DataFrame:
+        return self._memoised(node, version, lambda: self._state(node, version))
+
+    def delta(self, node: Node) -> DataFrame:
+        return self._memoised(node, "delta", lambda: self._delta(node))
+
+    def _memoised(self, node: Node, what: str, make: Callable[[], DataFrame]) -> DataFrame:
+        key = (id(node), what)
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def _state(self, node: Node, version: str) -> DataFrame:
+        if not node.children:
+            source = self._source(node)
+            frame = source.old() if version == "old" else source.new()
+            return self.reader.rebound(frame, node.output, [ID])
+        inputs = [self.state(child, version) for child in node.children]
+        if node.kind == "Aggregate":
+            return self._aggregate(node, inputs[0])
+        if node.kind == "Window":
+            return self._window(node, inputs[0])
+        if node.kind == "Join":
+            return self._join(node, inputs[0], inputs[1], [])
+        return self._row_wise(node, inputs, [])
+
+    def _delta(self, node: Node) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        if not node.children:
+            changes = self._source(node).changes()
+            return self.reader.rebound(changes, node.output, [ID, SIGN])
+        if node.kind in _ROW_WISE or node.kind == "Union":
+            return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
+        if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
+            left, right = node.children
+            first = self._join(node, self.delta(left), self.state(right, "new"), [SIGN])
+            second = self._join(node, self.state(left, "old"), self.delta(right), [SIGN])
+            return first.union(second)
+        if node.kind == "Join":
+            return self._recomputed_join(node)
+        child = node.children[0]
+        keys = (self.reader.items(node.jvm.groupingExpressions()) if node.kind == "Aggregate"
+                else self.reader.items(node.jvm.partitionSpec()))  # fmt: skip
+        evaluate = self._aggregate if node.kind == "Aggregate" else self._window
+        parts = []
+        for version, sign in (("new", 1), ("old", -1)):
+            rows = self.state(child, version)
+            if keys:
+                rows = self._restricted(rows, keys, self.delta(child))
+            parts.append(evaluate(node, rows).withColumn(SIGN, F.lit(sign)))
+        return parts[0].union(parts[1])
+
+    # Operators
+    def _row_wise(self, node: Node, inputs: list[DataFrame], extra: list[str]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        columns = self.reader.columns
+        if node.kind == "Project":
+            return inputs[0].select(*columns(node.jvm.projectList()), ID, *extra)
+        if node.kind == "Filter":
+            return inputs[0].where(self.reader.column(node.jvm.condition()))
+        branches = [  # Union: each branch's ids told apart by its position
+            frame.withColumn(ID, F.xxhash64(F.col(ID), F.lit(position)))
+            for position, frame in enumerate(inputs)
+        ]
+        return functools.reduce(lambda a, b: a.union(b), branches)
+
+    def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        keys = self.reader.columns(node.jvm.groupingExpressions())
+        outputs = self.reader.items(node.jvm.aggregateExpressions())
+        row_id = F.xxhash64(*keys) if keys else F.lit(0).cast("bigint")
+        grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
+                                          row_id.alias(ID))  # fmt: skip
+        return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID)
+
+    def _window(self, node: Node, rows: DataFrame) -> DataFrame:
+        child = [self.reader.column(a) for a in node.children[0].output]
+        windows = self.reader.columns(node.jvm.windowExpressions())
+        return rows.select(*child, *windows, ID)
+
+    def _join(self, node: Node, left: DataFrame, right: DataFrame, extra: list[str]) -> DataFrame:
+        """The join of two evaluations of its children; ``extra`` (the sign) comes from
+        whichever side holds it."""
+        outputs = [self.reader.column(a) for a in node.output]
+        return self._join_with_ids(node, left, right).select(*outputs, ID, *extra)
+
+    def _recomputed_join(self, node: Node) -> DataFrame:
+        """Semi, anti and outer joins: the rows of the kept side(s) whose result can have
+        changed, recomputed at both versions."""
+        from pyspark.sql import functions as F
+
+        kind = _join_type(node)
+        left, right = node.children
+        keep_left = kind in ("LeftSemi", "LeftAnti", "LeftOuter", "FullOuter")
+        keep_right = kind in ("RightOuter", "FullOuter")
+        touched_left = self._touched(node, left, right) if keep_left else None
+        touched_right = self._touched(node, right, left) if keep_right else None
+        parts = []
+        for version, sign in (("new", 1), ("old", -1)):
+            l_rows, r_rows = self.state(left, version), self.state(right, version)
+            if kind != "FullOuter":
+                if touched_left is not None:
+                    l_rows = l_rows.join(touched_left, on=ID, how="left_semi")
+                if touched_right is not None:
+                    r_rows = r_rows.join(touched_right, on=ID, how="left_semi")
+                joined = self._join(node, l_rows, r_rows, [])
+            else:
+                joined = self._full_touched(node, l_rows, r_rows, touched_left, touched_right)
+            parts.append(joined.withColumn(SIGN, F.lit(sign)))
+        return parts[0].union(parts[1])
+
+    def _touched(self, node: Node, kept: Node, other: Node) -> DataFrame:
+        """Ids of ``kept``'s rows whose join result can differ: those that changed, and
+        those the condition matches with a changed row of ``other`` (at either
+        version)."""
+        from pyspark.sql import functions as F
+
+        condition = self.reader.option(node.jvm.condition())
+        on = self.reader.column(condition) if condition is not None else F.lit(True)
+        both = self.state(kept, "old").union(self.state(kept, "new"))
+        changed_other = self.delta(other).drop(SIGN).withColumnRenamed(ID, _KEY)
+        matched = both.join(changed_other, on=on, how="left_semi").select(ID)
+        return self._materialised(self.delta(kept).select(ID).union(matched).distinct())
+
+    def _materialised(self, frame: DataFrame) -> DataFrame:
+        """``frame`` computed now and read back as a new relation: what a change touched
+        (ids, keys) is small, and a relation of its own shares no column with the plans
+        it then restricts (Spark renames a side whose columns it meets again)."""
+        from flush.spark_tables import arrow_frame
+
+        return arrow_frame(self.reader.spark, frame.toArrow())
+
+    def _full_touched(
+        self, node: Node, left: DataFrame, right: DataFrame,
+        touched_left: DataFrame | None, touched_right: DataFrame | None,
+    ) -> DataFrame:  # fmt: skip
+        """A full outer join's rows that hold a touched row of either side."""
+        from pyspark.sql import functions as F
+
+        joined = self._join_with_ids(node, left, right)
+        for touched, column, flag in ((touched_left, _LEFT, _HIT_LEFT),
+                                      (touched_right, _RIGHT, _HIT_RIGHT)):
+            assert touched is not None
+            marks = touched.select(F.col(ID).alias(_KEY), F.lit(True).alias(flag))
+            joined = joined.join(marks, F.col(column) == F.col(_KEY), "left_outer").drop(_KEY)
+        hit = F.coalesce(F.col(_HIT_LEFT), F.col(_HIT_RIGHT), F.lit(False))
+        outputs = [self.reader.column(a) for a in node.output]
+        return joined.where(hit).select(*outputs, ID)
+
+    def _join_with_ids(self, node: Node, left: DataFrame, right: DataFrame) -> DataFrame:
+        """The join with both sides' ids kept as ``_LEFT`` and ``_RIGHT`` and the joined
+        row's id as ``ID``: the kept row's for semi and anti joins, else a hash of the
+        two (a missing side told apart from any id)."""
+        from pyspark.sql import functions as F
+
+        kind = _join_type(node)
+        condition = self.reader.option(node.jvm.condition())
+        on = self.reader.column(condition) if condition is not None else F.lit(True)
+        joined = left.withColumnRenamed(ID, _LEFT).join(
+            right.withColumnRenamed(ID, _RIGHT), on=on, how=_SPARK_HOW[kind]
+        )
+        if kind in ("LeftSemi", "LeftAnti"):
+            return joined.withColumn(ID, F.col(_LEFT))
+        row_id = F.xxhash64(F.col(_LEFT), F.col(_RIGHT), F.col(_LEFT).isNull(),
+                            F.col(_RIGHT).isNull())  # fmt: skip
+        return joined.withColumn(ID, row_id)
+
+    def _restricted(self, rows: DataFrame, keys: list[Any], changes: DataFrame) -> DataFrame:
+        """``rows`` whose ``keys`` (expressions over them) take a value the keys take in
+        ``changes`` (NULL matching NULL): the groups or partitions a change touched."""
+        columns: list[Column] = [self.reader.column(k) for k in keys]
+        names = [f"{_KEY}{i}" for i in range(len(columns))]
+        touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
+        touched = self._materialised(touched.distinct())
+        same = [c.eqNullSafe(touched[n]) for c, n in zip(columns, names, strict=True)]
+        return rows.join(touched, on=functools.reduce(operator.and_, same), how="left_semi")
+
+    # The answer
+    def net(self) -> DataFrame:
+        """The root's delta consolidated: each (row, id) once with its net sign, ±1
+        (rows whose changes cancel are gone). A net sign past ±1 means two rows share an
+        id (a hash collision, or a source whose ids repeat): raised when collected."""
+        from pyspark.sql import functions as F
+
+        outputs = [self.reader.column(a) for a in self.root.output]
+        summed = (
+            self.delta(self.root)
+            .groupBy(*outputs, F.col(ID))
+            .agg(F.sum(SIGN).alias(_COUNT))
+            .where(F.col(_COUNT) != 0)
+        )
+        checked = F.when(F.abs(F.col(_COUNT)) == 1, F.col(_COUNT)).otherwise(
+            F.raise_error(F.lit("two rows of the dynamic table's query share a row id"))
+        )
+        return summed.select(*[self.reader.column(a) for a in self.root.output], ID,
+                             checked.alias(SIGN))  # fmt: skip
+
+    def rows(self, version: str = "new") -> DataFrame:
+        """The root's rows at a version, with their ids."""
+        return self.state(self.root, version)

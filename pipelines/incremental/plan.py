@@ -1,0 +1,152 @@
+"""Spark's optimized logical plan of a query, read through the JVM: its operators, their
+expressions as Columns, and its leaves matched to the sources they read.
+
+The plan is read, never run: the delta rules (:mod:`.delta`) build new DataFrames from
+its operators' own expressions, and Spark analyses and optimises each of them afresh.
+Running the optimized plan with other data under it is wrong in general, because the
+optimizer bakes facts about the data it saw into the plan (an empty source folds a
+join away; a NOT IN over columns it believes never NULL loses its NULL rule). So the
+plan is made over stand-ins that carry the real schema (nullability included) and
+nothing the optimizer can fold (an RDD of no rows, not a local relation), and with the
+optimizations that plant subqueries over the data (runtime bloom filters, dynamic
+partition pruning) and the window top-k rewrite turned off while it is made.
+
+Expressions keep the ids Spark gave their attributes (``exprId``): a leaf's columns are
+rebound to the ids the plan's expressions expect (an ``Alias`` carrying that id), so an
+operator's expressions resolve against DataFrames built from other data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+__all__ = ["Node", "PlanReader", "planning_confs"]
+
+#: Settings while the plan is made: no subquery over the data planted by the optimizer,
+#: no window top-k node (a filter over ranks stays a Filter over a Window).
+_PLANNING = {
+    "spark.sql.optimizer.runtime.bloomFilter.enabled": "false",
+    "spark.sql.optimizer.runtimeFilter.semiJoinReduction.enabled": "false",
+    "spark.sql.optimizer.dynamicPartitionPruning.enabled": "false",
+    "spark.sql.optimizer.windowGroupLimitThreshold": "-1",
+}
+
+
+#: One plan is made at a time: the settings are the whole Spark session's, and two
+#: threads restoring them in turn would leave the other's plan made without them.
+_PLANNING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def planning_confs(spark: SparkSession) -> Iterator[None]:
+    """The settings of :data:`_PLANNING` while the block runs (restored after). Other
+    threads' queries planned meanwhile run without those optimizations (speed only)."""
+    with _PLANNING_LOCK:
+        before: dict[str, str | None] = {key: spark.conf.get(key, None) for key in _PLANNING}
+        for key, value in _PLANNING.items():
+            spark.conf.set(key, value)
+        try:
+            yield
+        finally:
+            for key, old in before.items():
+                if old is None:
+                    spark.conf.unset(key)
+                else:
+                    spark.conf.set(key, old)
+
+
+@dataclass(frozen=True)
+class Node:
+    """One operator of the plan: its class name, the JVM node and its children."""
+
+    kind: str
+    jvm: Any
+    children: tuple[Node, ...]
+
+    @property
+    def output(self) -> list[Any]:
+        """The attributes the operator outputs (JVM ``Attribute``s, with their ids)."""
+        return _items(self.jvm.output())
+
+
+class PlanReader:
+    """Reads plans and expressions of one Spark session through its JVM."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        jvm: Any = spark._jvm  # type: ignore[attr-defined]
+        self.jvm = jvm
+        self._expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+
+    def tree(self, plan: Any) -> Node:
+        """The operator tree of a JVM logical plan."""
+        children = tuple(self.tree(child) for child in _items(plan.children()))
+        return Node(str(plan.getClass().getSimpleName()), plan, children)
+
+    def optimized(self, frame: DataFrame) -> Node:
+        """The optimized plan of ``frame``, made under :func:`planning_confs` (by a new
+        query execution: one Spark already optimized keeps the plan it made)."""
+        with planning_confs(self.spark):
+            plan = frame.select("*")._jdf.queryExecution().optimizedPlan()
+        return self.tree(plan)
+
+    def column(self, expression: Any) -> Column:
+        """A JVM expression as a Column (its attributes keep their ids)."""
+        from pyspark.sql.column import Column
+
+        utils = self.jvm.org.apache.spark.sql.classic.ExpressionUtils
+        return Column(utils.column(expression))
+
+    def columns(self, expressions: Any) -> list[Column]:
+        return [self.column(e) for e in _items(expressions)]
+
+    def rebound(
+        self, frame: DataFrame, attributes: Sequence[Any], keep: Sequence[str]
+    ) -> DataFrame:
+        """``frame``'s first columns, by position, as ``attributes`` (same names and ids,
+        cast to their types), then the columns named ``keep`` as they are."""
+        from pyspark.sql.types import _parse_datatype_json_string
+
+        casts = [
+            frame[_quoted(name)].cast(_parse_datatype_json_string(a.dataType().json()))
+            for a, name in zip(attributes, frame.columns, strict=False)
+        ]
+        analyzed = frame.select(*casts)._jdf.queryExecution().analyzed()
+        children = [item.child() if item.getClass().getSimpleName() == "Alias" else item
+                    for item in _items(analyzed.projectList())]  # fmt: skip
+        aliases = [self._alias(c, a) for c, a in zip(children, attributes, strict=True)]
+        return frame.select(*[self.column(e) for e in aliases], *keep)
+
+    def _alias(self, child: Any, attribute: Any) -> Any:
+        empty = getattr(getattr(self.jvm.scala.collection.immutable, "Nil$"), "MODULE$")
+        return self._expressions.Alias(
+            child, attribute.name(), attribute.exprId(), attribute.qualifier(), self._none, empty
+        )
+
+    def option(self, value: Any) -> Any | None:
+        """A Scala ``Option``'s value, or None."""
+        return value.get() if value.isDefined() else None
+
+    def items(self, seq: Any) -> list[Any]:
+        return _items(seq)
+
+
+def _items(seq: Any) -> list[Any]:
+    """A Scala collection's elements."""
+    iterator = seq.iterator()
+    found = []
+    while iterator.hasNext():
+        found.append(iterator.next())
+    return found
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
