@@ -117,6 +117,23 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
     return sorted(found)
 
 
+def _textual_key(kind: Any) -> bool:
+    """Whether a column of this Spark type is grouped by its text in :meth:`Deltas.net`:
+    it holds floats (whose grouping merges -0.0 with 0.0) or VARIANT (which Spark cannot
+    group by)."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.FloatType | T.DoubleType | T.VariantType):
+        return True
+    if isinstance(kind, T.ArrayType):
+        return _textual_key(kind.elementType)
+    if isinstance(kind, T.MapType):
+        return _textual_key(kind.keyType) or _textual_key(kind.valueType)
+    if isinstance(kind, T.StructType):
+        return any(_textual_key(f.dataType) for f in kind.fields)
+    return False
+
+
 def _walk(node: Node) -> list[Node]:
     return [node, *(n for child in node.children for n in _walk(child))]
 
@@ -318,22 +335,33 @@ class Deltas:
     # The answer
     def net(self) -> DataFrame:
         """The root's delta consolidated: each (row, id) once with its net sign, ±1
-        (rows whose changes cancel are gone). A net sign past ±1 means two rows share an
-        id (a hash collision, or a source whose ids repeat): raised when collected."""
+        (rows whose changes cancel are gone), its columns named by position (``c0``...).
+        A net sign past ±1 means two rows share an id (a hash collision, or a source
+        whose ids repeat): raised when collected.
+
+        Rows are grouped by their values as the table stores them: a column holding
+        floats (or VARIANT) is grouped by its text, which tells -0.0 from 0.0 (Spark's
+        grouping takes them for one value and writes 0.0), and keeps its own value."""
         from pyspark.sql import functions as F
 
-        outputs = [self.reader.column(a) for a in self.root.output]
+        delta = self.delta(self.root)
+        names = [f"c{i}" for i in range(len(self.root.output))]
+        positional = delta.select(
+            *[self.reader.column(a).alias(n) for a, n in zip(self.root.output, names,
+                                                               strict=True)], ID, SIGN)
+        exact = {n for n, field in zip(names, positional.schema.fields, strict=False)
+                 if _textual_key(field.dataType)}  # fmt: skip
+        keys = [F.col(n).cast("string").alias(f"{_KEY}{n}") if n in exact else F.col(n)
+                for n in names]  # fmt: skip
         summed = (
-            self.delta(self.root)
-            .groupBy(*outputs, F.col(ID))
-            .agg(F.sum(SIGN).alias(_COUNT))
+            positional.groupBy(*keys, F.col(ID))
+            .agg(F.sum(SIGN).alias(_COUNT), *[F.first(n).alias(n) for n in sorted(exact)])
             .where(F.col(_COUNT) != 0)
         )
         checked = F.when(F.abs(F.col(_COUNT)) == 1, F.col(_COUNT)).otherwise(
             F.raise_error(F.lit("two rows of the dynamic table's query share a row id"))
         )
-        return summed.select(*[self.reader.column(a) for a in self.root.output], ID,
-                             checked.alias(SIGN))  # fmt: skip
+        return summed.select(*names, ID, checked.alias(SIGN))
 
     def rows(self, version: str = "new") -> DataFrame:
         """The root's rows at a version, with their ids."""

@@ -103,11 +103,11 @@ def test_a_refresh_writes_only_the_difference(base, mode):
 
 def test_a_full_only_query_is_diffed_by_value_counting_duplicates_and_nulls(base):
     base.sql("INSERT INTO T VALUES (NULL, NULL), (NULL, NULL), (2, 'b')")
-    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM REFRESH_MODE = FULL AS "
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM AS "
              "SELECT ID, V, count(*) OVER (PARTITION BY ID) AS K FROM T")  # fmt: skip
     base.sql("CREATE STREAM S ON TABLE D")  # a follower: the refresh is a difference
     shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
-    assert (shown.refresh_mode, shown.refresh_mode_reason) == ("FULL", "")
+    assert (shown.refresh_mode, shown.refresh_mode_reason) == ("FULL", "WINDOW")
     assert len(base.sql("SELECT * FROM D").collect()) == 6
     base.sql("DELETE FROM T WHERE ID = 2")  # both copies of (2, 'b')
     base.sql("INSERT INTO T VALUES (NULL, NULL)")
