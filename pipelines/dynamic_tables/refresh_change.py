@@ -110,17 +110,10 @@ def compute(
     packed = dt.row_ids == "PACKED"
     reason = ""
     if packed and dt.refresh_mode != "FULL" and not initial:
-        reason = _catalog_behind(dt, pinned, handle)
-        if not reason:
-            try:
-                return _incremental(session, dt, info, pinned)
-            except StreamStaleError:
-                reason = "CHANGES_NOT_RETAINED"
-        if dt.refresh_mode == "INCREMENTAL_STRICT":
-            raise RefreshFailed(
-                f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
-                "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
-            )  # fmt: skip
+        computed, reason = _attempt(dt, pinned, handle,
+                                    lambda: _incremental(session, dt, info, pinned))  # fmt: skip
+        if computed is not None:
+            return computed
     txn = _pinned_transaction(session, pinned)
     if packed:
         frame = _as_table(info, _rewritten(session, dt, pinned, lambda t: _with_actions(
@@ -128,11 +121,44 @@ def compute(
     else:
         _, bound = _bind(session, dt, pinned, txn.table_frame)
         frame = _as_table(info, session.run_spark(bound), [])
+    return _full(session, info, (frame, packed), (base, handle, initial), followed, reason)
+
+
+def _attempt(
+    dt: DynamicTableRecord, pinned: Sequence[PinnedSource], handle: DeltaTable,
+    incremental: Callable[[], Computed],
+) -> tuple[Computed | None, str]:  # fmt: skip
+    """The INCREMENTAL change, or None and the reason the refresh goes FULL instead
+    (CATALOG_BEHIND, SOURCE_MOVED_BACK, CHANGES_NOT_RETAINED); with INCREMENTAL_STRICT
+    that reason fails the refresh."""
+    reason = _catalog_behind(dt, pinned, handle)
+    if not reason:
+        try:
+            return incremental(), ""
+        except StreamStaleError:
+            reason = "CHANGES_NOT_RETAINED"
+    if dt.refresh_mode == "INCREMENTAL_STRICT":
+        raise RefreshFailed(
+            f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
+            "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
+        )  # fmt: skip
+    return None, reason
+
+
+def _full(
+    session: StatementContext, info: TableInfo, result: tuple[DataFrame, bool],
+    table: tuple[int, DeltaTable, bool], followed: bool | None, reason: str,
+) -> Computed:  # fmt: skip
+    """A FULL refresh of the query's ``result`` (its frame, and whether its rows carry
+    their ids) on the ``table`` (its version, handle, and whether this is its initial
+    refresh): appended (initial), an overwrite (no followers), else the difference."""
+    frame, by_id = result
+    base, handle, initial = table
     if followed is None:
         followed = has_followers(session.catalog, info.id)
     if not initial and not followed:
-        computed = _overwrite(session, info, frame, packed, handle)
-    elif packed:
+        computed = _overwrite(session, info, frame, by_id, handle)
+    elif by_id:
         computed = _full_by_id(session, info, frame, base, handle, initial)
     else:
         computed = _full_by_value(session, info, frame, base, handle, initial)
@@ -159,26 +185,12 @@ def _derived(
     deltas = engine(plan, sources)
     reason = ""
     if dt.refresh_mode != "FULL" and not initial:
-        reason = _catalog_behind(dt, pinned, handle)
-        if not reason:
-            try:
-                return _derived_incremental(info, deltas)
-            except StreamStaleError:
-                reason = "CHANGES_NOT_RETAINED"
-        if dt.refresh_mode == "INCREMENTAL_STRICT":
-            raise RefreshFailed(
-                f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
-                "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
-            )  # fmt: skip
+        computed, reason = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
+        if computed is not None:
+            return computed
     frame = _as_table(info, deltas.rows("new").withColumn(ACTION, F.lit("INSERT")),
                       [ROW_ID_COLUMN, ACTION])  # fmt: skip
-    if followed is None:
-        followed = has_followers(session.catalog, info.id)
-    if not initial and not followed:
-        computed = _overwrite(session, info, frame, True, handle)
-    else:
-        computed = _full_by_id(session, info, frame, base, handle, initial)
-    return Computed(computed.change, computed.counts, "FULL", reason)
+    return _full(session, info, (frame, True), (base, handle, initial), followed, reason)
 
 
 def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:
