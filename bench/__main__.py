@@ -16,6 +16,7 @@ from bench import (
     change_streams,
     compaction,
     conversion,
+    dynamic_table_engine,
     dynamic_tables,
     ingest,
     pipelines,
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "dt_incremental_vs_full": dynamic_tables.run_incremental_vs_full,
     "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
     "dt_freshness": dynamic_tables.run_freshness,
+    "dt_engine_vs_full": dynamic_table_engine.run_engine_vs_full,
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
 }
