@@ -41,7 +41,7 @@ from pipelines.errors import (
     evaluation_errors,
 )
 from pipelines.sql import ddl, dml
-from pipelines.sql.binding import Binder, result_names
+from pipelines.sql.binding import Binder, function_name, result_names
 from pipelines.sql.plan_guard import guarded_frame
 from pipelines.sql.source_text import parse_with_spans
 from pipelines.sql.statements import (
@@ -190,8 +190,7 @@ class Session:
         (:mod:`pipelines.dynamic_tables.refresh_history`) in a query."""
         if call.name.upper() == refresh_history.FUNCTION:
             return refresh_history.history_frame(self, call, defaults), refresh_history.FUNCTION
-        label = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
-        return read_frame(self, table, defaults), label
+        return read_frame(self, table, defaults), function_name(call)
 
     def user_names(self, text: str) -> str:
         """``text`` (an error message) with our temporary views' names replaced by the

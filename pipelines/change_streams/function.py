@@ -23,6 +23,7 @@ from catalog import full_name
 from flush.commit_clock import clock
 from pipelines.change_streams.read import ARGUMENTS, read, read_args
 from pipelines.errors import ObjectNotFoundError, SqlError
+from pipelines.sql.binding import function_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -74,7 +75,7 @@ def read_frame(session: StatementContext, table: exp.Table, defaults: tuple[str,
     """The records a ``READ_<name>(...)`` call in a query returns, as a DataFrame."""
     call = table.this
     assert isinstance(call, exp.Anonymous)
-    function = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+    function = function_name(call)
     quoted = isinstance(call.this, exp.Identifier) and call.this.quoted
     if not function.upper().startswith(PREFIX) or len(function) == len(PREFIX):
         raise SqlError(f"unknown table function {function[:60]!r}; a change stream is read "

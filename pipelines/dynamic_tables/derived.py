@@ -37,14 +37,14 @@ class EnginePlan:
 
     reader: PlanReader
     root: Node
-    stand_ins: dict[int, list[DataFrame]] = field(default_factory=dict)
+    #: Each table's stand-ins, as their optimized plans (JVM), by table id.
+    stand_ins: dict[int, list[Any]] = field(default_factory=dict)
 
     def table_of(self, leaf: Node) -> int | None:
         """The id of the table a leaf of the plan reads (None: not one of ours)."""
-        for table_id, frames in self.stand_ins.items():
-            for frame in frames:
-                if leaf.jvm.sameResult(frame._jdf.queryExecution().optimizedPlan()):
-                    return table_id
+        for table_id, plans in self.stand_ins.items():
+            if any(leaf.jvm.sameResult(plan) for plan in plans):
+                return table_id
         return None
 
     def reasons(self) -> list[str]:
@@ -66,7 +66,8 @@ def plan_over_stand_ins(
         schema = from_arrow_schema(delta_schema(info.schema).remove(
             delta_schema(info.schema).get_field_index(ROW_ID_COLUMN)))  # fmt: skip
         frame = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
-        plan.stand_ins.setdefault(info.id, []).append(frame)
+        optimized = frame._jdf.queryExecution().optimizedPlan()
+        plan.stand_ins.setdefault(info.id, []).append(optimized)
         return frame
 
     frame = session.run_spark(bind(stand_in))

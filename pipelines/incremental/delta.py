@@ -197,11 +197,12 @@ class Deltas:
         keys = (self.reader.items(node.jvm.groupingExpressions()) if node.kind == "Aggregate"
                 else self.reader.items(node.jvm.partitionSpec()))  # fmt: skip
         evaluate = self._aggregate if node.kind == "Aggregate" else self._window
+        touched = self._touched_keys(keys, self.delta(child)) if keys else None
         parts = []
         for version, sign in (("new", 1), ("old", -1)):
             rows = self.state(child, version)
-            if keys:
-                rows = self._restricted(rows, keys, self.delta(child))
+            if touched is not None:
+                rows = self._restricted(rows, keys, touched)
             parts.append(evaluate(node, rows).withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
 
@@ -322,14 +323,20 @@ class Deltas:
                             F.col(_RIGHT).isNull())  # fmt: skip
         return joined.withColumn(ID, row_id)
 
-    def _restricted(self, rows: DataFrame, keys: list[Any], changes: DataFrame) -> DataFrame:
-        """``rows`` whose ``keys`` (expressions over them) take a value the keys take in
-        ``changes`` (NULL matching NULL): the groups or partitions a change touched."""
-        columns: list[Column] = [self.reader.column(k) for k in keys]
+    def _touched_keys(self, keys: list[Any], changes: DataFrame) -> DataFrame:
+        """The distinct values ``keys`` (expressions over the rows) take in ``changes``,
+        as columns ``_INGEST_K0...``: the groups or partitions a change touched,
+        computed once and read back by both versions' :meth:`_restricted`."""
+        columns = [self.reader.column(k) for k in keys]
         names = [f"{_KEY}{i}" for i in range(len(columns))]
         touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
-        touched = self._materialised(touched.distinct())
-        same = [c.eqNullSafe(touched[n]) for c, n in zip(columns, names, strict=True)]
+        return self._materialised(touched.distinct())
+
+    def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
+        """``rows`` whose ``keys`` take a value of ``touched`` (:meth:`_touched_keys`;
+        NULL matching NULL)."""
+        columns: list[Column] = [self.reader.column(k) for k in keys]
+        same = [c.eqNullSafe(touched[f"{_KEY}{i}"]) for i, c in enumerate(columns)]
         return rows.join(touched, on=functools.reduce(operator.and_, same), how="left_semi")
 
     # The answer

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Binder", "check_writable", "quote", "result_names"]
+__all__ = ["Binder", "check_writable", "function_name", "quote", "result_names"]
 
 _VIEW_NUMBERS = itertools.count(1)
 #: How deep views may read views (a guard against runaway definitions, far above use).
@@ -96,6 +96,11 @@ def _check_initialized(session: StatementContext, info: TableInfo) -> None:
         )
 
 
+def function_name(call: exp.Anonymous) -> str:
+    """A call's function name as written (a quoted name keeps its case)."""
+    return call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+
+
 def _table_function(table: exp.Table) -> exp.Anonymous | None:
     """The call of one of our table functions a table reference holds: ``READ_<change
     stream>(...)``, or ``TABLE(<name>(...))`` for a name of :data:`TABLE_FUNCTIONS`.
@@ -103,7 +108,7 @@ def _table_function(table: exp.Table) -> exp.Anonymous | None:
     call = table.this
     if not isinstance(call, exp.Anonymous):
         return None
-    name = call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
+    name = function_name(call)
     if name.upper().startswith("READ_"):
         return call
     inner = call.expressions[0] if len(call.expressions) == 1 else None
