@@ -101,6 +101,9 @@ class TableSource(Source):
         assert self.after is not None
         return self._at(self.after)
 
+    def unchanged(self) -> bool:
+        return self.after == self.to
+
     def new(self) -> DataFrame:
         return self._at(self.to)
 

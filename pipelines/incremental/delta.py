@@ -49,8 +49,10 @@ ID, SIGN = "_INGEST_ROW_ID", "_INGEST_SIGN"
 _LEFT, _RIGHT, _KEY, _COUNT = "_INGEST_L", "_INGEST_R", "_INGEST_K", "_INGEST_N"
 _HIT_LEFT, _HIT_RIGHT = "_INGEST_HL", "_INGEST_HR"
 
-#: Operators that map each row alone (a leaf of the walk is a source).
-_ROW_WISE = frozenset({"Project", "Filter"})
+#: Operators that map each row alone (a leaf of the walk is a source); an ``Expand``
+#: (ROLLUP, CUBE, GROUPING SETS, several COUNT DISTINCTs) maps it to one row per
+#: projection.
+_ROW_WISE = frozenset({"Project", "Filter", "Expand"})
 _JOINS = frozenset({"Inner", "Cross", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
                     "LeftAnti"})  # fmt: skip
 _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
@@ -59,7 +61,7 @@ _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
 #: Operators no rule covers yet, by reason code.
 _REASONS = {
     "Sort": "ORDER_BY", "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "LIMIT",
-    "Tail": "LIMIT", "Sample": "SAMPLE", "Expand": "GROUPING_SETS", "Generate": "GENERATOR",
+    "Tail": "LIMIT", "Sample": "SAMPLE", "Generate": "GENERATOR",
     "LocalRelation": "CONSTANT_RELATION", "OneRowRelation": "CONSTANT_RELATION",
     "Range": "CONSTANT_RELATION",
 }  # fmt: skip
@@ -86,6 +88,10 @@ class Source:
 
     def changes(self) -> DataFrame:
         raise NotImplementedError
+
+    def unchanged(self) -> bool:
+        """Whether the old and new versions are known to be one (no change to read)."""
+        return False
 
 
 def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool]) -> list[str]:
@@ -150,6 +156,7 @@ class Deltas:
     ) -> None:
         self.reader, self.root, self._source = reader, root, source
         self._memo: dict[tuple[int, str], DataFrame] = {}
+        self._still: dict[int, bool] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
     def state(self, node: Node, version: str) -> DataFrame:
@@ -157,6 +164,29 @@ class Deltas:
 
     def delta(self, node: Node) -> DataFrame:
         return self._memoised(node, "delta", lambda: self._delta(node))
+
+    def unchanged(self, node: Node) -> bool:
+        """Whether nothing under ``node`` changed: its delta is empty, and a rule skips
+        the terms (and the scans) that would compute it."""
+        if id(node) not in self._still:
+            children = node.children
+            self._still[id(node)] = (all(self.unchanged(c) for c in children) if children
+                                     else self._source(node).unchanged())  # fmt: skip
+        return self._still[id(node)]
+
+    def split(self, node: Node) -> bool:
+        """Whether ``node``'s delta is its new rows of some ids with +1 and its old rows
+        of the same ids with -1 (nothing cancelled, nothing else), so that a rule may
+        read those rows from the delta instead of the states. Every rule's delta has
+        that form but the two-term join of two changed sides."""
+        if self.unchanged(node) or not node.children:
+            return True
+        if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
+            return any(self.unchanged(c) for c in node.children) and all(
+                self.split(c) for c in node.children)  # fmt: skip
+        if node.kind in _ROW_WISE or node.kind == "Union":
+            return all(self.split(c) for c in node.children)
+        return True
 
     def _memoised(self, node: Node, what: str, make: Callable[[], DataFrame]) -> DataFrame:
         key = (id(node), what)
@@ -181,6 +211,8 @@ class Deltas:
     def _delta(self, node: Node) -> DataFrame:
         from pyspark.sql import functions as F
 
+        if self.unchanged(node):  # Spark folds the false filter: nothing is read
+            return self.state(node, "new").where(F.lit(False)).withColumn(SIGN, F.lit(1))
         if not node.children:
             changes = self._source(node).changes()
             return self.reader.rebound(changes, node.output, [ID, SIGN])
@@ -188,9 +220,12 @@ class Deltas:
             return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
         if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
             left, right = node.children
-            first = self._join(node, self.delta(left), self.state(right, "new"), [SIGN])
-            second = self._join(node, self.state(left, "old"), self.delta(right), [SIGN])
-            return first.union(second)
+            terms = []  # a side that did not change adds no term
+            if not self.unchanged(left):
+                terms.append(self._join(node, self.delta(left), self.state(right, "new"), [SIGN]))
+            if not self.unchanged(right):
+                terms.append(self._join(node, self.state(left, "old"), self.delta(right), [SIGN]))
+            return functools.reduce(lambda a, b: a.union(b), terms)
         if node.kind == "Join":
             return self._recomputed_join(node)
         child = node.children[0]
@@ -215,11 +250,35 @@ class Deltas:
             return inputs[0].select(*columns(node.jvm.projectList()), ID, *extra)
         if node.kind == "Filter":
             return inputs[0].where(self.reader.column(node.jvm.condition()))
+        if node.kind == "Expand":
+            return self._expand(node, inputs[0], extra)
         branches = [  # Union: each branch's ids told apart by its position
             frame.withColumn(ID, F.xxhash64(F.col(ID), F.lit(position)))
             for position, frame in enumerate(inputs)
         ]
         return functools.reduce(lambda a, b: a.union(b), branches)
+
+    def _expand(self, node: Node, rows: DataFrame, extra: list[str]) -> DataFrame:
+        """One row per projection for each row, the rows of one source row told apart
+        by the projection's position. Exploded from an array (a union of selects over
+        one frame would have its ids renewed); the columns every projection passes
+        through keep their own ids, the others take the output's."""
+        from pyspark.sql import functions as F
+
+        child = {a.exprId().id() for a in node.children[0].output}
+        passed = [a for a in node.output if a.exprId().id() in child]
+        made = [i for i, a in enumerate(node.output) if a.exprId().id() not in child]
+        rows_of = F.array(*[
+            F.struct(*[self.reader.column(items[i]).alias(f"{_KEY}{i}") for i in made],
+                     F.xxhash64(F.col(ID), F.lit(position)).alias(ID))
+            for position, items in enumerate(
+                self.reader.items(p) for p in self.reader.items(node.jvm.projections()))
+        ])  # fmt: skip
+        kept = [self.reader.column(a) for a in passed]
+        exploded = rows.select(*kept, F.explode(rows_of).alias(_KEY), *extra)
+        flat = exploded.select(*[f"{_KEY}.{_KEY}{i}" for i in made], *kept, f"{_KEY}.{ID}", *extra)
+        bound = self.reader.rebound(flat, [node.output[i] for i in made], [*kept, ID, *extra])
+        return bound.select(*[self.reader.column(a) for a in node.output], ID, *extra)
 
     def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
@@ -251,6 +310,10 @@ class Deltas:
         left, right = node.children
         keep_left = kind in ("LeftSemi", "LeftAnti", "LeftOuter", "FullOuter")
         keep_right = kind in ("RightOuter", "FullOuter")
+        if kind != "FullOuter":
+            kept, other = (left, right) if keep_left else (right, left)
+            if self.unchanged(other) and self.split(kept):
+                return self._kept_changes(node, keep_left)
         touched_left = self._touched(node, left, right) if keep_left else None
         touched_right = self._touched(node, right, left) if keep_right else None
         parts = []
@@ -267,6 +330,21 @@ class Deltas:
             parts.append(joined.withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
 
+    def _kept_changes(self, node: Node, left_kept: bool) -> DataFrame:
+        """A semi, anti or one-sided outer join whose other side did not change: the kept
+        side's changed rows, joined at each version as the delta holds them
+        (:meth:`split`), are all that can differ; the kept side is not read again."""
+        from pyspark.sql import functions as F
+
+        kept, other = node.children if left_kept else node.children[::-1]
+        parts = []
+        for version, sign in (("new", 1), ("old", -1)):
+            rows = self.delta(kept).where(F.col(SIGN) == sign).drop(SIGN)
+            others = self.state(other, version)
+            pair = (rows, others) if left_kept else (others, rows)
+            parts.append(self._join(node, *pair, []).withColumn(SIGN, F.lit(sign)))
+        return parts[0].union(parts[1])
+
     def _touched(self, node: Node, kept: Node, other: Node) -> DataFrame:
         """Ids of ``kept``'s rows whose join result can differ: those that changed, and
         those the condition matches with a changed row of ``other`` (at either
@@ -275,10 +353,13 @@ class Deltas:
 
         condition = self.reader.option(node.jvm.condition())
         on = self.reader.column(condition) if condition is not None else F.lit(True)
+        changed = self.delta(kept).select(ID)
+        if self.unchanged(other):  # no row of the other side can match anew
+            return self._materialised(changed.distinct())
         both = self.state(kept, "old").union(self.state(kept, "new"))
         changed_other = self.delta(other).drop(SIGN).withColumnRenamed(ID, _KEY)
         matched = both.join(changed_other, on=on, how="left_semi").select(ID)
-        return self._materialised(self.delta(kept).select(ID).union(matched).distinct())
+        return self._materialised(changed.union(matched).distinct())
 
     def _materialised(self, frame: DataFrame) -> DataFrame:
         """``frame`` computed now and read back as a new relation: what a change touched

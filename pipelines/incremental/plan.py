@@ -109,10 +109,10 @@ class PlanReader:
         return [self.column(e) for e in _items(expressions)]
 
     def rebound(
-        self, frame: DataFrame, attributes: Sequence[Any], keep: Sequence[str]
+        self, frame: DataFrame, attributes: Sequence[Any], keep: Sequence[str | Column]
     ) -> DataFrame:
         """``frame``'s first columns, by position, as ``attributes`` (same names and ids,
-        cast to their types), then the columns named ``keep`` as they are."""
+        cast to their types), then the columns ``keep`` (names or columns) as they are."""
         from pyspark.sql.types import _parse_datatype_json_string
 
         casts = [
@@ -124,6 +124,11 @@ class PlanReader:
                     for item in _items(analyzed.projectList())]  # fmt: skip
         aliases = [self._alias(c, a) for c, a in zip(children, attributes, strict=True)]
         return frame.select(*[self.column(e) for e in aliases], *keep)
+
+    def aliased(self, expression: Any, attribute: Any) -> Column:
+        """``expression`` as a Column named and identified as ``attribute`` (an
+        operator's unnamed output expression, e.g. one of an ``Expand``'s projections)."""
+        return self.column(self._alias(expression, attribute))
 
     def _alias(self, child: Any, attribute: Any) -> Any:
         empty = getattr(getattr(self.jvm.scala.collection.immutable, "Nil$"), "MODULE$")

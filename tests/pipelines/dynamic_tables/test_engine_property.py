@@ -44,6 +44,9 @@ DEFINITIONS = {
     "NOTIN_AGG": "SELECT ID FROM T WHERE V NOT IN (SELECT max(W) FROM U GROUP BY K)",
     "SETS": "SELECT K FROM T INTERSECT SELECT K FROM U",
     "SCALAR_SUB": "SELECT ID, (SELECT count(*) FROM U WHERE U.K = T.K) AS C FROM T",
+    "ROLLUP_JOIN": "SELECT T.K, U.W, count(*) AS N, sum(T.V) AS S, grouping_id() AS G "
+                   "FROM T JOIN U ON T.K = U.K GROUP BY ROLLUP (T.K, U.W)",
+    "DISTINCTS": "SELECT K, count(DISTINCT V) AS DV, count(DISTINCT ID) AS DI FROM T GROUP BY K",
 }  # fmt: skip
 IDS = st.integers(min_value=0, max_value=6)
 KEYS = st.sampled_from([1, 2, 3, None])
