@@ -16,6 +16,7 @@ from bench import (
     change_streams,
     compaction,
     conversion,
+    dynamic_table_adaptive,
     dynamic_table_engine,
     dynamic_tables,
     ingest,
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
     "dt_freshness": dynamic_tables.run_freshness,
     "dt_engine_vs_full": dynamic_table_engine.run_engine_vs_full,
+    "dt_adaptive_shares": dynamic_table_adaptive.run_adaptive_shares,
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
 }
