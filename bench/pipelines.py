@@ -199,7 +199,7 @@ def _phases(session: Session) -> Iterator[dict[str, float]]:
     frame_class = type(session.spark.range(1))  # pyspark's classic DataFrame
     targets: list[tuple[Any, str, str]] = [
         (pipelines.streams.changes, "change_events", "cdf_read_delta_rs"),
-        (pipelines.streams.changes, "net_changes", "netting_arrow"),
+        (pipelines.streams.changes, "net_events", "netting_arrow"),
         (pipelines.sql.dml, "check_arrow_batch", "conversion_checks"),
         (pipelines.transactions.commit, "stage_change_set", "stage_parquet"),
         (pipelines.transactions.commit, "commit_staged", "delta_commit"),

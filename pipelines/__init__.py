@@ -10,8 +10,9 @@ Inside: ``session`` (the SQL session) and ``worker`` (the service's Spark worker
 together ``sql`` (statement handlers, binder, plan guard), ``transactions``
 (transactions and the consumer commit), ``streams`` (change sets between table
 versions), ``incremental`` (the query-delta engine), ``dynamic_tables``,
-``change_streams`` and ``spark_sources`` (the PySpark data sources); ``errors`` is
-shared by all, and ``python -m pipelines`` is the command line.
+``change_streams`` and ``spark_sources`` (the PySpark data sources); ``errors`` and
+``change_sets`` (when a value changed, and the one netting of change sets) are shared by
+all, and ``python -m pipelines`` is the command line.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from pipelines.change_sets import ChangeMode
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -28,7 +30,6 @@ from pipelines.errors import (
     UnsupportedStatementError,
     evaluation_errors,
 )
-from pipelines.streams.changes import ChangeMode
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flush.tables import ROW_ID_COLUMN, delta_schema
+from pipelines.change_sets import STREAM_ACTION, STREAM_ROW_ID
 from pipelines.incremental.delta import ID, SIGN, Deltas, Source, unsupported
 from pipelines.incremental.plan import Node, PlanReader
-from pipelines.streams.changes import ACTION as CHANGE_ACTION
-from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
 from pipelines.streams.changes import read_changes
 from pipelines.transactions.transaction import Transaction
 
@@ -114,9 +113,9 @@ class TableSource(Source):
             after = self.after if self.after is not None else -1
             frame = read_changes(self.session.spark, self.info.uri, self.info.schema,
                                  after, self.to)  # fmt: skip
-            sign = F.when(F.col(f"`{CHANGE_ACTION}`") == "INSERT", 1).otherwise(-1)
+            sign = F.when(F.col(f"`{STREAM_ACTION}`") == "INSERT", 1).otherwise(-1)
             self._changes = self._columns(frame, [
-                F.col(f"`{CHANGE_ROW_ID}`").alias(ID), sign.alias(SIGN)])  # fmt: skip
+                F.col(f"`{STREAM_ROW_ID}`").alias(ID), sign.alias(SIGN)])  # fmt: skip
         return self._changes
 
 

@@ -6,19 +6,23 @@ row ids of unchanged rows and yields only the real changes, from one Spark query
 one shuffle (adaptive execution runs its map side as a job of its own); only the
 changed rows reach the driver.
 
+All three match values by the one equality of :mod:`pipelines.change_sets` (NULL
+equals NULL, every NaN equals every NaN, -0.0 differs from 0.0, nested values by value),
+each in its engine's form of it:
+
 - :func:`arrow_value_diff` (queries whose rows carry no stable id; what a refresh
-  uses): rows are matched by value as a multiset, in Arrow on the driver; -0.0 and 0.0
-  differ. :func:`value_diff` is the same difference in Spark, for columns Arrow cannot
-  group by (lists, structs, maps; no table column has those types today).
-- :func:`value_diff`: rows are matched by value
-  as a multiset. Equality is Spark's grouping equality: NULL equals NULL, all NaNs are
-  equal, -0.0 equals 0.0, maps are equal whatever the order of their entries. An
-  unchanged row keeps its stored value (a stored -0.0 matched by a new 0.0 stays -0.0);
-  an inserted row gets the group's normalised value (0.0 for -0.0, the canonical NaN,
-  map entries sorted by key). VARIANT, even nested, cannot be grouped by.
+  uses): rows are matched by value as a multiset, in Arrow on the driver, grouped by
+  :func:`~pipelines.change_sets.arrow_key`.
+- :func:`value_diff`: the same difference in Spark, for columns Arrow cannot group by
+  (lists, structs, maps; no table column has those types today), grouped by
+  :func:`~pipelines.change_sets.spark_key` (Spark alone would take -0.0 for 0.0). Maps
+  are equal whatever the order of their entries; an inserted row of a column without
+  floats gets the group's normalised value (map entries sorted by key), of a column with
+  floats a new row's value as the query gave it. VARIANT, even nested, cannot be grouped
+  by.
 - :func:`id_diff` (queries whose rows carry a deterministic row id): rows are matched
-  by id and compared null-safely, with the same float equality. Neither MAP nor
-  VARIANT can be compared.
+  by id and compared null-safely by :func:`~pipelines.change_sets.spark_key`. Neither
+  MAP nor VARIANT can be compared.
 
 A column these cannot handle raises :class:`UncomparableColumnError`; the caller then
 replaces the whole content instead.
@@ -41,6 +45,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from flush.tables import ROW_ID_COLUMN
+from pipelines.change_sets import arrow_key, keyed, spark_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -129,7 +134,9 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
     few changed rows as possible.
 
     Both sides are unioned and grouped by all user columns (one shuffle; no join, which
-    would need a window to pair duplicates). A group whose old and new counts differ
+    would need a window to pair duplicates), a column holding floats by its
+    :func:`~pipelines.change_sets.spark_key` (so -0.0 and 0.0 fall apart) with its value
+    taken from a new row of the group. A group whose old and new counts differ
     changed: surplus old copies lose their highest ids, so the lowest ids stay and a
     refresh after a refresh is stable; missing copies are inserted. Spark already
     picks the ids to delete and counts the copies to insert, so the driver receives
@@ -146,10 +153,15 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
     _check(old, columns, (T.VariantType,), "GROUP_EXPRESSION_TYPE_IS_NOT_ORDERABLE")
     named, columns = columns, _positions(columns)
     old, new = _positional(old, named), _positional(new, named)
-    keys = [F.col(_q(name)) for name in columns]
-    both = old.select(*keys, F.col(ROW_ID_COLUMN), F.lit(0).alias(_NEW)).unionByName(
-        new.select(*keys, F.lit(None).cast("bigint").alias(ROW_ID_COLUMN), F.lit(1).alias(_NEW))
+    values = [F.col(_q(name)) for name in columns]
+    both = old.select(*values, F.col(ROW_ID_COLUMN), F.lit(0).alias(_NEW)).unionByName(
+        new.select(*values, F.lit(None).cast("bigint").alias(ROW_ID_COLUMN), F.lit(1).alias(_NEW))
     )
+    types = {f.name: f.dataType for f in both.schema.fields}
+    floats = [name for name in columns if keyed(types[name])]
+    keys = [spark_key(F.col(name), types[name]).alias(f"{name}_KEY") if name in floats
+            else F.col(name) for name in columns]  # fmt: skip
+    taken = [F.max_by(name, _NEW).alias(name) for name in floats]  # a new row's value
     n_new, n_old = F.col(_NEW), F.size(_IDS)
     with _refusals():
         changed = (
@@ -157,10 +169,11 @@ def value_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> ValueD
             .agg(  # collect_list skips the NULL ids of the new rows
                 F.sum(_NEW).cast("int").alias(_NEW),
                 F.sort_array(F.collect_list(ROW_ID_COLUMN)).alias(_IDS),
+                *taken,
             )
             .where(n_new != n_old)
             .select(
-                *keys,
+                *values,
                 F.when(n_old > n_new, F.slice(_IDS, n_new + 1, n_old - n_new)).alias(_GONE),
                 F.greatest(n_new - n_old, F.lit(0)).alias(_COPIES),
             )
@@ -180,10 +193,10 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
     same choice of ids (surplus copies lose their highest ids), about ten times cheaper
     than Spark's grouping by every column (``bench/dynamic_tables.py``).
 
-    Equality is Arrow's grouping equality, which is by value for every type a table
-    column has: NULL equals NULL, every NaN equals every NaN (an inserted one is written
-    as the one NaN), and -0.0 differs from 0.0, so an update from one to the other is a
-    change.
+    Rows are grouped by :func:`~pipelines.change_sets.arrow_key`, Arrow's form of the
+    one equality, for every type a table column has: NULL equals NULL, every NaN equals
+    every NaN (an inserted one is written as the one NaN), and -0.0 differs from 0.0, so
+    an update from one to the other is a change.
 
     Args:
         old: the table's content: its user columns, then ``_INGEST_ROW_ID``.
@@ -198,9 +211,9 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
     ids = old.column(ROW_ID_COLUMN).cast(pa.int64())
     new = new.cast(old.schema.remove(width))
     both = pa.concat_tables([
-        pa.table([*map(_one_nan, old.columns[:width]), ids,
+        pa.table([*map(arrow_key, old.columns[:width]), ids,
                   pa.array(np.zeros(old.num_rows, np.int8))], names=[*keys, _IDS, _NEW]),
-        pa.table([*map(_one_nan, new.columns), pa.nulls(new.num_rows, pa.int64()),
+        pa.table([*map(arrow_key, new.columns), pa.nulls(new.num_rows, pa.int64()),
                   pa.array(np.ones(new.num_rows, np.int8))], names=[*keys, _IDS, _NEW]),
     ])  # fmt: skip
     grouped = both.group_by(keys).aggregate([(_NEW, "sum"), (_IDS, "count"), (_IDS, "list")])
@@ -226,20 +239,13 @@ def arrow_value_diff(old: pa.Table, new: pa.Table) -> ValueDiff:
                      inserted=inserted.rename_columns(new.column_names))  # fmt: skip
 
 
-def _one_nan(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Every NaN of a float column as one NaN: Arrow groups floats by their bits, and a
-    NaN with its sign bit set (Spark's ``-x`` of a NaN) is the same value."""
-    if not pa.types.is_floating(column.type):
-        return column
-    return pc.if_else(pc.is_nan(column), pa.scalar(float("nan"), column.type), column)
-
-
 def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
     """The difference between ``old`` and ``new`` when both carry row ids that mean
     the same row (a stateless query passes its sources' ids through).
 
     One full outer join on the int64 id (one shuffle); a row in both with every column
-    equal (null-safe) is unchanged and never leaves Spark.
+    the same value (null-safe, compared by :func:`~pipelines.change_sets.spark_key`, so
+    -0.0 and 0.0 differ) is unchanged and never leaves Spark.
 
     Args:
         old: the table's content, ``columns`` and ``_INGEST_ROW_ID``.
@@ -256,7 +262,14 @@ def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
     n = new.select(*keys, F.col(ROW_ID_COLUMN), F.lit(True).alias(_NEW)).alias("n")
     o = old.select(*keys, F.col(ROW_ID_COLUMN), F.lit(True).alias(_OLD)).alias("o")
     joined = n.join(o, ROW_ID_COLUMN, "full_outer")
-    pairs = (F.col(f"n.{_q(c)}").eqNullSafe(F.col(f"o.{_q(c)}")) for c in columns)
+    new_types = {f.name: f.dataType for f in new.schema.fields}
+    old_types = {f.name: f.dataType for f in old.schema.fields}
+    pairs = (
+        spark_key(F.col(f"n.{_q(c)}"), new_types[c]).eqNullSafe(
+            spark_key(F.col(f"o.{_q(c)}"), old_types[c])
+        )
+        for c in columns
+    )
     same = functools.reduce(operator.and_, pairs, F.lit(True))
     kind = (
         F.when(F.col(_OLD).isNull(), _INSERT)

@@ -3,8 +3,9 @@ result at the pinned source versions, computed INCREMENTALly or FULL.
 
 - **INCREMENTAL** (stateless queries, PACKED row ids): the query rewritten to carry row
   ids and actions (:mod:`pipelines.dynamic_tables.rewrite`) runs over each source's net
-  changes since the versions the last refresh read; its output is the table's net
-  change. One Spark job; only the changes reach the driver.
+  changes since the versions the last refresh read; its output, netted
+  (:func:`pipelines.change_sets.net_change`), is the table's net change. One Spark job;
+  only the changes reach the driver.
 - **FULL**: the query over the snapshots, applied as the difference to the content
   (:mod:`pipelines.dynamic_tables.diff`): matched by id when ids are PACKED (the
   rewritten query gives each row its id), in Spark; by value otherwise (SEQUENCE ids,
@@ -38,6 +39,7 @@ from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
+from pipelines.change_sets import REFRESH_ACTION, STREAM_ACTION, STREAM_ROW_ID, net_change
 from pipelines.dynamic_tables.derived import TableSource, engine, plan_over_stand_ins
 from pipelines.dynamic_tables.diff import (
     UncomparableColumnError,
@@ -45,12 +47,10 @@ from pipelines.dynamic_tables.diff import (
     id_diff,
     value_diff,
 )
-from pipelines.dynamic_tables.rewrite import ACTION, RewriteError, net_change, rewrite
+from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.errors import SqlError, StreamStaleError
 from pipelines.incremental.delta import SIGN, Deltas
 from pipelines.sql.binding import Binder
-from pipelines.streams.changes import ACTION as CHANGE_ACTION
-from pipelines.streams.changes import ROW_ID as CHANGE_ROW_ID
 from pipelines.streams.changes import read_changes
 from pipelines.transactions.transaction import Transaction
 
@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
 
 __all__ = ["Computed", "PinnedSource", "RefreshFailed", "compute", "dt_app_id", "has_followers"]
+
+#: The hidden columns a refresh's rows carry after the user's: the row id and the action.
+_HIDDEN = (ROW_ID_COLUMN, REFRESH_ACTION)
 
 
 class RefreshFailed(SqlError):
@@ -117,7 +120,7 @@ def compute(
     txn = _pinned_transaction(session, pinned)
     if packed:
         frame = _as_table(info, _rewritten(session, dt, pinned, lambda t: _with_actions(
-            txn.table_frame(t, row_ids=True))), [ROW_ID_COLUMN, ACTION])  # fmt: skip
+            txn.table_frame(t, row_ids=True))), _HIDDEN)  # fmt: skip
     else:
         _, bound = _bind(session, dt, pinned, txn.table_frame)
         frame = _as_table(info, session.run_spark(bound), [])
@@ -188,8 +191,8 @@ def _derived(
         computed, reason = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
         if computed is not None:
             return computed
-    frame = _as_table(info, deltas.rows("new").withColumn(ACTION, F.lit("INSERT")),
-                      [ROW_ID_COLUMN, ACTION])  # fmt: skip
+    frame = _as_table(info, deltas.rows("new").withColumn(REFRESH_ACTION, F.lit("INSERT")),
+                      _HIDDEN)  # fmt: skip
     return _full(session, info, (frame, True), (base, handle, initial), followed, reason)
 
 
@@ -198,7 +201,7 @@ def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:
 
     net = deltas.net()
     action = F.when(F.col(SIGN) > 0, F.lit("INSERT")).otherwise(F.lit("DELETE"))
-    frame = _as_table(info, net.withColumn(ACTION, action).drop(SIGN), [ROW_ID_COLUMN, ACTION])
+    frame = _as_table(info, net.withColumn(REFRESH_ACTION, action).drop(SIGN), _HIDDEN)
     change = net_change(frame.toArrow(), list(info.schema.names))
     rows = _checked(info, change.rows)
     return Computed(
@@ -245,7 +248,7 @@ def _pinned_transaction(session: StatementContext, pinned: Sequence[PinnedSource
 def _with_actions(frame: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
-    return frame.withColumn(ACTION, F.lit("INSERT"))
+    return frame.withColumn(REFRESH_ACTION, F.lit("INSERT"))
 
 
 def _bind(
@@ -298,9 +301,9 @@ def _rewritten(
     key = (dt.table_id, dt.query, sources, repr(found))
     if key in _CHECKED:
         return frame
-    _, written = _bind(session, dt, pinned, lambda t: changes(t).drop(ROW_ID_COLUMN, ACTION))
+    _, written = _bind(session, dt, pinned, lambda t: changes(t).drop(*_HIDDEN))
     expected = [(f.name, f.dataType) for f in session.run_spark(written).schema.fields]
-    if found[:-2] != expected or [name for name, _ in found[-2:]] != [ROW_ID_COLUMN, ACTION]:
+    if found[:-2] != expected or tuple(name for name, _ in found[-2:]) != _HIDDEN:
         raise RefreshFailed("the incremental rewrite of the query does not give the query's "
                             "own columns; REFRESH_MODE = FULL refreshes it",
                             RewriteError.code)  # fmt: skip
@@ -329,11 +332,11 @@ def _incremental(
         frame = read_changes(session.spark, table.uri, table.schema, after, item.to)
         return frame.select(
             *[F.col(_spark_name(n)) for n in table.schema.names],
-            F.col(f"`{CHANGE_ROW_ID}`").alias(ROW_ID_COLUMN),
-            F.col(f"`{CHANGE_ACTION}`").alias(ACTION),
+            F.col(f"`{STREAM_ROW_ID}`").alias(ROW_ID_COLUMN),
+            F.col(f"`{STREAM_ACTION}`").alias(REFRESH_ACTION),
         )  # fmt: skip
 
-    frame = _as_table(info, _rewritten(session, dt, pinned, changes), [ROW_ID_COLUMN, ACTION])
+    frame = _as_table(info, _rewritten(session, dt, pinned, changes), _HIDDEN)
     names = list(info.schema.names)
     net = net_change(frame.toArrow(), names)
     rows = _checked(info, net.rows)
@@ -380,7 +383,7 @@ def _full_by_id(
     handle: DeltaTable, initial: bool,
 ) -> Computed:  # fmt: skip
     names = list(info.schema.names)
-    new = frame.drop(ACTION)
+    new = frame.drop(REFRESH_ACTION)
     if initial:
         return _all_new(_checked(info, new.toArrow()))
     old = read_delta(session.spark, info.uri, base, loaded=handle)
@@ -400,7 +403,7 @@ def _overwrite(
     """The result as the table's whole new content (no follower reads its row ids):
     PACKED ids are the rewritten query's own, SEQUENCE ids new."""
     if packed:
-        rows = _checked(info, frame.drop(ACTION).toArrow())
+        rows = _checked(info, frame.drop(REFRESH_ACTION).toArrow())
     else:
         rows = _with_new_ids(session, info, frame.toArrow())
     before = pa.table(handle.get_add_actions(flatten=True)).column("num_records")

@@ -1,5 +1,5 @@
 """Incremental refresh of a stateless dynamic table: the query rewritten to carry row ids
-and actions through, and the net change of its output (design §4).
+and actions through (design §4); :func:`pipelines.change_sets.net_change` nets its output.
 
 A stateless query maps every output row to exactly one source row, so running it over
 the sources' net changes gives the net change of its output, provided each output row
@@ -24,24 +24,21 @@ the source views fails closed with :class:`RewriteError` rather than write a wro
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlglot import exp
 
+from flush.tables import ROW_ID_COLUMN
 from ingest_sdk.schema import spark_fold
+from pipelines.change_sets import REFRESH_ACTION
 from pipelines.errors import SqlError
 from pipelines.sql.source_text import Splice, extent, parse_with_spans
-from pipelines.streams.changes import _same_values
 
-__all__ = ["ACTION", "ROW_ID", "NetChange", "RewriteError", "is_hidden", "net_change", "rewrite"]
+__all__ = ["RewriteError", "is_hidden", "rewrite"]
 
-ROW_ID = "_INGEST_ROW_ID"
-ACTION = "_INGEST_ACTION"
-_HIDDEN = f"`{ROW_ID}`, `{ACTION}`"
+_HIDDEN = f"`{ROW_ID_COLUMN}`, `{REFRESH_ACTION}`"
 
 #: Constructs that keep a query from being stateless, by what the message calls them.
 _REFUSED: tuple[tuple[type[exp.Expression], str], ...] = (
@@ -129,7 +126,8 @@ def _refuse(tree: exp.Expression, show: Any) -> None:
         if isinstance(node, exp.Select) and node.args.get("from_") is None:
             raise RewriteError(f"a SELECT without FROM ({show(node)})")
         if isinstance(node, exp.Identifier) and _fold(node.name) in _HIDDEN_KEYS:
-            raise RewriteError(f"a name that is one of the hidden columns {ROW_ID}, {ACTION}")
+            raise RewriteError(f"a name that is one of the hidden columns {ROW_ID_COLUMN}, "
+                               f"{REFRESH_ACTION}")  # fmt: skip
 
 
 _fold = spark_fold
@@ -140,7 +138,7 @@ def is_hidden(name: str) -> bool:
     return _fold(name) in _HIDDEN_KEYS
 
 
-_HIDDEN_KEYS = frozenset({_fold(ROW_ID), _fold(ACTION)})
+_HIDDEN_KEYS = frozenset({_fold(ROW_ID_COLUMN), _fold(REFRESH_ACTION)})
 
 
 def _extra(node: exp.Expression, allowed: frozenset[str], show: Any) -> None:
@@ -152,7 +150,7 @@ def _extra(node: exp.Expression, allowed: frozenset[str], show: Any) -> None:
 def _tagged(branches: list[int]) -> str:
     """The id of a row that took these UNION ALL branches (innermost first): ``(e) * 2 +
     k`` in bigint arithmetic for each, so ANSI mode raises on overflow."""
-    expression = f"`{ROW_ID}`"
+    expression = f"`{ROW_ID_COLUMN}`"
     for branch in branches:
         expression = f"({expression}) * CAST(2 AS BIGINT) + CAST({branch} AS BIGINT)"
     return expression
@@ -184,7 +182,7 @@ class _Rewriter:
 
     def render(self) -> str:
         for key, end in self.ends.items():  # after a * ending the list: its EXCEPT first
-            self.insert(end, f", {_tagged(self.tags[key])} AS `{ROW_ID}`, `{ACTION}`")
+            self.insert(end, f", {_tagged(self.tags[key])} AS {_HIDDEN}")
         splice = Splice(self.text)
         for position, texts in self.inserts.items():
             splice.replace(position, position, "".join(texts))
@@ -253,85 +251,3 @@ class _Rewriter:
         """A list naming a relation's columns names the hidden two as well."""
         if isinstance(alias, exp.TableAlias) and alias.columns:
             self.insert(extent(alias.columns[-1])[1], f", {_HIDDEN}")
-
-
-@dataclass(frozen=True)
-class NetChange:
-    """The net change of a dynamic table from one incremental refresh.
-
-    ``rows``: user columns + ``_INGEST_ROW_ID``, the rows to write (inserts and
-    updates); ``deleted``: ids to delete; ``new_ids``: the ids in ``rows`` that are
-    inserts (no row to replace); ``updated``: how many rows replace one."""
-
-    rows: pa.Table
-    deleted: pa.Array
-    new_ids: pa.Array
-    updated: int
-
-
-def net_change(result: pa.Table, columns: Sequence[str]) -> NetChange:
-    """Net the rewritten query's output over change sources (design §4 "ChangeSet").
-
-    A DELETE and an INSERT with the same id and equal values (null-safe, NaN = NaN) drop
-    out: a change to a column the query does not select writes nothing.
-
-    Args:
-        result: the user columns (named ``columns``, in order), ``_INGEST_ROW_ID``,
-            ``_INGEST_ACTION``.
-        columns: the user column names.
-
-    Raises:
-        ValueError: an id twice among DELETE rows or among INSERT rows (the sources'
-            changes were not netted), a null id, or an action that is neither.
-    """
-    table = result.select([*columns, ROW_ID, ACTION])
-    ids = pc.cast(table.column(ROW_ID), pa.int64())
-    if ids.null_count:
-        raise ValueError(f"{ROW_ID} is null in {ids.null_count} rows")
-    action = table.column(ACTION)
-    deleting, inserting = pc.equal(action, "DELETE"), pc.equal(action, "INSERT")
-    if not pc.all(pc.or_(deleting, inserting).fill_null(False), min_count=0).as_py():
-        raise ValueError(f"{ACTION} holds a value other than INSERT and DELETE")
-    kept = pa.table([*(table.column(c) for c in columns), ids], names=[*columns, ROW_ID])
-    deletes = kept.filter(deleting).combine_chunks()
-    inserts = kept.filter(inserting).combine_chunks()
-    for kind, rows in (("DELETE", deletes), ("INSERT", inserts)):
-        if len(pc.unique(rows.column(ROW_ID))) != rows.num_rows:
-            raise ValueError(f"an id appears twice among {kind} rows: the change sets "
-                             "of the sources were not netted")  # fmt: skip
-    delete_ids = deletes.column(ROW_ID).combine_chunks()
-    insert_ids = inserts.column(ROW_ID).combine_chunks()
-    before = deletes.take(pc.index_in(insert_ids, value_set=delete_ids))
-    same = pc.is_in(insert_ids, value_set=delete_ids)
-    for position in range(len(columns)):
-        equal = _equal(inserts.column(position), before.column(position))
-        same = pc.and_(same, equal.fill_null(False))
-    rows = inserts.filter(pc.invert(same))
-    row_ids = rows.column(ROW_ID).combine_chunks()
-    replaced = pc.is_in(row_ids, value_set=delete_ids)
-    return NetChange(
-        rows=rows,
-        deleted=delete_ids.filter(pc.invert(pc.is_in(delete_ids, value_set=insert_ids))),
-        new_ids=row_ids.filter(pc.invert(replaced)),
-        updated=pc.sum(pc.cast(replaced, pa.int64())).as_py() or 0,
-    )
-
-
-def _equal(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.Array:
-    """``_same_values``; for types Arrow cannot compare (lists, structs, maps) by
-    their Python values (NaN = NaN)."""
-    try:
-        return _same_values(left, right)
-    except pa.ArrowNotImplementedError:
-        return pa.array([_same(a, b) for a, b in zip(left.to_pylist(), right.to_pylist(),
-                                                     strict=True)])  # fmt: skip
-
-
-def _same(left: Any, right: Any) -> bool:
-    if isinstance(left, float) and isinstance(right, float) and left != left:
-        return right != right
-    if isinstance(left, dict) and isinstance(right, dict):
-        return left.keys() == right.keys() and all(_same(left[k], right[k]) for k in left)
-    if isinstance(left, list | tuple) and isinstance(right, list | tuple):
-        return len(left) == len(right) and all(map(_same, left, right))
-    return bool(left == right)

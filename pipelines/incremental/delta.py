@@ -38,6 +38,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pipelines.change_sets import keyed, spark_key
 from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
@@ -121,23 +122,6 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
             if str(attribute.name()).upper().startswith("_INGEST_"):
                 found.add("RESERVED_NAME")
     return sorted(found)
-
-
-def _textual_key(kind: Any) -> bool:
-    """Whether a column of this Spark type is grouped by its text in :meth:`Deltas.net`:
-    it holds floats (whose grouping merges -0.0 with 0.0) or VARIANT (which Spark cannot
-    group by)."""
-    from pyspark.sql import types as T
-
-    if isinstance(kind, T.FloatType | T.DoubleType | T.VariantType):
-        return True
-    if isinstance(kind, T.ArrayType):
-        return _textual_key(kind.elementType)
-    if isinstance(kind, T.MapType):
-        return _textual_key(kind.keyType) or _textual_key(kind.valueType)
-    if isinstance(kind, T.StructType):
-        return any(_textual_key(f.dataType) for f in kind.fields)
-    return False
 
 
 def _walk(node: Node) -> list[Node]:
@@ -427,9 +411,10 @@ class Deltas:
         A net sign past ±1 means two rows share an id (a hash collision, or a source
         whose ids repeat): raised when collected.
 
-        Rows are grouped by their values as the table stores them: a column holding
-        floats (or VARIANT) is grouped by its text, which tells -0.0 from 0.0 (Spark's
-        grouping takes them for one value and writes 0.0), and keeps its own value."""
+        Rows are grouped by the one equality of :mod:`pipelines.change_sets`: a column
+        holding floats (or VARIANT) by its :func:`~pipelines.change_sets.spark_key`,
+        which tells -0.0 from 0.0 (Spark's grouping takes them for one value and writes
+        0.0), and it keeps its own value."""
         from pyspark.sql import functions as F
 
         delta = self.delta(self.root)
@@ -437,9 +422,9 @@ class Deltas:
         positional = delta.select(
             *[self.reader.column(a).alias(n) for a, n in zip(self.root.output, names,
                                                                strict=True)], ID, SIGN)
-        exact = {n for n, field in zip(names, positional.schema.fields, strict=False)
-                 if _textual_key(field.dataType)}  # fmt: skip
-        keys = [F.col(n).cast("string").alias(f"{_KEY}{n}") if n in exact else F.col(n)
+        types = {field.name: field.dataType for field in positional.schema.fields}
+        exact = {n for n in names if keyed(types[n])}
+        keys = [spark_key(F.col(n), types[n]).alias(f"{_KEY}{n}") if n in exact else F.col(n)
                 for n in names]  # fmt: skip
         summed = (
             positional.groupBy(*keys, F.col(ID))

@@ -22,6 +22,7 @@ from sqlglot import exp
 from catalog import TableInfo, ViewRecord, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
+from pipelines.change_sets import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.history import data_changed
 from pipelines.sql.plan_guard import RefusedStatementError
@@ -38,7 +39,6 @@ from pipelines.sql.source_text import (
 )
 from pipelines.sql.spark_reading import Output, Reference, name_parts, outputs, references
 from pipelines.sql.statements import NAME, spark_sql_text, split_name
-from pipelines.streams.changes import ChangeMode
 from pipelines.transactions.snapshot_pins import consistent_pins
 from pipelines.transactions.transaction import Transaction
 

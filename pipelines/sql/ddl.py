@@ -22,6 +22,7 @@ from flush import create_catalog_table
 from flush.table_locks import table_lock
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
+from pipelines.change_sets import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.binding import check_writable
 from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
@@ -47,7 +48,6 @@ from pipelines.sql.ddl_schemas import (
 from pipelines.sql.ddl_views import create_view, describe_view, drop_view, show_views
 from pipelines.sql.history import describe_history
 from pipelines.sql.statements import Statement, split_name
-from pipelines.streams.changes import ChangeMode
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

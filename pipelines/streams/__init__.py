@@ -1,7 +1,7 @@
 """Streams' change sets: what changed in a table between two versions.
 
-:mod:`.changes` builds the net change of a table from its change data feed, in one
-function whose modes (DEFAULT, APPEND_ONLY, APPEND_ONLY_FINAL) are parameters. Stream
-reads, ``CHANGES`` clauses and the transactions that consume streams all read it; it
-knows nothing of SQL or of commits.
+:mod:`.changes` reads a table's change data feed between two versions (delta-rs) and
+nets it with :func:`pipelines.change_sets.net_events` (the modes DEFAULT, APPEND_ONLY,
+APPEND_ONLY_FINAL are its parameters). Stream reads, ``CHANGES`` clauses and the
+transactions that consume streams all read it; it knows nothing of SQL or of commits.
 """

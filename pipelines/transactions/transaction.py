@@ -21,8 +21,9 @@ from catalog import Catalog, StreamClaim, StreamRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
+from pipelines.change_sets import ChangeMode
 from pipelines.errors import StreamConflictError, StreamStaleError, TransactionConflictError
-from pipelines.streams.changes import ChangeMode, read_changes
+from pipelines.streams.changes import read_changes
 from pipelines.transactions.commit import (
     TableWrites,
     commit_consumer,

@@ -1,7 +1,8 @@
 """The sub-packages of ``pipelines`` form layers that import only downwards, and none of
 them imports the modules at the package's top (the session, the worker, the command
 line), which put them together: statement handlers see the session as
-``StatementContext``.
+``StatementContext``. The other modules at the top (``SHARED``: the errors, the change
+sets' one equality and netting) lie below every layer: they import no sub-package.
 
 Read from the source (every import, also under TYPE_CHECKING and inside functions), so a
 circle cannot come back unnoticed.
@@ -27,6 +28,10 @@ LAYERS = {
 }
 #: The top: what puts the layers together. No sub-package imports these.
 TOP = ("pipelines.session", "pipelines.worker", "pipelines.__main__")
+#: Modules at the package's top that every layer may import (below layer 0): the error
+#: tree, and the one equality and netting of change sets, which ``streams`` and
+#: ``incremental`` (two layer-0 packages that may not import each other) both use.
+SHARED = ("errors", "change_sets")
 
 
 def imported(path: Path) -> set[str]:
@@ -66,6 +71,22 @@ def test_sub_packages_import_only_lower_layers(package):
         assert not upward, f"{package}/{path.name} imports {sorted(upward)}"
         top = {name for name in names if name.startswith(TOP)}
         assert not top, f"{package}/{path.name} imports {sorted(top)}"
+
+
+def test_the_top_holds_only_known_modules():
+    found = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    expected = set(SHARED) | {name.rsplit(".", 1)[1] for name in TOP}
+    assert found == expected, "a new module at the top: a sub-package, or SHARED?"
+
+
+@pytest.mark.parametrize("module", SHARED)
+def test_shared_modules_import_no_sub_package_and_nothing_of_the_top(module):
+    """What every layer imports sits below them all: it imports only other shared
+    modules of ``pipelines``."""
+    names = imported(PACKAGE / f"{module}.py")
+    allowed = tuple(f"pipelines.{name}" for name in SHARED)
+    wrong = {n for n in names if n.split(".")[0] == "pipelines" and not n.startswith(allowed)}
+    assert not wrong, f"{module}.py imports {sorted(wrong)}"
 
 
 def test_the_layer_test_sees_an_upward_import(tmp_path):

@@ -83,17 +83,18 @@ def test_column_names_are_quoted(spark):
     assert diff.inserted.to_pylist() == [{"a.b": 2, "c d": "x"}]
 
 
-def test_floats_match_as_spark_groups_them(spark):
-    """NaN equals NaN and -0.0 equals 0.0 (Spark normalises grouping keys); an
-    inserted value is the normalised one: -0.0 is inserted as 0.0."""
+def test_floats_match_by_the_one_equality(spark):
+    """NaN equals NaN, but -0.0 differs from 0.0 (Spark's own grouping would take one
+    for the other); an inserted value is the one the query gave: -0.0 stays -0.0."""
     schema = pa.schema([("F", pa.float64())])
     old = frame(spark, [(math.nan,), (-0.0,), (1.5,)], ids=[1, 2, 3], schema=schema)
     diff = value_diff(old, frame(spark, [(math.nan,), (0.0,), (1.5,)], schema=schema), ["F"])
-    assert (diff.num_deleted, diff.num_inserted) == (0, 0)
-    diff = value_diff(old, frame(spark, [(math.nan,), (-0.0,), (-0.0,)], schema=schema), ["F"])
+    assert diff.deleted.to_pylist() == [2]
+    assert [math.copysign(1.0, v) for v in diff.inserted.column("F").to_pylist()] == [1.0]
+    diff = value_diff(old, frame(spark, [(-math.nan,), (-0.0,), (-0.0,)], schema=schema), ["F"])
     assert diff.deleted.to_pylist() == [3]
     [value] = diff.inserted.column("F").to_pylist()
-    assert value == 0.0 and math.copysign(1.0, value) == 1.0
+    assert value == 0.0 and math.copysign(1.0, value) == -1.0
 
 
 def test_maps_group_whatever_their_entry_order(spark):
@@ -211,3 +212,48 @@ def test_id_diff_applied_to_old_gives_new_with_fewest_changes(spark, old, new):
     assert set(diff.deleted.to_pylist()) == old.keys() - new.keys()
     assert set(diff.new_ids.to_pylist()) == new.keys() - old.keys()
     assert diff.updated == sum(1 for i in old.keys() & new.keys() if old[i] != new[i])
+
+
+# -0.0 and 0.0 are two values in every diff (the one equality of pipelines.change_sets);
+# every NaN is one value.
+
+NAN = float("nan")
+ZEROS = pa.schema([("F", pa.float64())])
+NESTED = pa.schema([("L", pa.list_(pa.float64())), ("T", pa.struct([("f", pa.float64())]))])
+
+
+@pytest.mark.parametrize("diff_name", ["value_diff", "arrow_value_diff"])
+def test_value_diffs_see_an_update_between_the_zeros(spark, diff_name):
+    old_rows, new_rows = [(0.0,), (NAN,), (None,), (-0.0,)], [(-0.0,), (-NAN,), (None,), (-0.0,)]
+    if diff_name == "value_diff":
+        old = frame(spark, old_rows, ids=[1, 2, 3, 4], schema=ZEROS)
+        diff = value_diff(old, frame(spark, new_rows, schema=ZEROS), ["F"])
+    else:
+        diff = arrow_value_diff(arrow(old_rows, ids=[1, 2, 3, 4], schema=ZEROS),
+                                arrow(new_rows, schema=ZEROS))  # fmt: skip
+    assert diff.deleted.to_pylist() == [1]  # the 0.0; the -0.0 (id 4) stays
+    [value] = diff.inserted.column("F").to_pylist()
+    assert value == 0.0 and math.copysign(1.0, value) == -1.0
+
+
+def test_id_diff_sees_an_update_between_the_zeros(spark):
+    old = frame(spark, [(0.0,), (NAN,), (None,), (-0.0,)], ids=[1, 2, 3, 4], schema=ZEROS)
+    new = frame(spark, [(-0.0,), (-NAN,), (None,), (-0.0,)], ids=[1, 2, 3, 4], schema=ZEROS)
+    diff = id_diff(old, new, ["F"])
+    assert (diff.inserted, diff.updated, diff.deleted.to_pylist()) == (0, 1, [])
+    [row] = diff.rows.to_pylist()
+    assert row[RID] == 1 and math.copysign(1.0, row["F"]) == -1.0
+
+
+def test_spark_diffs_see_the_zeros_inside_lists_and_structs(spark):
+    old_rows = [([0.0], {"f": 1.0}), ([1.0], {"f": 0.0}), ([NAN], {"f": NAN}), ([2.0], None)]
+    new_rows = [([-0.0], {"f": 1.0}), ([1.0], {"f": -0.0}), ([-NAN], {"f": -NAN}), ([2.0], None)]
+    old = frame(spark, old_rows, ids=[1, 2, 3, 4], schema=NESTED)
+    by_id = id_diff(old, frame(spark, new_rows, ids=[1, 2, 3, 4], schema=NESTED), ["L", "T"])
+    assert sorted(by_id.rows.column(RID).to_pylist()) == [1, 2]
+    assert by_id.updated == 2
+    by_value = value_diff(old, frame(spark, new_rows, schema=NESTED), ["L", "T"])
+    assert sorted(by_value.deleted.to_pylist()) == [1, 2]
+    inserted = by_value.inserted.to_pylist()
+    assert sorted((math.copysign(1.0, r["L"][0]), math.copysign(1.0, r["T"]["f"]))
+                  for r in inserted) == [(-1.0, 1.0), (1.0, -1.0)]  # fmt: skip

@@ -19,14 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.errors import ArithmeticException
 
-from pipelines.dynamic_tables.rewrite import (
-    ACTION,
-    ROW_ID,
-    NetChange,
-    RewriteError,
-    net_change,
-    rewrite,
-)
+from flush.tables import ROW_ID_COLUMN as ROW_ID
+from pipelines.change_sets import REFRESH_ACTION as ACTION
+from pipelines.change_sets import NetChange, net_change
+from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 
 _NUMBERS = itertools.count(900001)
 SCHEMA = pa.schema([("A", pa.int64()), ("B", pa.string()), ("C", pa.float64())])

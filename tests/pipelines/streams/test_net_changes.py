@@ -1,10 +1,11 @@
-"""Netting change events (``pipelines.streams.changes.net_changes``) agrees with comparing snapshots.
+"""Netting change events (``pipelines.change_sets.net_events``) agrees with comparing snapshots.
 
 Hypothesis writes random histories of a keyed table (inserts, updates that may change
 nothing, deletes; several rows per commit), turns them into change data feed events
 as delta-rs reports them (in any order), and checks that the netted changes after any
 offset are exactly the difference between the table at the offset and at the end,
-for every mode.
+for every mode. The equality and the netting under it are tested in
+``tests/pipelines/test_change_sets.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flush.tables import ROW_ID_COLUMN
-from pipelines.streams.changes import ACTION, ISUPDATE, ROW_ID, ChangeMode, net_changes
+from pipelines.change_sets import (
+    STREAM_ACTION,
+    STREAM_ISUPDATE,
+    STREAM_ROW_ID,
+    ChangeMode,
+    net_events,
+)
 
 VALUES = st.one_of(st.none(), st.integers(-3, 3))  # few values: updates often change nothing
 
@@ -69,7 +76,8 @@ def _events(events, after):
 def _result(table):
     data = table.to_pydict()
     return sorted(
-        zip(data[ROW_ID], data[ACTION], data[ISUPDATE], data["A"], data["B"], strict=True),
+        zip(data[STREAM_ROW_ID], data[STREAM_ACTION], data[STREAM_ISUPDATE], data["A"], data["B"],
+            strict=True),
         key=repr,
     )
 
@@ -96,24 +104,24 @@ def test_net_changes_are_the_difference_of_snapshots(history, after):
     before, now = snapshots[after], snapshots[-1]
     table = _events(events, after)
 
-    assert _result(net_changes(table, ["A", "B"], ChangeMode.DEFAULT)) == _expected_default(
+    assert _result(net_events(table, ["A", "B"], ChangeMode.DEFAULT)) == _expected_default(
         before, now
     )
 
     inserted = {e[2]: e[3] for e in events if e[0] == "insert" and e[1] > after}
     append_only = sorted(((i, "INSERT", False, *row) for i, row in inserted.items()), key=repr)
-    assert _result(net_changes(table, ["A", "B"], ChangeMode.APPEND_ONLY)) == append_only
+    assert _result(net_events(table, ["A", "B"], ChangeMode.APPEND_ONLY)) == append_only
 
     final = sorted(((i, "INSERT", False, *now[i]) for i in inserted if i in now), key=repr)
-    assert _result(net_changes(table, ["A", "B"], ChangeMode.APPEND_ONLY_FINAL)) == final
+    assert _result(net_events(table, ["A", "B"], ChangeMode.APPEND_ONLY_FINAL)) == final
 
 
 def test_no_events_is_no_change():
     empty = _events([], 0)
     for mode in ChangeMode:
-        result = net_changes(empty, ["A", "B"], mode)
+        result = net_events(empty, ["A", "B"], mode)
         assert result.num_rows == 0
-        assert result.column_names == ["A", "B", ACTION, ISUPDATE, ROW_ID]
+        assert result.column_names == ["A", "B", STREAM_ACTION, STREAM_ISUPDATE, STREAM_ROW_ID]
 
 
 def test_nan_and_null_count_as_unchanged():
@@ -125,8 +133,8 @@ def test_nan_and_null_count_as_unchanged():
             "_commit_version": pa.array([4] * 6, pa.int64()),
         }
     )
-    result = net_changes(table, ["X"], ChangeMode.DEFAULT).to_pydict()
-    assert sorted(zip(result[ROW_ID], result[ACTION], result["X"], strict=True)) == [
+    result = net_events(table, ["X"], ChangeMode.DEFAULT).to_pydict()
+    assert sorted(zip(result[STREAM_ROW_ID], result[STREAM_ACTION], result["X"], strict=True)) == [
         (3, "DELETE", 1.0),
         (3, "INSERT", 2.0),
     ]
