@@ -79,7 +79,8 @@ class Measure:
         share = "more than all" if self.share == float("inf") else f"{self.share:.2%}"
         verdict = "FULL" if self.too_large else "INCREMENTAL"
         return (f"ADAPTIVE chose {verdict}: the sources' commits since the last refresh "
-                f"changed {self.changed:,} rows, {share} of the {self.total:,} rows they hold "
+                f"changed {self.changed:,} row{'' if self.changed == 1 else 's'}, {share} of "
+                f"the {self.total:,} rows they hold "
                 f"(FULL above {FULL_ABOVE_SHARE:.0%} and from {FULL_FROM_ROWS:,} changed "
                 "rows)")  # fmt: skip
 
