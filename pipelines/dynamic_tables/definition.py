@@ -243,7 +243,9 @@ def _derivable(session: StatementContext, query: str) -> PlanClass:
 
     def bind(frames: Any) -> str:
         txn = Transaction(session.catalog, session.spark, read_only=True)
-        return Binder(session, txn, defaults, sources=frames).bind(query)
+        # analysis: an upstream dynamic table not initialized yet (ON_SCHEDULE) is read
+        # as its stand-in like any other source.
+        return Binder(session, txn, defaults, analysis=True, sources=frames).bind(query)
 
     reasons = plan_over_stand_ins(session, bind).reasons()
     return PlanClass(tuple(reasons), engine=not reasons)

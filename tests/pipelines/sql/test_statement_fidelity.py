@@ -285,7 +285,8 @@ def test_expressions_answer_as_spark_through_an_incremental_refresh(fidelity, co
     shown = {r.name: r for r in session.sql("SHOW DYNAMIC TABLES LIKE 'FIDELITY_I%'").collect()}
     incremental = {name for name, r in shown.items() if r.refresh_mode == "ADAPTIVE"}
     for name, r in shown.items():
-        assert name in incremental or r.refresh_mode_reason.startswith("REWRITE_UNSUPPORTED")
+        full_for_a_reason = r.refresh_mode == "FULL" and bool(r.refresh_mode_reason)
+        assert name in incremental or full_for_a_reason, (name, r.refresh_mode_reason)
     assert len(actions) == len(made) and len(incremental) >= 20
     assert {row[1] for row in actions if row[0] in incremental} == {"INCREMENTAL"}
     issue_made = {name for name, case in zip(made, chosen, strict=True) if case in issue}
