@@ -19,6 +19,7 @@ benchmark (``bench/``) calibrates them.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHANGE_TOO_LARGE", "FULL_ABOVE_SHARE", "FULL_FROM_ROWS", "Measure", "choose",
            "is_adaptive", "measure"]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 #: The share of changed source rows above which an ADAPTIVE refresh goes FULL (to be
 #: calibrated by the engine benchmark).
@@ -89,7 +92,12 @@ def choose(pinned: Sequence[PinnedSource]) -> tuple[str, str]:
     """The reason an ADAPTIVE refresh goes FULL (``CHANGE_TOO_LARGE``, or "" to go
     incremental) and the message naming the measure. A log that cannot be read gives
     no measure: the incremental attempt then finds what is missing itself."""
-    found = measure(pinned)
+    try:
+        found = measure(pinned)
+    except Exception:  # advice only: a log it cannot read never fails the refresh
+        log.warning("the change of %s could not be measured", [p.info.full_name for p in pinned],
+                    exc_info=True)  # fmt: skip
+        found = None
     if found is None:
         return "", ""
     return (CHANGE_TOO_LARGE if found.too_large else ""), found.text()
