@@ -26,6 +26,7 @@ from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
+from pipelines.dynamic_tables.adaptive import is_adaptive
 from pipelines.dynamic_tables.classify import PlanClass
 from pipelines.dynamic_tables.classify import classify as classify_plan
 from pipelines.dynamic_tables.derived import plan_over_stand_ins
@@ -58,11 +59,12 @@ if TYPE_CHECKING:
 
 __all__ = ["HANDLERS", "refresh_with_upstreams"]
 
-_MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT")
-#: The modes under which a query that is not stateless goes to the query-delta engine.
-#: AUTO keeps such a query FULL until ADAPTIVE refresh (which AUTO will resolve to) is
-#: built: then a change too large to pay off goes FULL for one refresh.
-_ENGINE_MODES = ("INCREMENTAL", "INCREMENTAL_STRICT")
+_MODES = ("AUTO", "INCREMENTAL", "FULL", "INCREMENTAL_STRICT", "ADAPTIVE")
+#: The modes under which a query that is not stateless goes to the query-delta engine
+#: (AUTO resolves to ADAPTIVE when the engine covers it, to FULL when it does not).
+_ENGINE_MODES = ("AUTO", "ADAPTIVE", "INCREMENTAL", "INCREMENTAL_STRICT")
+#: The modes that refuse at CREATE a query that cannot be refreshed incrementally.
+_INCREMENTAL_MODES = ("ADAPTIVE", "INCREMENTAL", "INCREMENTAL_STRICT")
 #: In the names of the tables CREATE OR REPLACE builds beside the ones they replace.
 _INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 
@@ -187,7 +189,7 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
             verdict = _derivable(session, query)
     finally:
         session.release_views()
-    if mode in ("INCREMENTAL", "INCREMENTAL_STRICT") and not verdict.incremental:
+    if mode in _INCREMENTAL_MODES and not verdict.incremental:
         raise SqlError(
             f"REFRESH_MODE = {mode} needs a query that can be refreshed incrementally; this "
             f"one cannot ({verdict.reason_text}): use REFRESH_MODE = AUTO or FULL, or change "
@@ -241,7 +243,9 @@ def _derivable(session: StatementContext, query: str) -> PlanClass:
 
     def bind(frames: Any) -> str:
         txn = Transaction(session.catalog, session.spark, read_only=True)
-        return Binder(session, txn, defaults, sources=frames).bind(query)
+        # analysis: an upstream dynamic table not initialized yet (ON_SCHEDULE) is read
+        # as its stand-in like any other source.
+        return Binder(session, txn, defaults, analysis=True, sources=frames).bind(query)
 
     reasons = plan_over_stand_ins(session, bind).reasons()
     return PlanClass(tuple(reasons), engine=not reasons)
@@ -459,8 +463,11 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
 
 
 def effective_mode(dt: DynamicTableRecord) -> str:
-    """INCREMENTAL or FULL: what refreshes after the initial one do (a stateless query's
-    refreshes go FULL once only for a reason its history names)."""
+    """ADAPTIVE, INCREMENTAL or FULL: what refreshes after the initial one do, AUTO shown
+    as what it resolved to (an incremental table's refreshes go FULL only for a reason
+    its history names)."""
+    if is_adaptive(dt):
+        return "ADAPTIVE"
     return "INCREMENTAL" if dt.row_ids in ("PACKED", "DERIVED") else "FULL"
 
 

@@ -336,8 +336,8 @@ def _commit(
     """The refresh's one commit, under the table's lock."""
     catalog = session.catalog
     versions = {str(item.position): item.to for item in pinned}
-    if computed.reason:
-        catalog.update_refresh(refresh_id, reason=computed.reason)
+    if computed.reason or computed.message:  # why FULL; ADAPTIVE's measure as the message
+        catalog.update_refresh(refresh_id, reason=computed.reason, error=computed.message)
     metadata: dict[str, object] = {"dynamic_table": {
         "refresh": refresh_id, "seq": dt.refresh_seq + 1, "data_timestamp_us": moment,
         "action": computed.action, "sources": versions,

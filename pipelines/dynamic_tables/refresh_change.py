@@ -16,16 +16,17 @@ result at the pinned source versions, computed INCREMENTALly or FULL.
   without them is overwritten with the result instead (one commit; PACKED ids are the
   query's own, SEQUENCE ids new), which costs what writing the result costs.
 
-A stateless table refreshes FULL instead of INCREMENTAL only with a reason in its
-history: CHANGES_NOT_RETAINED (a source's changes were cleaned up), CATALOG_BEHIND (its
-log holds a refresh the catalog does not remember: a restored catalog); with
-INCREMENTAL_STRICT that fails the refresh instead.
+A table with incremental row ids refreshes FULL instead of INCREMENTAL only with a
+reason in its history: CHANGES_NOT_RETAINED (a source's changes were cleaned up),
+CATALOG_BEHIND (its log holds a refresh the catalog does not remember: a restored
+catalog), CHANGE_TOO_LARGE (ADAPTIVE: :mod:`pipelines.dynamic_tables.adaptive`); with
+INCREMENTAL_STRICT the first two fail the refresh instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
 from pipelines.change_sets import REFRESH_ACTION, STREAM_ACTION, STREAM_ROW_ID, net_change
+from pipelines.dynamic_tables import adaptive
 from pipelines.dynamic_tables.derived import TableSource, engine, plan_over_stand_ins
 from pipelines.dynamic_tables.diff import (
     UncomparableColumnError,
@@ -93,12 +95,14 @@ class PinnedSource:
 @dataclass(frozen=True, slots=True)
 class Computed:
     """The change to commit, its counts (inserted, deleted, updated), the action
-    (INCREMENTAL or FULL) and, for a FULL refresh of a stateless table, why."""
+    (INCREMENTAL or FULL), why a table with incremental row ids went FULL (a reason
+    code) and what chose the action (ADAPTIVE's measure: the history's message)."""
 
     change: ChangeSet
     counts: list[int]
     action: str
     reason: str = ""
+    message: str = ""
 
 
 def compute(
@@ -111,10 +115,10 @@ def compute(
     if dt.row_ids == "DERIVED":
         return _derived(session, dt, info, pinned, base, handle, followed)
     packed = dt.row_ids == "PACKED"
-    reason = ""
+    why = ("", "")
     if packed and dt.refresh_mode != "FULL" and not initial:
-        computed, reason = _attempt(dt, pinned, handle,
-                                    lambda: _incremental(session, dt, info, pinned))  # fmt: skip
+        computed, why = _attempt(dt, pinned, handle,
+                                 lambda: _incremental(session, dt, info, pinned))  # fmt: skip
         if computed is not None:
             return computed
     txn = _pinned_transaction(session, pinned)
@@ -124,37 +128,41 @@ def compute(
     else:
         _, bound = _bind(session, dt, pinned, txn.table_frame)
         frame = _as_table(info, session.run_spark(bound), [])
-    return _full(session, info, (frame, packed), (base, handle, initial), followed, reason)
+    return _full(session, info, (frame, packed), (base, handle, initial), followed, why)
 
 
 def _attempt(
     dt: DynamicTableRecord, pinned: Sequence[PinnedSource], handle: DeltaTable,
     incremental: Callable[[], Computed],
-) -> tuple[Computed | None, str]:  # fmt: skip
-    """The INCREMENTAL change, or None and the reason the refresh goes FULL instead
-    (CATALOG_BEHIND, SOURCE_MOVED_BACK, CHANGES_NOT_RETAINED); with INCREMENTAL_STRICT
-    that reason fails the refresh."""
-    reason = _catalog_behind(dt, pinned, handle)
+) -> tuple[Computed | None, tuple[str, str]]:  # fmt: skip
+    """The INCREMENTAL change, or None and the reason (and message) the refresh goes
+    FULL instead (CATALOG_BEHIND, SOURCE_MOVED_BACK, CHANGES_NOT_RETAINED; for ADAPTIVE
+    also CHANGE_TOO_LARGE, decided before anything runs); with INCREMENTAL_STRICT that
+    reason fails the refresh."""
+    reason, message = _catalog_behind(dt, pinned, handle), ""
+    if not reason and adaptive.is_adaptive(dt):
+        reason, message = adaptive.choose(pinned)
     if not reason:
         try:
-            return incremental(), ""
+            return replace(incremental(), message=message), ("", "")
         except StreamStaleError:
-            reason = "CHANGES_NOT_RETAINED"
+            reason, message = "CHANGES_NOT_RETAINED", ""
     if dt.refresh_mode == "INCREMENTAL_STRICT":
         raise RefreshFailed(
             f"the refresh cannot be incremental ({reason}) and REFRESH_MODE is "
             "INCREMENTAL_STRICT; CREATE OR REPLACE DYNAMIC TABLE starts it again", reason,
         )  # fmt: skip
-    return None, reason
+    return None, (reason, message)
 
 
 def _full(
     session: StatementContext, info: TableInfo, result: tuple[DataFrame, bool],
-    table: tuple[int, DeltaTable, bool], followed: bool | None, reason: str,
+    table: tuple[int, DeltaTable, bool], followed: bool | None, why: tuple[str, str],
 ) -> Computed:  # fmt: skip
     """A FULL refresh of the query's ``result`` (its frame, and whether its rows carry
     their ids) on the ``table`` (its version, handle, and whether this is its initial
-    refresh): appended (initial), an overwrite (no followers), else the difference."""
+    refresh): appended (initial), an overwrite (no followers), else the difference;
+    ``why``: its reason and message."""
     frame, by_id = result
     base, handle, initial = table
     if followed is None:
@@ -165,7 +173,7 @@ def _full(
         computed = _full_by_id(session, info, frame, base, handle, initial)
     else:
         computed = _full_by_value(session, info, frame, base, handle, initial)
-    return Computed(computed.change, computed.counts, "FULL", reason)
+    return Computed(computed.change, computed.counts, "FULL", *why)
 
 
 def _derived(
@@ -186,14 +194,14 @@ def _derived(
     sources = {item.info.id: TableSource(session, item.info, item.after, item.to)
                for item in pinned}  # fmt: skip
     deltas = engine(plan, sources)
-    reason = ""
+    why = ("", "")
     if dt.refresh_mode != "FULL" and not initial:
-        computed, reason = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
+        computed, why = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
         if computed is not None:
             return computed
     frame = _as_table(info, deltas.rows("new").withColumn(REFRESH_ACTION, F.lit("INSERT")),
                       _HIDDEN)  # fmt: skip
-    return _full(session, info, (frame, True), (base, handle, initial), followed, reason)
+    return _full(session, info, (frame, True), (base, handle, initial), followed, why)
 
 
 def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:

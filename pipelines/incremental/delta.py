@@ -38,6 +38,7 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
 from pipelines.incremental.plan import Node, PlanReader
 
@@ -119,7 +120,7 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
         if reader.items(node.jvm.subqueries()):
             found.add("SUBQUERY_EXPRESSION")
         for attribute in node.output:
-            if str(attribute.name()).upper().startswith("_INGEST_"):
+            if spark_fold(str(attribute.name())).startswith("_ingest_"):  # Spark's rule
                 found.add("RESERVED_NAME")
     return sorted(found)
 

@@ -35,8 +35,11 @@ def rows(frame, *columns):
     return sorted(tuple(row) for row in picked.collect())
 
 
-#: A dynamic table no change can make incremental (a window): its refreshes are FULL.
+#: A window, the query of the FULL dynamic table of :func:`windowed` (declared
+#: ``REFRESH_MODE = FULL``: under AUTO the engine would refresh it incrementally).
 WINDOW = "SELECT ID, V, count(*) OVER (PARTITION BY V) AS K FROM T"
+#: The options that make a dynamic table of :data:`WINDOW` refresh FULL.
+FULL_TABLE = "TARGET_LAG = '1 minute' REFRESH_MODE = FULL"
 
 
 @pytest.fixture
@@ -45,7 +48,7 @@ def windowed(session):
     it as a dynamic table nothing follows."""
     session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
     session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
+    session.sql(f"CREATE DYNAMIC TABLE D {FULL_TABLE} AS {WINDOW}")
     return session
 
 

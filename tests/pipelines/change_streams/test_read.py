@@ -625,7 +625,8 @@ def test_a_dynamic_table_refresh_is_a_system_transaction_of_its_net_change(sessi
     s = session
     s.sql("CREATE TABLE SRC (ID NUMBER PRIMARY KEY, V VARCHAR, QTY NUMBER)")
     s.sql("INSERT INTO SRC VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
-    s.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {query}")
+    mode = "REFRESH_MODE = FULL " if action == "FULL" else ""  # AUTO: ADAPTIVE, incremental
+    s.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {mode}AS {query}")
     s.sql("CREATE CHANGE STREAM CS FOR D OPTIONS (value_capture_type = 'NEW_ROW_AND_OLD_VALUES')")
     before = rows_by_id(s, "D")
     start = now()

@@ -41,7 +41,7 @@ def test_create_runs_the_initial_refresh_and_reads_like_a_table(base):
     assert [tuple(r) for r in history(base, "D")] == [("INITIAL", "FULL", "SUCCEEDED", None, 2, 0)]
     shown = base.sql("SHOW DYNAMIC TABLES").collect()
     assert [(r.name, r.target_lag, r.scheduling_state, r.refresh_mode) for r in shown] == [
-        ("D", "1 minute", "ACTIVE", "INCREMENTAL")
+        ("D", "1 minute", "ACTIVE", "ADAPTIVE")
     ]
     assert shown[0].data_timestamp is not None
     described = base.sql("DESCRIBE DYNAMIC TABLE D").collect()
@@ -72,8 +72,9 @@ def test_a_refresh_without_source_changes_is_no_data_and_writes_no_commit(base):
 
 @pytest.mark.parametrize("mode", ["AUTO", "FULL"])
 def test_a_refresh_writes_only_the_difference(base, mode):
-    """INCREMENTAL (AUTO on a stateless query) and FULL (the difference by value) write
-    only what changed: a stream on the table sees only real changes."""
+    """INCREMENTAL (AUTO on a stateless query: ADAPTIVE, and the change is small) and FULL
+    (the difference by value) write only what changed: a stream on the table sees only
+    real changes."""
     base.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = {mode} AS "
              "SELECT ID, V FROM T")  # fmt: skip
     base.sql("CREATE STREAM S ON TABLE D")
@@ -89,7 +90,8 @@ def test_a_refresh_writes_only_the_difference(base, mode):
     )
     assert f"{action} ({counts})" in message, message
     shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
-    assert (shown.refresh_mode, shown.refresh_mode_reason) == (action, "")
+    shown_mode = "ADAPTIVE" if mode == "AUTO" else "FULL"
+    assert (shown.refresh_mode, shown.refresh_mode_reason) == (shown_mode, "")
     assert ints(base, "SELECT * FROM D") == [(2, "b"), (3, "z"), (4, "d")]
     # The stream shows the real changes only: row 2 is untouched.
     changes = ints(base, 'SELECT ID, V, "METADATA$ACTION" FROM S')
@@ -103,7 +105,7 @@ def test_a_refresh_writes_only_the_difference(base, mode):
 
 def test_a_full_only_query_is_diffed_by_value_counting_duplicates_and_nulls(base):
     base.sql("INSERT INTO T VALUES (NULL, NULL), (NULL, NULL), (2, 'b')")
-    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM AS "
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = DOWNSTREAM REFRESH_MODE = FULL AS "
              "SELECT ID, V, count(*) OVER (PARTITION BY ID) AS K FROM T")  # fmt: skip
     base.sql("CREATE STREAM S ON TABLE D")  # a follower: the refresh is a difference
     shown = base.sql("SHOW DYNAMIC TABLES").collect()[0]
@@ -207,10 +209,10 @@ def test_graph_rules_lag_and_cycles(base):
     base.sql("CREATE DYNAMIC TABLE B TARGET_LAG = '5 minutes' AS SELECT ID, V FROM T")
     base.sql("CREATE DYNAMIC TABLE C TARGET_LAG = '1 minute' AS SELECT ID FROM T")
     with pytest.raises(SqlError, match="set TARGET_LAG to at least 5 minutes") as refused:
-        base.sql("CREATE DYNAMIC TABLE A TARGET_LAG = '4 minutes' AS "
+        base.sql("CREATE DYNAMIC TABLE A TARGET_LAG = '4 minutes' REFRESH_MODE = FULL AS "
                  "SELECT B.ID FROM B JOIN C ON B.ID = C.ID")  # fmt: skip
     assert refused.value.code == "DYNAMIC_TABLE_GRAPH"
-    base.sql("CREATE DYNAMIC TABLE A TARGET_LAG = '5 minutes' AS "
+    base.sql("CREATE DYNAMIC TABLE A TARGET_LAG = '5 minutes' REFRESH_MODE = FULL AS "
              "SELECT B.ID FROM B JOIN C ON B.ID = C.ID")  # fmt: skip
     assert ints(base, "SELECT * FROM A") == [(1,), (2,), (3,)]
     with pytest.raises(SqlError, match="at least 5 minutes"):

@@ -30,7 +30,7 @@ import pipelines.transactions.commit as pipeline_commit
 from flush.compaction import CompactionPolicy, compact_table
 from flush.tables import ROW_ID_COLUMN
 from pipelines import Session, SqlError
-from tests.pipelines.conftest import WINDOW
+from tests.pipelines.conftest import FULL_TABLE, WINDOW
 from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
     assert_same_as_query,
@@ -345,7 +345,7 @@ def test_many_rows_nulls_and_an_empty_result_overwrite(session):
     session.sql("INSERT INTO T SELECT id, CASE WHEN id % 3 = 0 THEN NULL ELSE 'v' END, "
                 "CASE WHEN id % 5 = 0 THEN NULL ELSE id / 7.0 END FROM range(50000)")  # fmt: skip
     query = "SELECT V, F, count(*) OVER (PARTITION BY V) AS K FROM T"
-    session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {query}")
+    session.sql(f"CREATE DYNAMIC TABLE D {FULL_TABLE} AS {query}")
     session.sql("UPDATE T SET V = NULL, F = NULL WHERE ID % 2 = 0")
     status = refresh(session, "D")
     assert "FULL (50000 inserted, 50000 deleted" in status, status
@@ -401,7 +401,7 @@ def test_followers_coming_and_going_while_refreshes_and_compactions_race(session
     main, r1, r2, toggler = (session_factory() for _ in range(4))
     main.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
     main.sql("INSERT INTO T VALUES (1, 'a'), (2, 'a'), (3, 'b'), (4, 'c')")
-    main.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {WINDOW}")
+    main.sql(f"CREATE DYNAMIC TABLE D {FULL_TABLE} AS {WINDOW}")
     main.sql("CREATE TABLE SINK (ID NUMBER, V VARCHAR, K NUMBER, A VARCHAR, R NUMBER, B NUMBER)")
     uri = main.require_table("D").uri
     stop, crashes, checked, operations = threading.Event(), [], [], set()

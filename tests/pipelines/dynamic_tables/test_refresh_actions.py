@@ -97,7 +97,7 @@ def nd(wh):
     wh.sql("CREATE TABLE ND_T (ID NUMBER, V VARCHAR)")
     wh.sql("INSERT INTO ND_T VALUES (1, 'a'), (2, 'b'), (3, 'c')")
     wh.sql("CREATE DYNAMIC TABLE ND_D TARGET_LAG = '1 minute' AS SELECT ID, V FROM ND_T")
-    wh.sql("CREATE DYNAMIC TABLE ND_E TARGET_LAG = '1 minute' AS "
+    wh.sql("CREATE DYNAMIC TABLE ND_E TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS "
            "SELECT V, count(*) AS C FROM ND_D GROUP BY V")  # fmt: skip
     return wh
 
@@ -374,8 +374,8 @@ def test_full_by_value_nasty_values_round_trip(nasty):
     ])  # fmt: skip
     s.sql("INSERT INTO NA (K) VALUES (NULL), (NULL)")
     for name, query in NASTY_QUERIES.items():
-        mode = "REFRESH_MODE = FULL " if name == "NA_FULL" else ""
-        s.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 minute' {mode}AS {query}")
+        s.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 minute' REFRESH_MODE = FULL "
+              f"AS {query}")  # fmt: skip
         s.sql(f"CREATE STREAM {name}_S ON TABLE {name}")  # a follower: refreshes diff
     shown = {r["name"]: r["refresh_mode"] for r in
              s.sql("SHOW DYNAMIC TABLES LIKE 'NA_%'").collect()}  # fmt: skip
@@ -496,7 +496,7 @@ def test_row_number_window_full(wh):
     wh.sql("CREATE TABLE RN (G VARCHAR, X NUMBER)")
     wh.sql("INSERT INTO RN VALUES ('a', 1), ('a', 2), ('b', 3), (NULL, 4)")
     q = "SELECT G, X, ROW_NUMBER() OVER (PARTITION BY G ORDER BY X) AS R FROM RN"
-    wh.sql(f"CREATE DYNAMIC TABLE RN_D TARGET_LAG = '1 minute' AS {q}")
+    wh.sql(f"CREATE DYNAMIC TABLE RN_D TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS {q}")
     wh.sql("CREATE STREAM RN_S ON TABLE RN_D")  # a follower: the refresh is a difference
     before = ids_by_value(wh, "RN_D")
     wh.sql("INSERT INTO RN VALUES ('a', 0)")

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.pipelines.conftest import rows
+from tests.pipelines.dynamic_tables.checks import assert_consistent, assert_same_as_query
 
 S = 1_000_000  # µs
 ORIGIN = 0  # set for each test: module import can be an hour before the test runs
@@ -163,3 +164,28 @@ def test_a_query_reads_the_tables_of_one_graph_at_one_data_timestamp(base):
     assert rows(base.sql("SELECT X, Y FROM SNAP")) == [(1, 1), (2, 2)]
     base.refresh_due(at(1, 36))
     assert rows(base.sql(together)) == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_adaptive_tables_go_full_on_schedule_for_one_large_change(base):
+    """AUTO over stateless queries is ADAPTIVE: on schedule, 2,000 rows inserted into 2
+    make B and A (reading B) refresh FULL (CHANGE_TOO_LARGE, the measure in the message);
+    the next tick's one-row change is INCREMENTAL again. Both equal their queries."""
+    create(base, "B", "'1 minute'", "SELECT ID, V FROM T")
+    create(base, "A", "'1 minute'", "SELECT ID FROM B WHERE ID > 1")
+    assert ran(base.refresh_due(at(0))) == [("B", "FULL"), ("A", "FULL")]
+    base.sql("INSERT INTO T SELECT id, 'n' FROM range(10, 2010)")
+    assert ran(base.refresh_due(at(0, 48))) == [("B", "FULL"), ("A", "FULL")]
+    base.sql("UPDATE T SET V = 'u' WHERE ID = 2")
+    base.sql("DELETE FROM T WHERE ID = 10")
+    assert ran(base.refresh_due(at(1, 36))) == [("B", "INCREMENTAL"), ("A", "INCREMENTAL")]
+    for name, query in (("B", "SELECT ID, V FROM T"), ("A", "SELECT ID FROM T WHERE ID > 1")):
+        assert_same_as_query(base, name, query)
+        assert_consistent(base, name)
+        history = base.catalog.list_refreshes(base.require_table(name).id)
+        assert [(r.trigger, r.action, r.reason) for r in history] == [
+            ("SCHEDULED", "INCREMENTAL", ""),
+            ("SCHEDULED", "FULL", "CHANGE_TOO_LARGE"),
+            ("INITIAL", "FULL", ""),
+        ]
+        assert "changed 2,000 rows" in history[1].error, history[1].error
+        assert "changed 2 rows" in history[0].error, history[0].error

@@ -1,0 +1,181 @@
+"""ADAPTIVE refresh: incremental by default, FULL for one refresh when the change is too
+large for an incremental refresh to pay off.
+
+The measure is the **share of changed source rows**: the rows the sources' commits since
+the last refresh inserted, updated or deleted, against the rows the sources hold now.
+Both come from the Delta logs alone (no Spark job): a merge's, delete's or update's
+operation metrics count the rows it touched; a commit without them (an append, an
+overwrite) counts the rows of the data files it added and removed (their ``numRecords``
+statistics); the rows held are the ``numRecords`` of the live files. The count is gross
+(a row inserted then deleted counts twice), an upper bound of the net change.
+
+A refresh goes FULL (reason ``CHANGE_TOO_LARGE``) when the share exceeds
+:data:`FULL_ABOVE_SHARE` and at least :data:`FULL_FROM_ROWS` rows changed: below that
+count either way's fixed costs (planning, Spark jobs) dominate, and the incremental
+change is the one followers want. Both constants are placeholders until the engine
+benchmark (``bench/``) calibrates them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+if TYPE_CHECKING:
+    from catalog import DynamicTableRecord
+    from pipelines.dynamic_tables.refresh_change import PinnedSource
+
+__all__ = ["CHANGE_TOO_LARGE", "FULL_ABOVE_SHARE", "FULL_FROM_ROWS", "Measure", "choose",
+           "is_adaptive", "measure"]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+#: The share of changed source rows above which an ADAPTIVE refresh goes FULL (to be
+#: calibrated by the engine benchmark).
+FULL_ABOVE_SHARE = 0.10
+#: The fewest changed rows for which an ADAPTIVE refresh goes FULL whatever the share.
+FULL_FROM_ROWS = 1000
+#: The reason code of an ADAPTIVE refresh that went FULL for its change's size.
+CHANGE_TOO_LARGE = "CHANGE_TOO_LARGE"
+
+#: Operation metrics that count the rows a commit touched (delta-rs' and Spark's names).
+_ROW_METRICS = (
+    "num_target_rows_inserted", "num_target_rows_updated", "num_target_rows_deleted",
+    "num_deleted_rows", "num_updated_rows", "numTargetRowsInserted", "numTargetRowsUpdated",
+    "numTargetRowsDeleted", "numDeletedRows", "numUpdatedRows",
+)  # fmt: skip
+
+
+def is_adaptive(dt: DynamicTableRecord) -> bool:
+    """Whether the table refreshes ADAPTIVE: declared so, or AUTO over a query that can
+    be refreshed incrementally (its row ids are an incremental table's)."""
+    return dt.refresh_mode in ("AUTO", "ADAPTIVE") and dt.row_ids in ("PACKED", "DERIVED")
+
+
+@dataclass(frozen=True, slots=True)
+class Measure:
+    """Rows changed in the sources since the last refresh, and the rows they hold now."""
+
+    changed: int
+    total: int
+
+    @property
+    def share(self) -> float:
+        if not self.changed:
+            return 0.0
+        return self.changed / self.total if self.total else float("inf")
+
+    @property
+    def too_large(self) -> bool:
+        return self.changed >= FULL_FROM_ROWS and self.share > FULL_ABOVE_SHARE
+
+    def text(self) -> str:
+        """The history's message: the measure and the rule it met."""
+        share = "more than all" if self.share == float("inf") else f"{self.share:.2%}"
+        verdict = "FULL" if self.too_large else "INCREMENTAL"
+        return (f"ADAPTIVE chose {verdict}: the sources' commits since the last refresh "
+                f"changed {self.changed:,} row{'' if self.changed == 1 else 's'}, {share} of "
+                f"the {self.total:,} rows they hold "
+                f"(FULL above {FULL_ABOVE_SHARE:.0%} and from {FULL_FROM_ROWS:,} changed "
+                "rows)")  # fmt: skip
+
+
+def choose(pinned: Sequence[PinnedSource]) -> tuple[str, str]:
+    """The reason an ADAPTIVE refresh goes FULL (``CHANGE_TOO_LARGE``, or "" to go
+    incremental) and the message naming the measure. A log that cannot be read gives
+    no measure: the incremental attempt then finds what is missing itself."""
+    try:
+        found = measure(pinned)
+    except Exception:  # advice only: a log it cannot read never fails the refresh
+        log.warning("the change of %s could not be measured", [p.info.full_name for p in pinned],
+                    exc_info=True)  # fmt: skip
+        found = None
+    if found is None:
+        return "", ""
+    return (CHANGE_TOO_LARGE if found.too_large else ""), found.text()
+
+
+def measure(pinned: Sequence[PinnedSource]) -> Measure | None:
+    """The sources' changed rows in ``(after, to]`` and their rows at ``to``."""
+    changed = total = 0
+    for item in pinned:
+        if item.after is None or item.to < item.after:
+            return None
+        rows = _changed_rows(item.info.uri, item.after, item.to)
+        if rows is None:
+            return None
+        changed += rows
+        total += _rows(DeltaTable(item.info.uri, version=item.to))
+    return Measure(changed, total)
+
+
+def _rows(table: DeltaTable) -> int:
+    """The rows of a table version, from its live files' statistics."""
+    counts = pa.table(table.get_add_actions(flatten=True)).column("num_records")
+    return int(pc.sum(counts).as_py() or 0)
+
+
+def _changed_rows(uri: str, after: int, to: int) -> int | None:
+    """The rows the commits in ``(after, to]`` changed; None if a commit file is gone."""
+    log = Path(uri) / "_delta_log"
+    removed_files: list[dict[str, Any]] = []
+    added: dict[str, int] = {}
+    changed = 0
+    for version in range(after + 1, to + 1):
+        try:
+            text = (log / f"{version:020d}.json").read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        metrics = next((a["commitInfo"].get("operationMetrics") for a in actions
+                        if "commitInfo" in a), None) or {}  # fmt: skip
+        counted = [int(metrics[key]) for key in _ROW_METRICS if key in metrics]
+        files = [(kind, a[kind]) for a in actions for kind in ("add", "remove")
+                 if kind in a and a[kind].get("dataChange", True)]  # fmt: skip
+        for kind, file in files:
+            if kind == "add":
+                added[file["path"]] = _records(file) or 0
+        if counted:
+            changed += sum(counted)
+            continue
+        changed += sum(added[f["path"]] for kind, f in files if kind == "add")
+        removed_files += [f for kind, f in files if kind == "remove"]
+    return changed + _removed_rows(uri, after, removed_files, added)
+
+
+def _records(file: dict[str, Any]) -> int | None:
+    stats = file.get("stats")
+    if not stats:
+        return None
+    value = json.loads(stats).get("numRecords")
+    return int(value) if value is not None else None
+
+
+def _removed_rows(
+    uri: str, after: int, removed: list[dict[str, Any]], added: dict[str, int]
+) -> int:
+    """The rows of files removed without row metrics (an overwrite): their statistics,
+    else those of the file as added in the range or held at ``after``."""
+    rows, unknown = 0, []
+    for file in removed:
+        count = _records(file)
+        if count is None:
+            count = added.get(file["path"])
+        if count is None:
+            unknown.append(file["path"])
+        else:
+            rows += count
+    if unknown:
+        held = pa.table(DeltaTable(uri, version=after).get_add_actions(flatten=True))
+        sizes = dict(zip(held.column("path").to_pylist(), held.column("num_records").to_pylist(),
+                         strict=True))  # fmt: skip
+        rows += sum(int(sizes.get(path) or 0) for path in unknown)
+    return rows

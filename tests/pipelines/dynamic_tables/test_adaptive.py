@@ -1,0 +1,164 @@
+"""ADAPTIVE refresh (issue 32, "Modes, decided per refresh"): incremental by default, FULL
+for one refresh when the sources' changed rows since the last refresh exceed the share
+``adaptive.FULL_ABOVE_SHARE`` of their rows (and ``FULL_FROM_ROWS`` rows), with the reason
+``CHANGE_TOO_LARGE`` and the measure in the history; AUTO resolves to ADAPTIVE when the
+stateless rewrite or the engine covers the query. The measure is read from the Delta
+logs: these tests check it against the DML that made the commits.
+
+The scheduled variant is in ``test_scheduler.py``."""
+
+from __future__ import annotations
+
+import pytest
+from deltalake import DeltaTable
+
+from pipelines import Session, SqlError
+from pipelines.dynamic_tables import adaptive
+from pipelines.dynamic_tables.adaptive import CHANGE_TOO_LARGE, Measure, measure
+from pipelines.dynamic_tables.refresh_change import PinnedSource
+from tests.pipelines.dynamic_tables.checks import assert_consistent, assert_same_as_query
+from tests.pipelines.refusals import assert_refused
+
+STATELESS = "SELECT ID, V FROM T WHERE ID % 2 = 0"
+GROUPED = "SELECT G, count(*) AS N, sum(ID) AS S FROM T GROUP BY G"
+
+
+@pytest.fixture
+def base(session):
+    session.sql("CREATE TABLE T (ID NUMBER, G NUMBER, V VARCHAR)")
+    session.sql("INSERT INTO T SELECT id, id % 7, 'a' FROM range(100)")
+    return session
+
+
+def refresh(session: Session, name: str) -> str:
+    return session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
+
+
+def newest(session: Session, name: str):
+    """The newest history row of ``name`` as the history function answers it."""
+    return session.sql(
+        "SELECT REFRESH_ACTION, STATE_CODE, STATE_MESSAGE FROM TABLE(DYNAMIC_TABLE_REFRESH_"
+        f"HISTORY(NAME => '{name}', RESULT_LIMIT => 1))"
+    ).collect()[0]
+
+
+def modes(session: Session) -> dict[str, tuple[str, str]]:
+    shown = session.sql("SHOW DYNAMIC TABLES").collect()
+    return {r.name: (r.refresh_mode, r.refresh_mode_reason) for r in shown}
+
+
+def test_a_large_change_is_one_full_refresh_then_small_ones_are_incremental(base):
+    """Declared ADAPTIVE (stateless, PACKED ids) and AUTO over a GROUP BY (the engine,
+    DERIVED ids), each with a stream: 2,000 rows inserted into 100 go FULL with the reason
+    and the measure in the history; one row updated next goes INCREMENTAL. The tables
+    equal their queries after each refresh, and the streams see only real changes."""
+    base.sql(f"CREATE DYNAMIC TABLE P TARGET_LAG = '1 minute' REFRESH_MODE = ADAPTIVE "
+             f"AS {STATELESS}")  # fmt: skip
+    base.sql(f"CREATE DYNAMIC TABLE A TARGET_LAG = '1 minute' AS {GROUPED}")
+    assert modes(base) == {"P": ("ADAPTIVE", ""), "A": ("ADAPTIVE", "")}
+    base.sql("CREATE STREAM PS ON TABLE P")  # followers: FULL is a difference by row id
+    base.sql("CREATE STREAM AS_ ON TABLE A")
+    base.sql("INSERT INTO T SELECT id, id % 7, 'b' FROM range(1000, 3000)")
+    for name, query in (("P", STATELESS), ("A", GROUPED)):
+        assert refresh(base, name).startswith(f"Dynamic table {name} refreshed: FULL")
+        row = newest(base, name)
+        assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", CHANGE_TOO_LARGE), row
+        assert "changed 2,000 rows, 95.24% of the 2,100 rows" in row.STATE_MESSAGE, row
+        assert "FULL above 10% and from 1,000 changed rows" in row.STATE_MESSAGE, row
+        assert_same_as_query(base, name, query)
+    # P's FULL refresh matched rows by id: its stream holds the 1,000 new rows only.
+    assert base.sql("SELECT count(*) FROM PS").collect()[0][0] == 1000
+    assert {r[0] for r in base.sql('SELECT "METADATA$ACTION" FROM PS').collect()} == {"INSERT"}
+    base.sql("CREATE OR REPLACE STREAM PS ON TABLE P")
+    base.sql("CREATE OR REPLACE STREAM AS_ ON TABLE A")
+    base.sql("UPDATE T SET V = 'u', G = 8 WHERE ID = 2")  # one row: 0.05% of 2,100
+    for name, query in (("P", STATELESS), ("A", GROUPED)):
+        assert "refreshed: INCREMENTAL (" in refresh(base, name)
+        row = newest(base, name)
+        assert (row.REFRESH_ACTION, row.STATE_CODE) == ("INCREMENTAL", None), row
+        assert row.STATE_MESSAGE.startswith(
+            "ADAPTIVE chose INCREMENTAL: the sources' commits "
+            "since the last refresh changed 1 row, 0.05%"
+        )
+        assert_same_as_query(base, name, query)
+        assert_consistent(base, name)
+    assert sorted(tuple(r) for r in base.sql('SELECT ID, V, "METADATA$ACTION" FROM PS')
+                  .collect()) == [(2, "a", "DELETE"), (2, "u", "INSERT")]  # fmt: skip
+    groups = sorted((g, a) for g, a in base.sql('SELECT G, "METADATA$ACTION" FROM AS_').collect())
+    assert groups == [(2, "DELETE"), (2, "INSERT"), (8, "INSERT")]  # group 2 updated in place
+
+
+def test_auto_resolves_to_adaptive_or_full_and_adaptive_needs_an_incremental_query(base):
+    base.sql("CREATE DYNAMIC TABLE J TARGET_LAG = '1 minute' AS "
+             "SELECT T.ID, U.V FROM T JOIN T AS U ON T.ID = U.ID + 1")  # fmt: skip
+    base.sql("CREATE DYNAMIC TABLE W TARGET_LAG = '1 minute' AS "
+             "SELECT ID, count(*) OVER () AS N FROM T")  # fmt: skip
+    base.sql("CREATE DYNAMIC TABLE F TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS "
+             f"{STATELESS}")  # fmt: skip
+    base.sql(f"CREATE DYNAMIC TABLE I TARGET_LAG = '1 minute' REFRESH_MODE = INCREMENTAL AS "
+             f"{STATELESS}")  # fmt: skip
+    assert modes(base) == {
+        "J": ("ADAPTIVE", ""),
+        "W": ("FULL", "WINDOW_WITHOUT_PARTITION_BY"),
+        "F": ("FULL", ""),
+        "I": ("INCREMENTAL", ""),
+    }
+    assert_refused(base, "CREATE DYNAMIC TABLE X TARGET_LAG = '1 minute' REFRESH_MODE = "
+                   "ADAPTIVE AS SELECT ID FROM T ORDER BY ID LIMIT 3",
+                   "DYNAMIC_TABLE_NOT_INCREMENTAL", "LIMIT")  # fmt: skip
+    # INCREMENTAL never goes FULL for the size of a change; ADAPTIVE's measure is not its.
+    base.sql("INSERT INTO T SELECT id, 0, 'b' FROM range(1000, 3000)")
+    assert "refreshed: INCREMENTAL (1000 inserted" in refresh(base, "I")
+    row = newest(base, "I")
+    assert (row.STATE_CODE, row.STATE_MESSAGE) == (None, None)
+    assert_same_as_query(base, "I", STATELESS)
+    # W (FULL for its reason) has no measure either.
+    assert "refreshed: FULL" in refresh(base, "W")
+    assert tuple(newest(base, "W")) == ("FULL", None, None)
+
+
+def test_the_measure_counts_the_rows_each_kind_of_commit_changed(base):
+    """Appends by their files' numRecords, merges (UPDATE, DELETE, MERGE) by their
+    operation metrics, an overwrite by the rows it removed and added; the total is the
+    rows the source holds at the version read."""
+    info = base.require_table("T")
+
+    def since(after: int, table: str = "T") -> Measure | None:
+        source = base.require_table(table)
+        return measure([PinnedSource(0, source, after, DeltaTable(source.uri).version())])
+
+    start = DeltaTable(info.uri).version()
+    base.sql("INSERT INTO T SELECT id, 1, 'c' FROM range(100, 130)")  # 30 appended
+    base.sql("UPDATE T SET V = 'u' WHERE ID < 5")  # 5 updated
+    base.sql("DELETE FROM T WHERE ID >= 120")  # 10 deleted
+    base.sql("MERGE INTO T USING (SELECT 7 AS ID UNION ALL SELECT 500) AS S ON T.ID = S.ID "
+             "WHEN MATCHED THEN DELETE WHEN NOT MATCHED THEN INSERT (ID, G, V) "
+             "VALUES (S.ID, 0, 'm')")  # fmt: skip
+    assert since(start) == Measure(30 + 5 + 10 + 2, 120)
+    assert since(DeltaTable(info.uri).version()) == Measure(0, 120)
+    # An overwrite: a FULL dynamic table nothing follows is rewritten whole.
+    base.sql("CREATE DYNAMIC TABLE F TARGET_LAG = '1 minute' REFRESH_MODE = FULL AS "
+             "SELECT ID FROM T WHERE ID < 50")  # fmt: skip
+    before = DeltaTable(base.require_table("F").uri).version()
+    base.sql("DELETE FROM T WHERE ID < 10")  # 9 rows (7 is gone): F goes from 49 to 40
+    assert "FULL (40 inserted, 49 deleted" in refresh(base, "F")
+    assert since(before, "F") == Measure(89, 40)
+
+
+def test_the_rule_is_a_share_above_the_threshold_of_at_least_the_floor():
+    share, floor = adaptive.FULL_ABOVE_SHARE, adaptive.FULL_FROM_ROWS
+    assert (share, floor) == (0.10, 1000)
+    assert not Measure(1000, 10_000).too_large  # exactly 10%: incremental
+    assert Measure(1001, 10_000).too_large
+    assert not Measure(999, 1000).too_large  # under the floor, whatever the share
+    assert Measure(1000, 0).too_large and Measure(1000, 0).share == float("inf")
+    assert not Measure(0, 0).too_large and Measure(0, 0).share == 0.0
+    assert "more than all of the 0 rows" in Measure(1000, 0).text()
+
+
+def test_adaptive_is_a_mode_of_the_create_statement_only(session):
+    """A mode that is not one is refused with the list, ADAPTIVE among them."""
+    session.sql("CREATE TABLE T (ID NUMBER)")
+    with pytest.raises(SqlError, match="AUTO, INCREMENTAL, FULL, INCREMENTAL_STRICT, ADAPTIVE"):
+        session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = ADAPT AS "
+                    "SELECT ID FROM T")  # fmt: skip
