@@ -71,8 +71,10 @@ def test_without_followers_a_full_refresh_overwrites_the_table(windowed):
 def test_a_follower_gets_the_difference_and_only_real_changes(windowed, follower):
     if follower == "stream":
         windowed.sql("CREATE STREAM S ON TABLE D")
-    else:
+    else:  # a stateless follower, and one the engine maintains
         windowed.sql("CREATE DYNAMIC TABLE E TARGET_LAG = '1 minute' AS SELECT ID, K FROM D")
+        windowed.sql("CREATE DYNAMIC TABLE E2 TARGET_LAG = '1 minute' AS "
+                     "SELECT K, count(*) AS N FROM D GROUP BY K")  # fmt: skip
     before = ids(windowed, "D")
     windowed.sql("UPDATE T SET V = 'z' WHERE ID = 4")
     status = refresh(windowed, "D")
@@ -83,9 +85,13 @@ def test_a_follower_gets_the_difference_and_only_real_changes(windowed, follower
     if follower == "stream":
         changes = sorted(rows(windowed.sql('SELECT ID, V, "METADATA$ACTION" FROM S')))
         assert [(int(i), v, a) for i, v, a in changes] == [(4, "c", "DELETE"), (4, "z", "INSERT")]
-    else:
-        refresh(windowed, "E")
+    else:  # downstream of a FULL refresh, both stay incremental
+        assert "INCREMENTAL" in refresh(windowed, "E")
         assert sorted(rows(windowed.sql("SELECT ID FROM E"))) == [(1,), (2,), (3,), (4,)]
+        assert "INCREMENTAL" in refresh(windowed, "E2")
+        fresh = rows(windowed.sql("SELECT int(K), int(count(*)) FROM D GROUP BY K"))
+        assert sorted(rows(windowed.sql("SELECT int(K), int(N) FROM E2"))) == sorted(fresh)
+        windowed.sql("DROP DYNAMIC TABLE E2")
     # Without its follower, the next FULL refresh overwrites again.
     windowed.sql("DROP STREAM S" if follower == "stream" else "DROP DYNAMIC TABLE E")
     windowed.sql("UPDATE T SET V = 'y' WHERE ID = 4")
