@@ -158,6 +158,26 @@ def test_two_streams_on_views_consumed_in_one_transaction(joined):
     assert rows(session.sql("SELECT k, n FROM totals")) == [(2, 2)]
 
 
+def test_a_consumption_the_catalog_forgot_is_refused_not_repeated(joined):
+    """As after restoring an older catalog: SINK's log holds a consumption of SJ that the
+    catalog does not remember; consuming into SINK again is refused (changing nothing),
+    never a second delivery."""
+    session = joined
+    session.sql("INSERT INTO b VALUES (2, 200)")
+    before = record(session, "SJ")
+    session.sql("INSERT INTO sink SELECT k, v, w FROM sj")
+    db = sqlite3.connect(session.warehouse / "catalog.sqlite")
+    with db:  # the catalog as it was before that consumption
+        db.execute("UPDATE streams SET offset_version = ? WHERE id = ?", (0, before.id))
+        db.executemany("UPDATE stream_offsets SET version = ? WHERE stream_id = ? AND table_id = ?",
+                       [(v, before.id, t) for t, v in before.base_offsets])  # fmt: skip
+    db.close()
+    with pytest.raises(StreamConflictError, match="CREATE OR REPLACE STREAM"):
+        session.sql("INSERT INTO sink SELECT k, v, w FROM sj")
+    assert rows(session.sql("SELECT k, v, w FROM sink")) == [(2, 20, 200)]
+    assert record(session, "SJ").base_offsets == before.base_offsets
+
+
 # What a stream on a view holds
 
 
