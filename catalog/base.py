@@ -268,8 +268,11 @@ class Catalog(ABC):
         offset_version: int,
         comment: str = "",
         replace: bool = False,
+        view: tuple[int, Sequence[str], Mapping[int, int]] | None = None,
     ) -> StreamRecord:
         """Create a stream (``replace``: in place of one of that name, with a new id).
+        A stream on a view passes ``view``: the view's id, the uids of the views its body
+        expands, and the offset version of each base table (by table id).
 
         Raises:
             ObjectAlreadyExistsError: the name is taken and ``replace`` is false.
@@ -309,6 +312,10 @@ class Catalog(ABC):
 
     @abstractmethod
     def get_view(self, database: str, schema_name: str, name: str) -> ViewRecord | None: ...
+
+    def get_view_by_id(self, view_id: int) -> ViewRecord | None:
+        """The view of that id (ids are never reused: a replaced view has a new one)."""
+        return next((v for v in self.list_views() if v.id == view_id), None)
 
     @abstractmethod
     def list_views(self) -> list[ViewRecord]: ...

@@ -187,19 +187,33 @@ class StreamRecord:
     #: Unique to this stream (never reused, unlike ``id`` after a catalog restore): it
     #: names the stream's app transaction in the tables it is consumed into.
     uid: str = ""
+    #: A stream on a view: the view's id (None: a stream on table ``table_id``), the
+    #: uids of the view and every view its body expands, as checked at CREATE, and the
+    #: offset per base table, ``(table_id, version)`` sorted by table id. Its
+    #: ``offset_version`` then counts its consumptions (compared and swapped by a
+    #: consuming commit, which moves every base offset with it) and ``table_id`` is 0.
+    view_id: int | None = None
+    view_uids: tuple[str, ...] = ()
+    base_offsets: tuple[tuple[int, int], ...] = ()
 
     @property
     def full_name(self) -> str:
         return full_name(self.database, self.schema_name, self.name)
 
+    @property
+    def on_view(self) -> bool:
+        return self.view_id is not None
+
 
 @dataclass(frozen=True, slots=True)
 class StreamClaim:
-    """A consuming transaction's claim: move ``stream_id`` from ``expected`` to ``new``."""
+    """A consuming transaction's claim: move ``stream_id`` from ``expected`` to ``new``
+    (a stream on a view: also each base table's offset to ``bases``' version)."""
 
     stream_id: int
     expected: int
     new: int
+    bases: tuple[tuple[int, int], ...] = ()
 
 
 #: A write intent on rows that exist (updates, deletes): two such intents on one table

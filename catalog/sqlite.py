@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from catalog.sqlite_layout import (
     ADDED_COLUMNS,
     CHANNEL_COLUMNS,
     MIGRATION_COLUMNS,
+    ORPHAN_OFFSETS,
     SCHEMA,
     STREAM_COLUMNS,
     TABLE_COLUMNS,
@@ -381,29 +383,36 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         offset_version: int,
         comment: str = "",
         replace: bool = False,
+        view: tuple[int, Sequence[str], Mapping[int, int]] | None = None,
     ) -> StreamRecord:
         now = time.time()
+        view_id, uids, bases = view if view is not None else (None, (), {})
         with self._immediate() as db:
             if replace:
                 db.execute(
                     "DELETE FROM streams WHERE database=? AND schema_name=? AND name=?",
                     (database, schema_name, name),
                 )
+                db.execute(ORPHAN_OFFSETS)
             for sql, args in namespace_statements(database, schema_name, now):
                 db.execute(sql, args)
             try:
-                db.execute(
+                cursor = db.execute(
                     "INSERT INTO streams (database, schema_name, name, table_id, mode,"
-                    " offset_version, created_at, offset_moved_at, comment, uid)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " offset_version, created_at, offset_moved_at, comment, uid, view_id,"
+                    " view_uids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (database, schema_name, name, table_id, mode, offset_version, now, now,
-                     comment, uuid.uuid4().hex),
+                     comment, uuid.uuid4().hex, view_id, orjson.dumps(list(uids)).decode()),
                 )  # fmt: skip
             except sqlite3.IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
                     f"stream {database}.{schema_name}.{name} already exists; use CREATE OR "
                     "REPLACE STREAM to recreate it, or IF NOT EXISTS to keep it"
                 ) from exc
+            db.executemany(
+                "INSERT INTO stream_offsets (stream_id, table_id, version) VALUES (?, ?, ?)",
+                [(cursor.lastrowid, t, v) for t, v in sorted(bases.items())],
+            )
         stream = self.get_stream(database, schema_name, name)
         assert stream is not None
         return stream
@@ -420,7 +429,11 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         return to_stream(rows[0]) if rows else None
 
     def list_streams(self, table_id: int | None = None) -> list[StreamRecord]:
-        where, args = ("WHERE table_id=?", (table_id,)) if table_id is not None else ("", ())
+        where, args = "", tuple[int, ...]()
+        if table_id is not None:  # its own streams, and streams on views that read it
+            where = ("WHERE table_id=? OR id IN"
+                     " (SELECT stream_id FROM stream_offsets WHERE table_id=?)")  # fmt: skip
+            args = (table_id, table_id)
         rows = self._read(
             f"SELECT {STREAM_COLUMNS} FROM streams {where} ORDER BY database, schema_name, name",
             args,
@@ -428,7 +441,8 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         return [to_stream(row) for row in rows]
 
     def drop_stream(self, stream_id: int) -> bool:
-        (count,) = self._write([("DELETE FROM streams WHERE id=?", (stream_id,))])
+        count, _ = self._write([("DELETE FROM streams WHERE id=?", (stream_id,)),
+                                (ORPHAN_OFFSETS, ())])  # fmt: skip
         return count > 0
 
 

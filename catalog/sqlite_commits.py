@@ -19,7 +19,7 @@ import orjson
 from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict, TablesGoneError
 from catalog.records import CommitIntent, PendingCommit, StreamClaim
 from catalog.sqlite_dynamic import claim_refresh, finish_refresh, release_refresh
-from catalog.sqlite_layout import PENDING_COLUMNS, to_pending
+from catalog.sqlite_layout import PENDING_COLUMNS, claims_text, to_claim, to_pending
 
 if TYPE_CHECKING:
     from catalog.sqlite import _Transaction
@@ -100,10 +100,9 @@ class PendingCommitStore:
             if lost:
                 raise StreamClaimConflict(lost)
             claim_refresh(db, commit_id, orjson.loads(row[2]))
-            claims_text = orjson.dumps([(c.stream_id, c.expected, c.new) for c in claims]).decode()
             db.execute(
                 "UPDATE pending_commits SET claims=?, state='decided' WHERE id=?",
-                (claims_text, commit_id),
+                (claims_text(claims), commit_id),
             )
             for claim in claims:
                 db.execute(
@@ -121,12 +120,17 @@ class PendingCommitStore:
             if found is None:
                 return  # finished already (recovery and the owner may both try)
             finish_refresh(db, commit_id, orjson.loads(found[1]), versions or {})
-            for stream_id, _expected, new in orjson.loads(found[0]):
-                db.execute(
+            for claim in map(to_claim, orjson.loads(found[0])):
+                moved = db.execute(
                     "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"
                     " WHERE id=? AND claimed_by=?",
-                    (new, now, stream_id, commit_id),
-                )
+                    (claim.new, now, claim.stream_id, commit_id),
+                ).rowcount
+                for table_id, version in claim.bases if moved else ():  # a stream on a view
+                    db.execute(
+                        "UPDATE stream_offsets SET version=? WHERE stream_id=? AND table_id=?",
+                        (version, claim.stream_id, table_id),
+                    )
             db.execute("DELETE FROM pending_commits WHERE id=?", (commit_id,))
 
     def abandon_commit(self, commit_id: int) -> None:

@@ -7,6 +7,7 @@ here opens a connection of its own.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -36,6 +37,7 @@ __all__ = [
     "MIGRATION_COLUMNS",
     "NAMED_DATABASES",
     "NAMED_SCHEMAS",
+    "ORPHAN_OFFSETS",
     "ORPHAN_PARTITIONS",
     "PARTITION_COLUMNS",
     "PENDING_COLUMNS",
@@ -45,6 +47,7 @@ __all__ = [
     "TABLE_COLUMNS",
     "VIEW_COLUMNS",
     "check_not_busy",
+    "claims_text",
     "drop_contents",
     "drop_dynamic_rows",
     "find_databases",
@@ -52,6 +55,7 @@ __all__ = [
     "forget_table",
     "namespace_statements",
     "to_channel",
+    "to_claim",
     "to_pending",
     "to_stream",
     "to_table",
@@ -87,6 +91,10 @@ CREATE TABLE IF NOT EXISTS streams (
     created_at REAL NOT NULL, offset_moved_at REAL NOT NULL, comment TEXT NOT NULL DEFAULT '',
     claimed_by INTEGER, uid TEXT NOT NULL DEFAULT '',
     UNIQUE (database, schema_name, name));
+CREATE TABLE IF NOT EXISTS stream_offsets (
+    stream_id INTEGER NOT NULL, table_id INTEGER NOT NULL, version INTEGER NOT NULL,
+    PRIMARY KEY (stream_id, table_id));
+CREATE INDEX IF NOT EXISTS stream_offsets_by_table ON stream_offsets (table_id);
 CREATE TABLE IF NOT EXISTS pending_commits (
     id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
     claims TEXT NOT NULL, created_at REAL NOT NULL,
@@ -140,6 +148,8 @@ CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NU
 ADDED_COLUMNS = {
     ("tables", "properties"): "TEXT NOT NULL DEFAULT '{}'",
     ("streams", "uid"): "TEXT NOT NULL DEFAULT ''",
+    ("streams", "view_id"): "INTEGER",
+    ("streams", "view_uids"): "TEXT NOT NULL DEFAULT '[]'",
     ("pending_commits", "state"): "TEXT NOT NULL DEFAULT 'decided'",
     ("pending_commits", "intents"): "TEXT NOT NULL DEFAULT ''",
 }
@@ -149,8 +159,12 @@ TABLE_COLUMNS = (
 )
 STREAM_COLUMNS = (
     "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
-    " offset_moved_at, comment, claimed_by, uid"
+    " offset_moved_at, comment, claimed_by, uid, view_id, view_uids,"
+    " (SELECT json_group_array(json_array(o.table_id, o.version)) FROM stream_offsets o"
+    " WHERE o.stream_id = streams.id)"
 )
+#: Base offsets of streams that no longer exist (dropped, replaced, in a dropped schema).
+ORPHAN_OFFSETS = "DELETE FROM stream_offsets WHERE stream_id NOT IN (SELECT id FROM streams)"
 PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
 CHANGE_STREAM_COLUMNS = (
     "id, database, schema_name, name, for_all, table_ids, value_capture_type, retention_s,"
@@ -218,12 +232,25 @@ def to_channel(row: tuple) -> ChannelRecord:  # type: ignore[type-arg]
 
 
 def to_stream(row: tuple) -> StreamRecord:  # type: ignore[type-arg]
-    return StreamRecord(*row)
+    bases = tuple(sorted((int(t), int(v)) for t, v in orjson.loads(row[14] or "[]")))
+    uids = tuple(orjson.loads(row[13] or "[]"))
+    return StreamRecord(*row[:12], row[12], uids, bases)  # type: ignore[call-arg, arg-type]
+
+
+def to_claim(item: list) -> StreamClaim:  # type: ignore[type-arg]
+    """A claim as :func:`claims_text` wrote it (three items before streams on views)."""
+    bases = tuple((int(t), int(v)) for t, v in item[3]) if len(item) > 3 else ()
+    return StreamClaim(item[0], item[1], item[2], bases)
+
+
+def claims_text(claims: Sequence[StreamClaim]) -> str:
+    return orjson.dumps([[c.stream_id, c.expected, c.new, [list(b) for b in c.bases]]
+                         for c in claims]).decode()  # fmt: skip
 
 
 def to_pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
     plan = orjson.loads(row[2])
-    claims = tuple(StreamClaim(*claim) for claim in orjson.loads(row[3]))
+    claims = tuple(to_claim(claim) for claim in orjson.loads(row[3]))
     if row[6]:
         intents = tuple(CommitIntent(table_id, kind) for table_id, kind in orjson.loads(row[6]))
     else:  # recorded by a version without intents: every table of its plan
@@ -318,6 +345,7 @@ def drop_contents(
     db.execute(f"DELETE FROM views WHERE {where}", args)
     db.execute(f"DELETE FROM change_streams WHERE {where}", args)
     db.execute(ORPHAN_PARTITIONS)
+    db.execute(ORPHAN_OFFSETS)
     return tables
 
 

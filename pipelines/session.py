@@ -40,7 +40,7 @@ from pipelines.errors import (
     StreamStaleError,
     evaluation_errors,
 )
-from pipelines.sql import ddl, dml
+from pipelines.sql import ddl, dml, view_streams
 from pipelines.sql.binding import Binder, function_name, result_names
 from pipelines.sql.plan_guard import guarded_frame
 from pipelines.sql.source_text import parse_with_spans
@@ -336,6 +336,10 @@ class Session:
             version = int(literal)
         elif kind == "STREAM":
             stream = self.require_stream(literal)
+            if stream.on_view:
+                raise SqlError(f"stream {stream.full_name} is on a view: its offsets are one "
+                               "per base table; name a stream on the table",
+                               "SQL_COMPILATION_ERROR")  # fmt: skip
             if stream.table_id != info.id:
                 raise SqlError(
                     f"stream {stream.full_name} is on another table", "SQL_COMPILATION_ERROR"
@@ -388,6 +392,9 @@ class Session:
         return time.time() > stale_after or not _history_kept(table, stream), stale_after
 
     def check_stream_fresh(self, stream: StreamRecord) -> None:
+        if stream.on_view:
+            view_streams.check_fresh(self, stream)
+            return
         stale, _ = self.staleness(stream, self.catalog.get_table_by_id(stream.table_id))
         if stale:
             raise StreamStaleError(

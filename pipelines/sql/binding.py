@@ -394,6 +394,10 @@ class Binder:
                 "DATABASE/SCHEMA sets the defaults)"
             )
         self.session.check_stream_fresh(stream)
+        if stream.on_view:
+            from pipelines.sql.view_streams import view_stream_changed
+
+            return view_stream_changed(self.txn, stream)
         read = self.txn.stream_read(stream)
         return data_changed(read.table.uri, read.offset, read.to)
 
@@ -437,6 +441,10 @@ class Binder:
         if stream is not None:
             self.streams.append(stream.id)
             self.session.check_stream_fresh(stream)
+            if stream.on_view:
+                from pipelines.sql.view_streams import view_stream_frame
+
+                return self.view(view_stream_frame(self.session, self.txn, stream), label)
             return self.view(self.txn.stream_frame(stream, ChangeMode(stream.mode)), label)
         view = self.session.catalog.get_view(database, schema, name)
         if view is not None:

@@ -48,6 +48,7 @@ from pipelines.sql.ddl_schemas import (
 from pipelines.sql.ddl_views import create_view, describe_view, drop_view, show_views
 from pipelines.sql.history import describe_history
 from pipelines.sql.statements import Statement, split_name
+from pipelines.sql.view_streams import create_view_stream, view_stream_row
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -167,7 +168,10 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     parts = statement.parts
     database, schema_name, name = session.qualify(parts["name"] or "")
     check_object_name(name, "the stream name")
-    info = session.require_table(parts["table"] or "")
+    on_view = (parts["on"] or "").upper() == "VIEW"
+    if not on_view:
+        _check_not_view(session, parts["table"] or "")
+        info = session.require_table(parts["table"] or "")
     check_name_free(session, (database, schema_name, name), "stream")
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError(
@@ -180,6 +184,9 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
         raise SqlError("SHOW_INITIAL_ROWS = TRUE is not supported: a stream starts at the "
                        "table's current version; read the rows it holds with a SELECT",
                        "SQL_COMPILATION_ERROR")  # fmt: skip
+    if on_view:
+        create_view_stream(session, (database, schema_name, name), parts["table"] or "", parts)
+        return status_frame(session, f"Stream {name} successfully created.")
     mode = _STREAM_MODES[(parts["append_only"] or "").upper() or None]
     # On a dynamic table, not while a refresh commits: a refresh that found no follower
     # overwrites the table, and checks again under this lock (refresh.py), so the new
@@ -202,6 +209,15 @@ def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
     return status_frame(session, f"Stream {name} successfully created.")
 
 
+def _check_not_view(session: StatementContext, name: str) -> None:
+    database, schema_name, table = session.qualify(name)
+    if session.find_table(database, schema_name, table) is None and session.catalog.get_view(
+        database, schema_name, table
+    ):
+        raise SqlError(f"{database}.{schema_name}.{table} is a view: write CREATE STREAM ... ON "
+                       "VIEW to follow its changes", "SQL_COMPILATION_ERROR")  # fmt: skip
+
+
 def drop_stream(session: StatementContext, statement: Statement) -> DataFrame:
     return drop_named(session, statement, "stream", session.catalog.get_stream,
                       lambda stream: session.catalog.drop_stream(stream.id))  # fmt: skip
@@ -209,17 +225,26 @@ def drop_stream(session: StatementContext, statement: Statement) -> DataFrame:
 
 _STREAM_SCHEMA = (
     "created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
-    "comment STRING, table_name STRING, type STRING, stale BOOLEAN, mode STRING, "
-    "stale_after TIMESTAMP, offset_version BIGINT"
+    "comment STRING, table_name STRING, source_type STRING, base_tables STRING, type STRING, "
+    "stale BOOLEAN, mode STRING, stale_after TIMESTAMP, offset_version BIGINT, "
+    "base_offsets STRING"
 )
 
 
 def _stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, ...]:
+    """One row of SHOW STREAMS. A stream on a view shows the view as ``table_name``, its
+    base tables and their offsets (JSON, by name); its ``offset_version`` is NULL."""
+    start = (utc(stream.created_at), stream.name, stream.database, stream.schema_name,
+             stream.comment)  # fmt: skip
+    if stream.on_view:
+        row = view_stream_row(session, stream)
+        return (*start, row["table_name"], "VIEW", row["base_tables"], "DELTA", row["stale"],
+                stream.mode, utc(row["stale_after"]), None, row["base_offsets"])  # fmt: skip
     table = session.catalog.get_table_by_id(stream.table_id)
     stale, stale_after = session.staleness(stream, table)
-    return (utc(stream.created_at), stream.name, stream.database, stream.schema_name,
-            stream.comment, table.full_name if table else None, "DELTA", stale, stream.mode,
-            utc(stale_after), stream.offset_version)  # fmt: skip
+    name = table.full_name if table else None
+    return (*start, name, "TABLE", name, "DELTA", stale, stream.mode, utc(stale_after),
+            stream.offset_version, None)  # fmt: skip
 
 
 def show_streams(session: StatementContext, statement: Statement) -> DataFrame:

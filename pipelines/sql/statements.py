@@ -67,7 +67,7 @@ _HEADERS: list[tuple[str, str]] = [
     (
         "create_stream",
         rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?STREAM\s+(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?"
-        rf"(?P<name>{NAME})\s+ON\s+TABLE\s+(?P<table>{NAME})"
+        rf"(?P<name>{NAME})\s+ON\s+(?P<on>TABLE|VIEW)\s+(?P<table>{NAME})"
         rf"(?:\s+APPEND_ONLY\s*=\s*(?P<append_only>{_TRUE_FALSE}))?"
         rf"(?:\s+SHOW_INITIAL_ROWS\s*=\s*(?P<initial>TRUE|FALSE))?"
         rf"(?:\s+{_POINT})?"

@@ -286,6 +286,13 @@ def _check_offsets(catalog: Catalog, pending: PendingCommit, claims: Sequence[St
                 continue
             catalog.abandon_commit(pending.id)
             name = stream.full_name if stream else f"#{claim.stream_id}"
+            if claim.bases:  # on a view: the base offsets of that consumption are unknown
+                raise StreamConflictError(
+                    f"stream {name} was already consumed into {entry.get('name', entry['uri'])} "
+                    "past its offsets in the catalog (a catalog restored from an older "
+                    "backup?); this transaction changed nothing. Recreate the stream with "
+                    "CREATE OR REPLACE STREAM ... ON VIEW (it starts at the current versions)"
+                )
             with contextlib.suppress(StreamClaimConflict):  # moved meanwhile: nothing to do
                 moved = StreamClaim(claim.stream_id, claim.expected, landed)
                 catch_up = catalog.begin_commit(new_owner(), {"tables": []}, [moved])

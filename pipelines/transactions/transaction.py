@@ -35,7 +35,7 @@ from pipelines.transactions.commit import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["StreamRead", "Transaction"]
+__all__ = ["BaseRead", "StreamRead", "Transaction", "ViewStreamRead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,24 @@ class StreamRead:
     table: TableInfo
     offset: int
     to: int
+
+
+@dataclass(frozen=True, slots=True)
+class BaseRead:
+    """One base table of a stream on a view as this transaction reads it."""
+
+    table: TableInfo
+    offset: int
+    to: int
+
+
+@dataclass(frozen=True, slots=True)
+class ViewStreamRead:
+    """A stream on a view as this transaction reads it: each base table's changes of
+    versions ``(offset, to]``, all pinned together on first use."""
+
+    stream: StreamRecord
+    bases: tuple[BaseRead, ...]
 
 
 def _ids(values: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -66,7 +84,7 @@ class Transaction:
         self.versions: dict[int, int] = {}
         self.handles: dict[int, DeltaTable] = {}  # each table at its pinned version
         self.writes: dict[int, TableWrites] = {}
-        self.reads: dict[int, StreamRead] = {}
+        self.reads: dict[int, StreamRead | ViewStreamRead] = {}
         self.consumed: set[int] = set()
         self.statements: list[str] = []  # the DML run, named in the commit's record
 
@@ -104,12 +122,10 @@ class Transaction:
         Raises:
             StreamStaleError: the stream's table was dropped or recreated.
         """
+        assert not stream.on_view, "a stream on a view is read by view_stream_read"
         read = self.reads.get(stream.id)
         if read is None:
-            if stream.claimed_by is not None and recover_pending(
-                self.catalog, only={stream.claimed_by}
-            ):  # a dead consumer's decided commit moves the offset first
-                stream = self.catalog.get_stream_by_id(stream.id) or stream
+            stream = self._settled(stream)
             table = self.catalog.get_table_by_id(stream.table_id)
             if table is None:
                 raise StreamStaleError(
@@ -118,15 +134,45 @@ class Transaction:
                 )
             read = StreamRead(stream, table, stream.offset_version, self.version(table))
             if read.to < read.offset:
-                # Another transaction consumed the stream past this one's snapshot of the
-                # table: reading it here would deliver those changes again.
-                raise StreamConflictError(
-                    f"stream {stream.full_name} was consumed by another transaction after "
-                    "this one first read its table; this transaction cannot use it. "
-                    "ROLLBACK and run it again"
-                )
+                raise _consumed_past(stream)
             self.reads[stream.id] = read
+        assert isinstance(read, StreamRead)
         return read
+
+    def view_stream_read(self, stream: StreamRecord) -> ViewStreamRead:
+        """Where a stream on a view stands for this transaction: every base table pinned
+        with its offset on first use (repeatable read, as for a table's stream).
+
+        Raises:
+            StreamStaleError: a base table was dropped or recreated.
+            StreamConflictError: another transaction consumed it past this one's pins.
+        """
+        read = self.reads.get(stream.id)
+        if read is None:
+            stream = self._settled(stream)
+            bases = []
+            for table_id, offset in stream.base_offsets:
+                table = self.catalog.get_table_by_id(table_id)
+                if table is None:
+                    raise StreamStaleError(
+                        f"stream {stream.full_name} is stale: a base table of its view was "
+                        "dropped or replaced; recreate the stream with CREATE OR REPLACE STREAM"
+                    )
+                bases.append(BaseRead(table, offset, self.version(table)))
+            if any(base.to < base.offset for base in bases):
+                raise _consumed_past(stream)
+            read = ViewStreamRead(stream, tuple(bases))
+            self.reads[stream.id] = read
+        assert isinstance(read, ViewStreamRead)
+        return read
+
+    def _settled(self, stream: StreamRecord) -> StreamRecord:
+        """The stream once a dead consumer's decided commit has moved its offset."""
+        if stream.claimed_by is not None and recover_pending(
+            self.catalog, only={stream.claimed_by}
+        ):
+            return self.catalog.get_stream_by_id(stream.id) or stream
+        return stream
 
     def stream_frame(self, stream: StreamRecord, mode: ChangeMode) -> DataFrame:
         read = self.stream_read(stream)
@@ -155,21 +201,40 @@ class Transaction:
         writes.change = ChangeSet(rows, deleted, new_ids)
 
     def consume(self, stream: StreamRecord) -> None:
-        self.stream_read(stream)
+        if stream.on_view:
+            self.view_stream_read(stream)
+        else:
+            self.stream_read(stream)
         self.consumed.add(stream.id)
 
     def commit(self, statement: str) -> dict[int, int]:
         """Commit the staged writes and consumed streams (see :func:`commit_consumer`)."""
         if not self.writes and not self.consumed:
             return {}
-        claims = [
-            StreamClaim(stream_id, self.reads[stream_id].offset, self.reads[stream_id].to)
-            for stream_id in sorted(self.consumed)
-        ]
+        claims = [_claim(self.reads[stream_id]) for stream_id in sorted(self.consumed)]
         apps = {
             stream_id: stream_app_id(self.reads[stream_id].stream) for stream_id in self.consumed
         }
         return commit_consumer(self.catalog, list(self.writes.values()), claims, statement, apps)
+
+
+def _claim(read: StreamRead | ViewStreamRead) -> StreamClaim:
+    """The claim a consuming commit makes: a table's stream moves to the version read; a
+    stream on a view moves every base offset, its consumption count compared and swapped."""
+    if isinstance(read, StreamRead):
+        return StreamClaim(read.stream.id, read.offset, read.to)
+    count = read.stream.offset_version
+    return StreamClaim(read.stream.id, count, count + 1,
+                       tuple((base.table.id, base.to) for base in read.bases))  # fmt: skip
+
+
+def _consumed_past(stream: StreamRecord) -> StreamConflictError:
+    # Another transaction consumed the stream past this one's snapshot of its table(s):
+    # reading it here would deliver those changes again.
+    return StreamConflictError(
+        f"stream {stream.full_name} was consumed by another transaction after this one "
+        "first read its table; this transaction cannot use it. ROLLBACK and run it again"
+    )
 
 
 def autocommit_attempts() -> Retrying:

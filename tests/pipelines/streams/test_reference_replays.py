@@ -382,3 +382,67 @@ def test_a_table_cannot_take_a_streams_name(session):
     with pytest.raises(SqlError):
         session.sql("CREATE TABLE s(a INT)")
     assert changes(session, "s") == [(1, INSERT, False)]
+
+
+# 4. Snowflake (000): a stream on a join view, statement by statement.
+def _view_rows(session, source):
+    """Rows (sorted) and columns of the orders/customers view or of its stream, as the
+    reference prints them (``SELECT * EXCLUDE METADATA$ROW_ID`` there, ``EXCEPT`` in Spark)."""
+    stream = source.lower().endswith("stream")
+    found = session.sql(f"SELECT * {'EXCEPT (METADATA$ROW_ID) ' if stream else ''}FROM {source}")
+    return sorted((int(r[0]), *r[1:]) for r in found.collect()), found.columns
+
+
+def test_snowflake_stream_on_a_join_view(session):
+    for statement in (
+        "create or replace table orders (id int, order_name varchar)",
+        "create or replace table customers (id int, customer_name varchar)",
+        "create or replace view ordersByCustomer as select * from orders natural join customers",
+        "insert into orders values (1, 'order1')",
+        "insert into customers values (1, 'customer1')",
+        "create or replace stream ordersByCustomerStream on view ordersBycustomer",
+    ):
+        session.sql(statement)
+    stream_columns = ["ID", "ORDER_NAME", "CUSTOMER_NAME", "METADATA$ACTION", "METADATA$ISUPDATE"]
+    assert _view_rows(session, "ordersByCustomer") == (
+        [(1, "order1", "customer1")], ["ID", "ORDER_NAME", "CUSTOMER_NAME"])  # fmt: skip
+    assert _view_rows(session, "ordersByCustomerStream") == ([], stream_columns)
+
+    session.sql("insert into orders values (1, 'order2')")
+    assert _view_rows(session, "ordersByCustomer")[0] == [
+        (1, "order1", "customer1"), (1, "order2", "customer1")]  # fmt: skip
+    assert _view_rows(session, "ordersByCustomerStream")[0] == [
+        (1, "order2", "customer1", INSERT, False)]  # fmt: skip
+
+    session.sql("insert into customers values (1, 'customer2')")
+    assert _view_rows(session, "ordersByCustomer")[0] == [
+        (1, "order1", "customer1"), (1, "order1", "customer2"),
+        (1, "order2", "customer1"), (1, "order2", "customer2")]  # fmt: skip
+    assert _view_rows(session, "ordersByCustomerStream")[0] == [
+        (1, "order1", "customer2", INSERT, False),
+        (1, "order2", "customer1", INSERT, False),
+        (1, "order2", "customer2", INSERT, False),
+    ]
+    row = show_stream(session, "ORDERSBYCUSTOMERSTREAM")
+    assert (row["source_type"], row["table_name"], row["base_tables"]) == (
+        "VIEW", "DB.PUBLIC.ORDERSBYCUSTOMER", "DB.PUBLIC.ORDERS, DB.PUBLIC.CUSTOMERS")  # fmt: skip
+
+
+def test_snowflake_append_only_stream_on_a_join_view(session):
+    """For append-only streams the deltas hold inserts only, the tables at the offset
+    their whole content (updates before the offset included)."""
+    session.sql("create table orders (id int, order_name varchar)")
+    session.sql("create table customers (id int, customer_name varchar)")
+    session.sql("create view v as select * from orders natural join customers")
+    session.sql("insert into orders values (1, 'order1'), (2, 'order9')")
+    session.sql("insert into customers values (1, 'customer1'), (2, 'customer9')")
+    session.sql("create stream s on view v append_only = true")
+    session.sql("delete from customers where id = 2")  # not in an append-only stream
+    session.sql("insert into orders values (1, 'order2')")
+    session.sql("insert into customers values (1, 'customer2')")
+    found = rows(session.sql("SELECT ID, ORDER_NAME, CUSTOMER_NAME, METADATA$ACTION FROM s"))
+    assert [(int(r[0]), *r[1:]) for r in found] == [
+        (1, "order1", "customer2", INSERT),
+        (1, "order2", "customer1", INSERT),
+        (1, "order2", "customer2", INSERT),
+    ]

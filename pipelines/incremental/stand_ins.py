@@ -1,0 +1,84 @@
+"""The engine's glue to our tables, shared by every reader of a query's change (dynamic
+tables' refreshes, streams on views): the query's optimized plan over stand-ins of its
+source tables, and which table each leaf of the plan reads.
+
+The query is bound by the caller (``bind`` gets the frame each source table reads as
+and returns the text Spark runs), so this layer knows nothing of SQL binding; the
+stand-ins carry each table's schema and no rows, in a form the optimizer cannot fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flush.tables import ROW_ID_COLUMN, delta_schema
+from pipelines.incremental.delta import Deltas, Source, unsupported
+from pipelines.incremental.plan import Node, PlanReader
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from catalog import TableInfo
+
+__all__ = ["EnginePlan", "engine", "plan_over_stand_ins"]
+
+
+@dataclass
+class EnginePlan:
+    """The optimized plan of a query over stand-ins, and which table each leaf reads."""
+
+    reader: PlanReader
+    root: Node
+    #: Each table's stand-ins, as their optimized plans (JVM), by table id.
+    stand_ins: dict[int, list[Any]] = field(default_factory=dict)
+    #: The frame the bound query gave (over the stand-ins): its columns' names.
+    frame: DataFrame | None = None
+
+    def table_of(self, leaf: Node) -> int | None:
+        """The id of the table a leaf of the plan reads (None: not one of ours)."""
+        for table_id, plans in self.stand_ins.items():
+            if any(leaf.jvm.sameResult(plan) for plan in plans):
+                return table_id
+        return None
+
+    def reasons(self) -> list[str]:
+        """What keeps the engine from the plan (empty: it maintains it)."""
+        return unsupported(self.reader, self.root, lambda n: self.table_of(n) is not None)
+
+
+def plan_over_stand_ins(
+    spark: SparkSession,
+    run: Callable[[str], DataFrame],
+    bind: Callable[[Callable[[TableInfo], DataFrame]], str],
+) -> EnginePlan:
+    """The plan of the query ``bind`` binds (given the frame each source table reads as),
+    its sources standing in as empty relations Spark cannot fold; ``run`` turns the
+    bound text into its DataFrame (the session's guarded run)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    plan = EnginePlan(PlanReader(spark), root=None)  # type: ignore[arg-type]
+
+    def stand_in(info: TableInfo) -> DataFrame:
+        schema = from_arrow_schema(delta_schema(info.schema).remove(
+            delta_schema(info.schema).get_field_index(ROW_ID_COLUMN)))  # fmt: skip
+        frame = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+        optimized = frame._jdf.queryExecution().optimizedPlan()
+        plan.stand_ins.setdefault(info.id, []).append(optimized)
+        return frame
+
+    plan.frame = run(bind(stand_in))
+    plan.root = plan.reader.optimized(plan.frame)
+    return plan
+
+
+def engine(plan: EnginePlan, sources: Mapping[int, Source]) -> Deltas:
+    """The engine over ``plan`` reading ``sources`` (by table id)."""
+
+    def source(leaf: Node) -> Source:
+        table_id = plan.table_of(leaf)
+        assert table_id is not None
+        return sources[table_id]
+
+    return Deltas(plan.reader, plan.root, source)

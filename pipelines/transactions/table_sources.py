@@ -1,0 +1,76 @@
+"""A source table as the query-delta engine reads it (:class:`pipelines.incremental.delta.Source`):
+its rows at two versions and its net change between them, from the Delta change feed.
+
+Shared by dynamic tables' refreshes and streams on views; it sits here, above the
+change feed (:mod:`pipelines.streams.changes`) and the engine, below the SQL layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from flush.spark_tables import read_delta
+from flush.tables import ROW_ID_COLUMN
+from pipelines.change_sets import STREAM_ACTION, STREAM_ROW_ID, ChangeMode
+from pipelines.incremental.delta import ID, SIGN, Source
+from pipelines.streams.changes import read_changes
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from catalog import TableInfo
+
+__all__ = ["TableSource"]
+
+
+@dataclass
+class TableSource(Source):
+    """A table read at versions ``after`` (None: no old version) and ``to``.
+
+    ``append_only``: only the rows inserted in ``(after, to]`` count as its change, each
+    as inserted (a stream on a view with APPEND_ONLY = TRUE): the new rows are then the
+    old ones plus those, so that the engine's old, new and delta stay consistent."""
+
+    spark: SparkSession
+    info: TableInfo
+    after: int | None
+    to: int
+    append_only: bool = False
+    _changes: DataFrame | None = None
+
+    def _columns(self, frame: DataFrame, extra: Sequence[Any]) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        names = ["`" + n.replace("`", "``") + "`" for n in self.info.schema.names]
+        return frame.select(*[F.col(n) for n in names], *extra)
+
+    def _at(self, version: int) -> DataFrame:
+        frame = read_delta(self.spark, self.info.uri, version)
+        return self._columns(frame, [ROW_ID_COLUMN]).withColumnRenamed(ROW_ID_COLUMN, ID)
+
+    def old(self) -> DataFrame:
+        assert self.after is not None
+        return self._at(self.after)
+
+    def unchanged(self) -> bool:
+        return self.after == self.to
+
+    def new(self) -> DataFrame:
+        if not self.append_only or self.after is None:
+            return self._at(self.to)
+        return self.old().unionByName(self.changes().drop(SIGN))
+
+    def changes(self) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        if self._changes is None:
+            after = self.after if self.after is not None else -1
+            mode = ChangeMode.APPEND_ONLY if self.append_only else ChangeMode.DEFAULT
+            frame = read_changes(self.spark, self.info.uri, self.info.schema, after, self.to,
+                                 mode)  # fmt: skip
+            sign = F.when(F.col(f"`{STREAM_ACTION}`") == "INSERT", 1).otherwise(-1)
+            self._changes = self._columns(frame, [
+                F.col(f"`{STREAM_ROW_ID}`").alias(ID), sign.alias(SIGN)])  # fmt: skip
+        return self._changes
