@@ -20,6 +20,7 @@ from bench import (
     dynamic_tables,
     ingest,
     pipelines,
+    tpch,
 )
 from bench.pipelines import cli
 from ingest_sdk.process_exit import run_entry_point
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "dt_full_diff_vs_rewrite": dynamic_tables.run_full_diff_vs_rewrite,
     "dt_freshness": dynamic_tables.run_freshness,
     "dt_engine_vs_full": dynamic_table_engine.run_engine_vs_full,
+    "dt_tpch": tpch.run_tpch,
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
 }

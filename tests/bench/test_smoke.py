@@ -40,6 +40,7 @@ CASES = {
     "dt_full_diff_vs_rewrite": ("dt_full_diff_vs_rewrite", "baseline_rewrite_ctas_ms_median"),
     "dt_freshness": ("dt_freshness", None),
     "dt_engine_vs_full": ("dt_engine_vs_full", "baseline_full_ms_median"),
+    "dt_tpch": ("dt_tpch", "baseline_full_ms_median"),
     "cs_throughput": ("cs_throughput", "over_baseline"),
     "cs_latency": ("cs_latency", None),
 }
