@@ -21,6 +21,7 @@ from bench import (
     dynamic_tables,
     ingest,
     pipelines,
+    tpch,
 )
 from bench.pipelines import cli
 from ingest_sdk.process_exit import run_entry_point
@@ -41,6 +42,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "dt_freshness": dynamic_tables.run_freshness,
     "dt_engine_vs_full": dynamic_table_engine.run_engine_vs_full,
     "dt_adaptive_shares": dynamic_table_adaptive.run_adaptive_shares,
+    "dt_tpch": tpch.run_tpch,
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
 }
