@@ -144,14 +144,14 @@ def _ingest_dimension(session: Session, name: str, rows: int) -> None:
 def _engine_targets(session: Session) -> list[tuple[Any, str, str]]:
     """What a refresh calls by name (:func:`bench.dynamic_tables._refresh_targets`), and
     the engine's own steps."""
-    import pipelines.dynamic_tables.derived as derived
     import pipelines.dynamic_tables.refresh_change as change
+    import pipelines.transactions.table_sources as table_sources
     from pipelines.incremental.delta import Deltas
 
     return [
         *_refresh_targets(session),
         (change, "plan_over_stand_ins", "engine_plan_over_stand_ins"),
-        (derived, "read_changes", "engine_read_source_changes"),
+        (table_sources, "read_changes", "engine_read_source_changes"),
         (Deltas, "_materialised", "engine_touched_keys_to_relation"),
         (change, "_derived_incremental", "engine_build_delta_frames"),
         (change, "_overwrite", "full_overwrite_other"),
