@@ -193,7 +193,7 @@ def _derived(
                             "DYNAMIC TABLE defines it again", "SOURCE_CHANGED")  # fmt: skip
     sources = {item.info.id: TableSource(session, item.info, item.after, item.to)
                for item in pinned}  # fmt: skip
-    deltas = engine(plan, sources)
+    deltas = engine(plan, sources, lambda: _kept(session, info, base, handle))
     why = ("", "")
     if dt.refresh_mode != "FULL" and not initial:
         computed, why = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
@@ -202,6 +202,18 @@ def _derived(
     frame = _as_table(info, deltas.rows("new").withColumn(REFRESH_ACTION, F.lit("INSERT")),
                       _HIDDEN)  # fmt: skip
     return _full(session, info, (frame, True), (base, handle, initial), followed, why)
+
+
+def _kept(
+    session: StatementContext, info: TableInfo, base: int, handle: DeltaTable
+) -> DataFrame:
+    """The table's rows at ``base`` (the query's at the last refresh's versions), its
+    columns in order, then their ids: the engine reads the old side of the groups a
+    change touched from them."""
+    from pyspark.sql import functions as F
+
+    rows = read_delta(session.spark, info.uri, base, loaded=handle)
+    return rows.select(*[F.col(_spark_name(n)) for n in info.schema.names], ROW_ID_COLUMN)
 
 
 def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:

@@ -137,9 +137,13 @@ class Deltas:
     """The three evaluations of every operator of one plan (memoised per node)."""
 
     def __init__(
-        self, reader: PlanReader, root: Node, source: Callable[[Node], Source]
-    ) -> None:
-        self.reader, self.root, self._source = reader, root, source
+        self, reader: PlanReader, root: Node, source: Callable[[Node], Source],
+        kept: Callable[[], DataFrame] | None = None,
+    ) -> None:  # fmt: skip
+        """``kept``: the root's rows at the old versions as a table holds them (a dynamic
+        table's content, its columns in the root's order, then ``ID``), which
+        :meth:`net` reads instead of computing them again where it can."""
+        self.reader, self.root, self._source, self._kept = reader, root, source, kept
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
 
@@ -389,14 +393,22 @@ class Deltas:
                             F.col(_RIGHT).isNull())  # fmt: skip
         return joined.withColumn(ID, row_id)
 
-    def _touched_keys(self, keys: list[Any], changes: DataFrame) -> DataFrame:
+    def _touched_keys(
+        self, keys: list[Any], changes: DataFrame, hashed: bool = False
+    ) -> DataFrame:
         """The distinct values ``keys`` (expressions over the rows) take in ``changes``,
         as columns ``_INGEST_K0...``: the groups or partitions a change touched,
-        computed once and read back by both versions' :meth:`_restricted`."""
+        computed once and read back by both versions' :meth:`_restricted`; ``hashed``:
+        with the id :meth:`_aggregate` gives their group, as ``ID``."""
+        from pyspark.sql import functions as F
+
         columns = [self.reader.column(k) for k in keys]
         names = [f"{_KEY}{i}" for i in range(len(columns))]
         touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
-        return self._materialised(touched.distinct())
+        touched = touched.distinct()
+        if hashed:  # hashed before the round trip, over the values' own types
+            touched = touched.withColumn(ID, F.xxhash64(*[F.col(n) for n in names]))
+        return self._materialised(touched)
 
     def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
         """``rows`` whose ``keys`` take a value of ``touched`` (:meth:`_touched_keys`;
@@ -418,7 +430,8 @@ class Deltas:
         0.0), and it keeps its own value."""
         from pyspark.sql import functions as F
 
-        delta = self.delta(self.root)
+        delta = self._kept_delta()
+        delta = self.delta(self.root) if delta is None else delta
         names = [f"c{i}" for i in range(len(self.root.output))]
         positional = delta.select(
             *[self.reader.column(a).alias(n) for a, n in zip(self.root.output, names,
@@ -436,6 +449,37 @@ class Deltas:
             F.raise_error(F.lit("two rows of the dynamic table's query share a row id"))
         )
         return summed.select(*names, ID, checked.alias(SIGN))
+
+    def _kept_delta(self) -> DataFrame | None:
+        """The root's delta with its old rows read from the kept table (``kept``), when
+        the root is an aggregation under projections and filters only (which keep a
+        group's id): the touched groups' rows at the old versions are the kept rows of
+        their ids, so the aggregation's input is read at the new versions only. None
+        where that does not hold (the delta is then computed from both versions)."""
+        from pyspark.sql import functions as F
+
+        chain, node = [], self.root
+        while node.kind in ("Project", "Filter"):
+            chain.append(node)
+            node = node.children[0]
+        if self._kept is None or node.kind != "Aggregate" or self.unchanged(node):
+            return None
+        keys = self.reader.items(node.jvm.groupingExpressions())
+        rows = self.state(node.children[0], "new")
+        kept = self._kept()
+        names = [*(f"{_KEY}{i}" for i in range(len(kept.columns) - 1)), ID]
+        kept = kept.toDF(*names)
+        if keys:
+            touched = self._touched_keys(keys, self.delta(node.children[0]), hashed=True)
+            rows = self._restricted(rows, keys, touched)
+            kept = kept.join(touched.select(ID), on=ID, how="left_semi")
+        new = self._aggregate(node, rows)
+        for above in reversed(chain):
+            new = self._row_wise(above, [new], [])
+        new = new.withColumn(SIGN, F.lit(1))
+        old = kept.select(*[F.col(c).cast(f.dataType) for c, f in zip(  # in order: a join
+            names, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # on ID moves it
+        return new.union(old)
 
     def rows(self, version: str = "new") -> DataFrame:
         """The root's rows at a version, with their ids."""

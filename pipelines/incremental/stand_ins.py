@@ -73,12 +73,15 @@ def plan_over_stand_ins(
     return plan
 
 
-def engine(plan: EnginePlan, sources: Mapping[int, Source]) -> Deltas:
-    """The engine over ``plan`` reading ``sources`` (by table id)."""
+def engine(
+    plan: EnginePlan, sources: Mapping[int, Source], kept: Callable[[], DataFrame] | None = None
+) -> Deltas:
+    """The engine over ``plan`` reading ``sources`` (by table id); ``kept``: the query's
+    rows at the old versions as a table holds them (:class:`Deltas`)."""
 
     def source(leaf: Node) -> Source:
         table_id = plan.table_of(leaf)
         assert table_id is not None
         return sources[table_id]
 
-    return Deltas(plan.reader, plan.root, source)
+    return Deltas(plan.reader, plan.root, source, kept)
