@@ -257,9 +257,24 @@ def view_stream_row(session: StatementContext, stream: StreamRecord) -> dict[str
         table = session.catalog.get_table_by_id(table_id)
         names[table.full_name if table else f"#{table_id} (dropped)"] = offset
     stale, stale_after, _ = view_staleness(session, stream)
+    if not stale and view is not None:
+        stale = _reads_other_tables(session, view, stream)
     return {"table_name": view.full_name if view else None, "base_tables": ", ".join(names),
             "base_offsets": orjson.dumps(names).decode(), "stale": stale,
             "stale_after": stale_after}  # fmt: skip
+
+
+def _reads_other_tables(session: StatementContext, view: ViewRecord, stream: StreamRecord) -> bool:
+    """Whether the view now reads other tables or views than the stream follows (a base
+    table renamed away and another created under its name): its read is then stale. A
+    view that does not bind now (a base table renamed away, nothing under the name) is
+    not stale: its read names the missing table, and a rename back restores it."""
+    try:
+        planned = view_plan(session, view)
+    except SqlError:
+        return False
+    bases = {table_id for table_id, _ in stream.base_offsets}
+    return planned.view_uids != stream.view_uids or set(planned.tables) != bases
 
 
 def view_stream_changed(txn: Transaction, stream: StreamRecord) -> bool:

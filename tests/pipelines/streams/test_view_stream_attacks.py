@@ -185,12 +185,8 @@ def test_append_only_on_a_join_when_one_sides_row_is_deleted(ab):
 # Base tables and views changing under the stream
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESCRIBE/SHOW STREAMS say a view stream is not stale "
-    "after its base table was renamed away and another created under the name, "
-    "while reading it is STREAM_STALE (staleness checks only that the table id exists)",
-)
+# FIXED (was a defect: DESCRIBE/SHOW STREAMS said not stale while the read was
+# STREAM_STALE; staleness checked only that the base table ids exist).
 def test_a_base_table_renamed_away_and_another_created_under_its_name(ab):
     """The view now reads another table under the name A: the stream cannot follow that
     table from an offset it never had; it must be stale (or a clear error), never the
@@ -208,6 +204,8 @@ def test_a_base_table_renamed_away_and_another_created_under_its_name(ab):
     with pytest.raises(StreamStaleError):
         s.sql("SELECT * FROM sj").collect()
     assert s.sql("DESCRIBE STREAM sj").collect()[0]["stale"] is True
+    shown = {r["name"]: r["stale"] for r in s.sql("SHOW STREAMS").collect()}
+    assert shown["SJ"] is True, shown
 
 
 def test_a_base_table_renamed_and_back_keeps_the_stream(ab):
