@@ -185,7 +185,8 @@ def run_engine_vs_full(scale: float | None = None) -> dict[str, Any]:
     rows = _rows(scale, MILLION, least=10_000)
     dimension_rows = _rows(scale, DIMENSION_ROWS, least=1000)
     queries = _queries(dimension_rows, scale >= KNOWN_LIMIT_MIN_SCALE)
-    timed_rounds = ROUNDS if scale >= 0.01 else SMOKE_ROUNDS
+    smoke = scale < 0.01  # one timed round, no warm-up
+    timed_rounds = SMOKE_ROUNDS if smoke else ROUNDS
     bench = _Bench("dt-engine")
     session = bench.session
     try:
@@ -211,7 +212,7 @@ def run_engine_vs_full(scale: float | None = None) -> dict[str, Any]:
         rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in queries}
         warm_up: dict[str, dict[str, Any]] = {}
         phases: dict[str, dict[str, Any]] = {label: {} for label in queries}
-        for number in range(0 if scale >= 0.01 else 1, timed_rounds + 1):
+        for number in range(int(smoke), timed_rounds + 1):
             residue = number + 1
             rows_updated = _expected(rows, residue)
             _progress(f"{NAME}: round {number}{' (warm-up)' if not number else ''}: UPDATE "

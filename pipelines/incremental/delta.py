@@ -129,6 +129,14 @@ def _walk(node: Node) -> list[Node]:
     return [node, *(n for child in node.children for n in _walk(child))]
 
 
+def _group_id(keys: list[Column]) -> Column:
+    """A group's row id from its key values: the one rule of :meth:`Deltas._aggregate`
+    and of the touched groups' ids (:meth:`Deltas._touched_keys`)."""
+    from pyspark.sql import functions as F
+
+    return F.xxhash64(*keys) if keys else F.lit(0).cast("bigint")
+
+
 def _join_type(node: Node) -> str:
     return str(node.jvm.joinType().toString())
 
@@ -270,13 +278,10 @@ class Deltas:
         return bound.select(*[self.reader.column(a) for a in node.output], ID, *extra)
 
     def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
-        from pyspark.sql import functions as F
-
         keys = self.reader.columns(node.jvm.groupingExpressions())
         outputs = self.reader.items(node.jvm.aggregateExpressions())
-        row_id = F.xxhash64(*keys) if keys else F.lit(0).cast("bigint")
         grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
-                                          row_id.alias(ID))  # fmt: skip
+                                          _group_id(keys).alias(ID))  # fmt: skip
         return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID)
 
     def _window(self, node: Node, rows: DataFrame) -> DataFrame:
@@ -407,7 +412,7 @@ class Deltas:
         touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
         touched = touched.distinct()
         if hashed:  # hashed before the round trip, over the values' own types
-            touched = touched.withColumn(ID, F.xxhash64(*[F.col(n) for n in names]))
+            touched = touched.withColumn(ID, _group_id([F.col(n) for n in names]))
         return self._materialised(touched)
 
     def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:

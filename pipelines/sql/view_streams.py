@@ -270,9 +270,14 @@ def _reads_other_tables(session: StatementContext, view: ViewRecord, stream: Str
     view that does not bind now (a base table renamed away, nothing under the name) is
     not stale: its read names the missing table, and a rename back restores it."""
     try:
-        planned = view_plan(session, view)
+        return _follows_others(view_plan(session, view), stream)
     except SqlError:
         return False
+
+
+def _follows_others(planned: ViewPlan, stream: StreamRecord) -> bool:
+    """Whether the view as planned now reads other views or tables than the stream
+    follows (the one rule of the read and of SHOW/DESCRIBE)."""
     bases = {table_id for table_id, _ in stream.base_offsets}
     return planned.view_uids != stream.view_uids or set(planned.tables) != bases
 
@@ -299,7 +304,7 @@ def view_stream_frame(
                                "replaced; recreate it with CREATE OR REPLACE STREAM ... ON VIEW")
     planned = view_plan(session, view)
     bases = {b.table.id: b for b in read.bases}
-    if planned.view_uids != stream.view_uids or set(planned.tables) != set(bases):
+    if _follows_others(planned, stream):
         raise StreamStaleError(
             f"stream {stream.full_name} is stale: view {view.full_name} now reads other views "
             "or tables than when the stream was created (one was replaced); recreate it "
