@@ -293,7 +293,8 @@ def id_diff(old: DataFrame, new: DataFrame, columns: Sequence[str]) -> IdDiff:
     gone = changed.column(ROW_ID_COLUMN).filter(pc.equal(kinds, _DELETE))
     return IdDiff(
         rows=pa.concat_tables([inserts, updates]),
-        deleted=gone.combine_chunks().cast(pa.int64()),
+        # once each: a table whose group ids an older rule gave holds some twice
+        deleted=pc.unique(gone.combine_chunks()).cast(pa.int64()),
         inserted=inserts.num_rows,
         updated=updates.num_rows,
     )

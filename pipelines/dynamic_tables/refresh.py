@@ -39,8 +39,8 @@ from pipelines.dynamic_tables.refresh_change import (
     Computed,
     PinnedSource,
     RefreshFailed,
+    app_transactions,
     compute,
-    dt_app_id,
     has_followers,
 )
 from pipelines.dynamic_tables.sources import check_sources
@@ -351,6 +351,6 @@ def _commit(
     commit_consumer(
         catalog, [TableWrites(info, base, computed.change)], [],
         f"refresh of {info.full_name}", {},
-        app_transactions={dt_app_id(dt, item.position): item.to for item in pinned},
+        app_transactions=app_transactions(dt, pinned),
         metadata=metadata, refresh=claim,
     )  # fmt: skip

@@ -20,7 +20,9 @@ A table with incremental row ids refreshes FULL instead of INCREMENTAL only with
 reason in its history: CHANGES_NOT_RETAINED (a source's changes were cleaned up),
 CATALOG_BEHIND (its log holds a refresh the catalog does not remember: a restored
 catalog), CHANGE_TOO_LARGE (ADAPTIVE: :mod:`pipelines.dynamic_tables.adaptive`); with
-INCREMENTAL_STRICT the first two fail the refresh instead.
+INCREMENTAL_STRICT the first two fail the refresh instead. GROUP_IDS_RENEWED (a table the
+engine maintains, grouping by keys, whose commits carry an older rule of group ids) goes
+FULL once in every mode: the only refresh that leaves such a table right.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from pipelines.dynamic_tables.diff import (
 )
 from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.errors import SqlError, StreamStaleError
-from pipelines.incremental.delta import SIGN, Deltas
+from pipelines.incremental.delta import GROUP_ID_RULE, SIGN, Deltas, renews_group_ids
 from pipelines.sql.binding import Binder
 from pipelines.streams.changes import read_changes
 from pipelines.transactions.transaction import Transaction
@@ -61,7 +63,14 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["Computed", "PinnedSource", "RefreshFailed", "compute", "dt_app_id", "has_followers"]
+__all__ = [
+    "Computed", "PinnedSource", "RefreshFailed", "app_transactions", "compute", "dt_app_id",
+    "has_followers",
+]  # fmt: skip
+
+#: The app transaction every refresh of a DERIVED table carries: the rule its group ids
+#: follow (:data:`pipelines.incremental.delta.GROUP_ID_RULE`; absent: 1).
+GROUP_ID_APP = "ingest-group-id-rule"
 
 #: The hidden columns a refresh's rows carry after the user's: the row id and the action.
 _HIDDEN = (ROW_ID_COLUMN, REFRESH_ACTION)
@@ -79,6 +88,13 @@ def dt_app_id(dt: DynamicTableRecord, position: int) -> str:
     """The app transaction a refresh carries for the dynamic table's ``position``-th
     source: the source version it read (unique to this definition: ``uid``)."""
     return f"ingest-dt:{dt.uid}:{position}"
+
+
+def app_transactions(dt: DynamicTableRecord, pinned: Sequence[PinnedSource]) -> dict[str, int]:
+    """The app transactions a refresh commits: each source's version it read, and for a
+    table the engine maintains the rule of its group ids."""
+    versions = {dt_app_id(dt, item.position): item.to for item in pinned}
+    return {**versions, GROUP_ID_APP: GROUP_ID_RULE} if dt.row_ids == "DERIVED" else versions
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +211,12 @@ def _derived(
                for item in pinned}  # fmt: skip
     deltas = engine(plan, sources, lambda: _kept(session, info, base, handle))
     why = ("", "")
-    if dt.refresh_mode != "FULL" and not initial:
+    renewed = renews_group_ids(plan.root, handle.transaction_version(GROUP_ID_APP))
+    if dt.refresh_mode != "FULL" and not initial and renewed:
+        why = ("GROUP_IDS_RENEWED", "the table's group row ids follow an older rule, in "
+               "which groups whose keys differ only in where their NULLs are shared an "
+               "id; this FULL refresh gives them the current ids, once")  # fmt: skip
+    elif dt.refresh_mode != "FULL" and not initial:
         computed, why = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
         if computed is not None:
             return computed

@@ -45,7 +45,10 @@ from pipelines.incremental.plan import Node, PlanReader
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = ["ID", "SIGN", "Deltas", "Source", "Unsupported", "unsupported"]
+__all__ = [
+    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "renews_group_ids",
+    "unsupported",
+]  # fmt: skip
 
 ID, SIGN = "_INGEST_ROW_ID", "_INGEST_SIGN"
 _LEFT, _RIGHT, _KEY, _COUNT = "_INGEST_L", "_INGEST_R", "_INGEST_K", "_INGEST_N"
@@ -129,12 +132,63 @@ def _walk(node: Node) -> list[Node]:
     return [node, *(n for child in node.children for n in _walk(child))]
 
 
-def _group_id(keys: list[Column]) -> Column:
-    """A group's row id from its key values: the one rule of :meth:`Deltas._aggregate`
-    and of the touched groups' ids (:meth:`Deltas._touched_keys`)."""
-    from pyspark.sql import functions as F
+#: The rule :func:`_group_id` follows, written in every commit of a table it maintains
+#: (as an application transaction): 1 hashed the keys alone, so groups whose keys
+#: differ only in where their NULLs are, like ``(NULL, 1)`` and ``(1, NULL)``, shared
+#: an id; 2 hashes where the NULLs are too. A table of an older rule refreshes FULL
+#: once (:func:`renews_group_ids`).
+GROUP_ID_RULE = 2
 
-    return F.xxhash64(*keys) if keys else F.lit(0).cast("bigint")
+
+def _group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None) -> Column:
+    """A group's row id from its key values (``keys``: the grouping expressions; read
+    from the columns ``names`` instead where given): the one rule of
+    :meth:`Deltas._aggregate` and of the touched groups' ids (:meth:`Deltas._touched_keys`).
+
+    ``xxhash64`` skips NULLs, at the top and inside arrays, structs and maps, so a key
+    without any NULL hashes to ``xxhash64(keys)`` and a key with one also hashes the
+    flags of where they are (rule 2: :data:`GROUP_ID_RULE`)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import _parse_datatype_json_string
+
+    if not keys:
+        return F.lit(0).cast("bigint")
+    columns = [F.col(n) for n in names] if names else [reader.column(k) for k in keys]
+    masks = [_null_mask(c, _parse_datatype_json_string(k.dataType().json()))
+             for c, k in zip(columns, keys, strict=True)]  # fmt: skip
+    any_null = functools.reduce(operator.or_, [anywhere for _, anywhere in masks])
+    flags = [flag for mask, _ in masks for flag in mask]
+    return F.when(any_null, F.xxhash64(*columns, *flags)).otherwise(F.xxhash64(*columns))
+
+
+def _null_mask(value: Column, kind: Any) -> tuple[list[Column], Column]:
+    """Where ``value`` (of Spark type ``kind``) and what it holds are NULL: flags that
+    are never NULL themselves (an array's, one per element), and whether any is set."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    flags, anywhere = [value.isNull()], value.isNull()
+    if isinstance(kind, StructType):
+        for field in kind.fields:
+            inner, inner_any = _null_mask(value.getField(field.name), field.dataType)
+            flags, anywhere = [*flags, *inner], anywhere | inner_any
+    elif isinstance(kind, ArrayType | MapType):
+        items = value if isinstance(kind, ArrayType) else F.map_values(value)
+        element = kind.elementType if isinstance(kind, ArrayType) else kind.valueType
+        flags.append(F.transform(items, lambda x: F.struct(*_null_mask(x, element)[0])))
+        anywhere = anywhere | F.coalesce(
+            F.exists(items, lambda x: _null_mask(x, element)[1]), F.lit(False)
+        )
+    return flags, anywhere
+
+
+def renews_group_ids(plan: Node, rule: int | None) -> bool:
+    """Whether a table maintained under group id ``rule`` (None: written before rules
+    were recorded, 1) holds ids the current rule gives otherwise: a plan grouping by
+    keys, under an older rule."""
+    grouped = any(n.kind == "Aggregate" and n.jvm.groupingExpressions().nonEmpty()
+                  for n in _walk(plan))  # fmt: skip
+    return grouped and (rule or 1) < GROUP_ID_RULE
 
 
 def _join_type(node: Node) -> str:
@@ -278,10 +332,11 @@ class Deltas:
         return bound.select(*[self.reader.column(a) for a in node.output], ID, *extra)
 
     def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
-        keys = self.reader.columns(node.jvm.groupingExpressions())
+        keys_of = self.reader.items(node.jvm.groupingExpressions())
+        keys = [self.reader.column(k) for k in keys_of]
         outputs = self.reader.items(node.jvm.aggregateExpressions())
         grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
-                                          _group_id(keys).alias(ID))  # fmt: skip
+                                          _group_id(keys_of, self.reader).alias(ID))  # fmt: skip
         return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID)
 
     def _window(self, node: Node, rows: DataFrame) -> DataFrame:
@@ -405,14 +460,12 @@ class Deltas:
         as columns ``_INGEST_K0...``: the groups or partitions a change touched,
         computed once and read back by both versions' :meth:`_restricted`; ``hashed``:
         with the id :meth:`_aggregate` gives their group, as ``ID``."""
-        from pyspark.sql import functions as F
-
         columns = [self.reader.column(k) for k in keys]
         names = [f"{_KEY}{i}" for i in range(len(columns))]
         touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
         touched = touched.distinct()
         if hashed:  # hashed before the round trip, over the values' own types
-            touched = touched.withColumn(ID, _group_id([F.col(n) for n in names]))
+            touched = touched.withColumn(ID, _group_id(keys, self.reader, names))
         return self._materialised(touched)
 
     def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
