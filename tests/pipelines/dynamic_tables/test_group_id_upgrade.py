@@ -5,7 +5,8 @@ GROUP_IDS_RENEWED, in every refresh mode; its followers see only the groups whos
 changed (those with a NULL key), and later refreshes are INCREMENTAL and exact.
 
 The older release is reproduced by its rule (the group id it computed, and its commits
-carrying no rule), put in place for the tables' creation only."""
+carrying no rule), put in place for the tables' creation only. The renewal is one
+refresh commit: SIGKILLed once decided, recovery completes it with the rule."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pipelines.dynamic_tables import refresh
 from pipelines.dynamic_tables.refresh_change import GROUP_ID_APP, dt_app_id
 from pipelines.incremental import delta
 from tests.pipelines.dynamic_tables.checks import assert_same_as_query, history_rows
+from tests.pipelines.transactions.test_consumption_crash import Child, pending_of
 
 GROUPED = "SELECT A, B, count(*) AS N, sum(ID) AS S FROM U GROUP BY A, B"
 JOINED = "SELECT u1.ID, u2.A FROM U u1 JOIN U u2 ON u1.ID = u2.ID"
@@ -38,6 +40,10 @@ def _rule_one_transactions(dt, pinned):
 @pytest.fixture
 def upgraded(session, monkeypatch):
     """Tables made under release 1, then the current release in place."""
+    return _made_under_rule_one(session, monkeypatch)
+
+
+def _made_under_rule_one(session, monkeypatch):
     monkeypatch.setattr(delta, "_group_id", _rule_one_group_id)
     monkeypatch.setattr(refresh, "app_transactions", _rule_one_transactions)
     session.sql("CREATE TABLE U (ID NUMBER, A NUMBER, B NUMBER)")
@@ -98,3 +104,29 @@ def test_a_new_table_records_its_rule_at_creation(session):
     assert _rule(session, "DE") == delta.GROUP_ID_RULE
     session.sql("INSERT INTO E VALUES (NULL, 1)")
     assert "INCREMENTAL" in _refresh(session, "DE")
+
+
+def test_a_renewal_killed_once_decided_is_completed_with_its_rule(
+    tmp_path, session_factory, monkeypatch
+):
+    warehouse = tmp_path / "renewed"
+    first = session_factory(warehouse)
+    _made_under_rule_one(first, monkeypatch)
+    first.sql("INSERT INTO U VALUES (5, 3, 3)")
+    first.close()
+    child = Child.start(warehouse, 'session.sql("ALTER DYNAMIC TABLE DG REFRESH")\n',
+                        "pipeline_after_decide=kill", name="renewal")  # fmt: skip
+    try:
+        child.wait()
+        assert child.proc.returncode == -9, child.describe()
+    finally:
+        child.stop()
+    assert len(pending_of(warehouse)) == 1
+    session = session_factory(warehouse)  # opening it recovers
+    assert pending_of(warehouse) == []
+    assert _rule(session, "DG") == delta.GROUP_ID_RULE
+    assert history_rows(session, "DG")[0][1:] == ("SUCCEEDED", "FULL", "GROUP_IDS_RENEWED")
+    assert_same_as_query(session, "DG", GROUPED)
+    session.sql("DELETE FROM U WHERE ID = 1")
+    assert "INCREMENTAL" in _refresh(session, "DG")
+    assert_same_as_query(session, "DG", GROUPED)
