@@ -75,7 +75,8 @@ REASONS = {
 
 #: Reasons of the stateless check that the query-delta engine may take over.
 ENGINE_REASONS = frozenset({"AGGREGATE", "JOIN", "WINDOW", "DISTINCT", "SET_OPERATION",
-                            "SUBQUERY_OUTSIDE_FROM", "REWRITE_UNSUPPORTED"})  # fmt: skip
+                            "SUBQUERY_OUTSIDE_FROM", "REWRITE_UNSUPPORTED", "GENERATOR",
+                            "CONSTANT_RELATION"})  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

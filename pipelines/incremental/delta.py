@@ -40,6 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
+from pipelines.incremental import row_maps
+from pipelines.incremental.hidden import COUNT as _COUNT
+from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
+from pipelines.incremental.hidden import HIT_RIGHT as _HIT_RIGHT
+from pipelines.incremental.hidden import ID, SIGN
+from pipelines.incremental.hidden import KEY as _KEY
+from pipelines.incremental.hidden import LEFT as _LEFT
+from pipelines.incremental.hidden import RIGHT as _RIGHT
 from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
@@ -50,14 +58,11 @@ __all__ = [
     "unsupported",
 ]  # fmt: skip
 
-ID, SIGN = "_INGEST_ROW_ID", "_INGEST_SIGN"
-_LEFT, _RIGHT, _KEY, _COUNT = "_INGEST_L", "_INGEST_R", "_INGEST_K", "_INGEST_N"
-_HIT_LEFT, _HIT_RIGHT = "_INGEST_HL", "_INGEST_HR"
 
 #: Operators that map each row alone (a leaf of the walk is a source); an ``Expand``
 #: (ROLLUP, CUBE, GROUPING SETS, several COUNT DISTINCTs) maps it to one row per
-#: projection.
-_ROW_WISE = frozenset({"Project", "Filter", "Expand"})
+#: projection, a ``Generate`` (explode, inline) to one per element (:mod:`.row_maps`).
+_ROW_WISE = frozenset({"Project", "Filter", "Expand", "Generate"})
 _JOINS = frozenset({"Inner", "Cross", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
                     "LeftAnti"})  # fmt: skip
 _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
@@ -66,9 +71,7 @@ _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
 #: Operators no rule covers yet, by reason code.
 _REASONS = {
     "Sort": "ORDER_BY", "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "LIMIT",
-    "Tail": "LIMIT", "Sample": "SAMPLE", "Generate": "GENERATOR",
-    "LocalRelation": "CONSTANT_RELATION", "OneRowRelation": "CONSTANT_RELATION",
-    "Range": "CONSTANT_RELATION",
+    "Tail": "LIMIT", "Sample": "SAMPLE", "Range": "CONSTANT_RELATION",
 }  # fmt: skip
 
 
@@ -106,8 +109,11 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
         if node.kind in _REASONS:
             found.add(_REASONS[node.kind])
         elif not node.children:
-            if not is_source(node):
+            if not is_source(node) and node.kind not in row_maps.CONSTANT:
                 found.add(f"UNSUPPORTED:{node.kind}")
+        elif node.kind == "Generate":
+            if not row_maps.generates(node):
+                found.add(f"GENERATOR:{node.jvm.generator().prettyName()}")
         elif node.kind == "Join":
             kind = _join_type(node)
             if kind not in _JOINS:
@@ -138,6 +144,7 @@ def _walk(node: Node) -> list[Node]:
 #: an id; 2 hashes where the NULLs are too. A table of an older rule refreshes FULL
 #: once (:func:`renews_group_ids`).
 GROUP_ID_RULE = 2
+_NULLS_MARK = "_INGEST_NULLS"
 
 
 def _group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None) -> Column:
@@ -147,7 +154,8 @@ def _group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = Non
 
     ``xxhash64`` skips NULLs, at the top and inside arrays, structs and maps, so a key
     without any NULL hashes to ``xxhash64(keys)`` and a key with one also hashes the
-    flags of where they are (rule 2: :data:`GROUP_ID_RULE`)."""
+    flags of where they are, then a mark: a flag hashes as the integer 1 or 0, so the
+    key NULL would otherwise hash as the key 1 (rule 2: :data:`GROUP_ID_RULE`)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
@@ -158,7 +166,8 @@ def _group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = Non
              for c, k in zip(columns, keys, strict=True)]  # fmt: skip
     any_null = functools.reduce(operator.or_, [anywhere for _, anywhere in masks])
     flags = [flag for mask, _ in masks for flag in mask]
-    return F.when(any_null, F.xxhash64(*columns, *flags)).otherwise(F.xxhash64(*columns))
+    marked = F.xxhash64(*columns, *flags, F.lit(_NULLS_MARK))  # a flag alone hashes as 1
+    return F.when(any_null, marked).otherwise(F.xxhash64(*columns))
 
 
 def _null_mask(value: Column, kind: Any) -> tuple[list[Column], Column]:
@@ -222,7 +231,8 @@ class Deltas:
         if id(node) not in self._still:
             children = node.children
             self._still[id(node)] = (all(self.unchanged(c) for c in children) if children
-                                     else self._source(node).unchanged())  # fmt: skip
+                                     else node.kind in row_maps.CONSTANT
+                                     or self._source(node).unchanged())  # fmt: skip
         return self._still[id(node)]
 
     def split(self, node: Node) -> bool:
@@ -246,6 +256,8 @@ class Deltas:
         return self._memo[key]
 
     def _state(self, node: Node, version: str) -> DataFrame:
+        if node.kind in row_maps.CONSTANT:
+            return row_maps.constant(self.reader, node)
         if not node.children:
             source = self._source(node)
             frame = source.old() if version == "old" else source.new()
@@ -302,34 +314,14 @@ class Deltas:
         if node.kind == "Filter":
             return inputs[0].where(self.reader.column(node.jvm.condition()))
         if node.kind == "Expand":
-            return self._expand(node, inputs[0], extra)
+            return row_maps.expand(self.reader, node, inputs[0], extra)
+        if node.kind == "Generate":
+            return row_maps.generate(self.reader, node, inputs[0], extra)
         branches = [  # Union: each branch's ids told apart by its position
             frame.withColumn(ID, F.xxhash64(F.col(ID), F.lit(position)))
             for position, frame in enumerate(inputs)
         ]
         return functools.reduce(lambda a, b: a.union(b), branches)
-
-    def _expand(self, node: Node, rows: DataFrame, extra: list[str]) -> DataFrame:
-        """One row per projection for each row, the rows of one source row told apart
-        by the projection's position. Exploded from an array (a union of selects over
-        one frame would have its ids renewed); the columns every projection passes
-        through keep their own ids, the others take the output's."""
-        from pyspark.sql import functions as F
-
-        child = {a.exprId().id() for a in node.children[0].output}
-        passed = [a for a in node.output if a.exprId().id() in child]
-        made = [i for i, a in enumerate(node.output) if a.exprId().id() not in child]
-        rows_of = F.array(*[
-            F.struct(*[self.reader.column(items[i]).alias(f"{_KEY}{i}") for i in made],
-                     F.xxhash64(F.col(ID), F.lit(position)).alias(ID))
-            for position, items in enumerate(
-                self.reader.items(p) for p in self.reader.items(node.jvm.projections()))
-        ])  # fmt: skip
-        kept = [self.reader.column(a) for a in passed]
-        exploded = rows.select(*kept, F.explode(rows_of).alias(_KEY), *extra)
-        flat = exploded.select(*[f"{_KEY}.{_KEY}{i}" for i in made], *kept, f"{_KEY}.{ID}", *extra)
-        bound = self.reader.rebound(flat, [node.output[i] for i in made], [*kept, ID, *extra])
-        return bound.select(*[self.reader.column(a) for a in node.output], ID, *extra)
 
     def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
         keys_of = self.reader.items(node.jvm.groupingExpressions())

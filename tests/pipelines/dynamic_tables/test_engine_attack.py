@@ -295,11 +295,11 @@ def test_two_sessions_refresh_concurrently(wh, spark):
 
 
 REFUSED = {
-    "EXPLODE": ("SELECT ID, E FROM RF LATERAL VIEW explode(array(K, V)) X AS E", "GENERATOR"),
+    "STACK": ("SELECT ID, E FROM RF LATERAL VIEW stack(2, K, V) X AS E", "GENERATOR:stack"),
     "WIN_NOPART": ("SELECT ID, row_number() OVER (ORDER BY ID) AS R FROM RF", "WINDOW_WITHOUT_PARTITION_BY"),
     "LIMIT": ("SELECT K, count(*) AS N FROM RF GROUP BY K LIMIT 1", "LIMIT"),
     "ORDER": ("SELECT K, count(*) AS N FROM RF GROUP BY K ORDER BY K", "ORDER_BY"),
-    "VALUES": ("SELECT RF.ID FROM RF JOIN (VALUES (1), (2)) v(X) ON RF.K = v.X", "CONSTANT_RELATION"),
+    "RANGE": ("SELECT RF.ID FROM RF JOIN range(2) v ON RF.K = v.id", "CONSTANT_RELATION"),
     "UNCORR": ("SELECT ID FROM RF WHERE V > (SELECT avg(V) FROM RF)", "SUBQUERY_EXPRESSION"),
     "OR_EXISTS": ("SELECT ID FROM RF a WHERE a.V > 1 OR EXISTS (SELECT 1 FROM RF b WHERE b.K = a.ID)",
                   "SUBQUERY_EXPRESSION"),

@@ -138,7 +138,8 @@ def test_swapped_null_keys_do_not_share_a_group(wh):
     not delete the other one's kept row (before group id rule 2 the refresh failed, and
     before the kept read it silently lost one group and doubled the other)."""
     run(wh, "CREATE TABLE SW (ID NUMBER, A NUMBER, B NUMBER)",
-        "INSERT INTO SW VALUES (1, NULL, 1), (2, 1, NULL), (3, 2, 2), (5, NULL, NULL)")
+        "INSERT INTO SW VALUES (1, NULL, 1), (2, 1, NULL), (3, 2, 2), (5, NULL, NULL), "
+        "(6, 1, 1)")  # the flags of (NULL, NULL) hash as the integers 1, 1
     query = "SELECT A, B, count(*) AS N FROM SW GROUP BY A, B"
     make(wh, "DSW", query)
     wh.sql("INSERT INTO SW VALUES (4, NULL, 1)")
@@ -146,6 +147,8 @@ def test_swapped_null_keys_do_not_share_a_group(wh):
     wh.sql("DELETE FROM SW WHERE ID IN (1, 4)")
     refresh(wh, "DSW", query)
     wh.sql("UPDATE SW SET A = NULL, B = 1 WHERE ID = 2")  # (1, NULL) moves to (NULL, 1)
+    refresh(wh, "DSW", query)
+    wh.sql("DELETE FROM SW WHERE ID = 6")  # (1, 1) goes, (NULL, NULL) stays
     refresh(wh, "DSW", query)
 
 

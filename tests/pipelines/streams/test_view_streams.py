@@ -222,6 +222,24 @@ def test_a_view_over_views_and_subqueries(joined):
         session.sql("SELECT * FROM sn").collect()
 
 
+def test_a_view_that_explodes_and_joins_constant_rows(session):
+    """explode and VALUES in the view: the stream holds the made rows of the changed base
+    rows, an update of a collection as the elements that left and came."""
+    session.sql("CREATE TABLE a (k INT, v INT)")
+    session.sql("CREATE VIEW x AS SELECT a.k, e, n.name FROM a JOIN (VALUES (1, 'one'), "
+                "(2, 'two')) AS n(k, name) ON a.k = n.k LATERAL VIEW explode(array(v, v + 1)) "
+                "t AS e")  # fmt: skip
+    session.sql("INSERT INTO a VALUES (1, 10), (3, 30)")
+    session.sql("CREATE STREAM sx ON VIEW x")
+    session.sql("INSERT INTO a VALUES (2, 20)")
+    session.sql("UPDATE a SET v = 11 WHERE k = 1")
+    assert changes(session, "sx", "k, e, name") == [
+        (1, 10, "one", "DELETE", True), (1, 11, "one", "DELETE", True),
+        (1, 11, "one", "INSERT", True), (1, 12, "one", "INSERT", True),
+        (2, 20, "two", "INSERT", False), (2, 21, "two", "INSERT", False),
+    ]
+
+
 def test_show_and_describe_name_the_view_and_its_base_tables(joined):
     session = joined
     session.sql("CREATE STREAM st ON TABLE a")
@@ -312,6 +330,8 @@ def test_lost_history_of_one_base_table_makes_it_stale(joined):
         ("SELECT k, rank() OVER (ORDER BY v) AS r FROM a", "WINDOW_WITHOUT_PARTITION_BY"),
         ("SELECT k, v, rand() AS r FROM a", "NON_DETERMINISTIC"),
         ("SELECT k, current_timestamp() AS t FROM a", "TIME_DEPENDENT"),
+        ("SELECT k, s FROM a LATERAL VIEW stack(2, k, v) t AS s", "GENERATOR:stack"),
+        ("SELECT a.k FROM a JOIN range(3) r ON a.k = r.id", "CONSTANT_RELATION"),
     ],
 )
 def test_a_view_the_engine_cannot_follow_is_refused_with_its_reason(session, body, reason):
