@@ -1,5 +1,5 @@
 """Property: dynamic tables the query-delta engine maintains (joins, aggregates, windows,
-semi/anti/outer joins, set operations, nested two levels) equal their query run fresh
+semi/anti/outer joins, set operations, generators and VALUES, nested two levels) equal their query run fresh
 after every incremental refresh, whatever DML their sources saw.
 
 Random rounds of inserts (NULL keys and values, duplicate rows), updates (of keys and of
@@ -47,6 +47,9 @@ DEFINITIONS = {
     "ROLLUP_JOIN": "SELECT T.K, U.W, count(*) AS N, sum(T.V) AS S, grouping_id() AS G "
                    "FROM T JOIN U ON T.K = U.K GROUP BY ROLLUP (T.K, U.W)",
     "DISTINCTS": "SELECT K, count(DISTINCT V) AS DV, count(DISTINCT ID) AS DI FROM T GROUP BY K",
+    "GENERATED": "SELECT E, C.NAME, count(*) AS N FROM T LEFT JOIN (VALUES (1, 'one'), "
+                 "(2, 'two')) AS C(K, NAME) ON T.K = C.K LATERAL VIEW explode(array(T.V, T.K)) "
+                 "X AS E GROUP BY E, C.NAME",
 }  # fmt: skip
 IDS = st.integers(min_value=0, max_value=6)
 KEYS = st.sampled_from([1, 2, 3, None])
