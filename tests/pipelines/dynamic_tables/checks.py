@@ -110,3 +110,22 @@ def orphan_folders(session: Session) -> set[str]:
     """Table folders no table of the catalog owns."""
     owned = {Path(t.uri).name for t in session.catalog.list_tables()}
     return folders(session) - owned
+
+
+def refresh_status(session: Session, name: str) -> str:
+    """A manual refresh's status line (it names the action: INCREMENTAL, FULL, ...)."""
+    return session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
+
+
+def newest_refresh(session: Session, name: str):
+    """The newest history row of ``name`` as the history function answers it."""
+    return session.sql(
+        "SELECT REFRESH_ACTION, STATE_CODE, STATE_MESSAGE FROM TABLE(DYNAMIC_TABLE_REFRESH_"
+        f"HISTORY(NAME => '{name}', RESULT_LIMIT => 1))"
+    ).collect()[0]
+
+
+def refresh_modes(session: Session) -> dict[str, tuple[str, str]]:
+    """Each dynamic table's mode and its reason, as SHOW DYNAMIC TABLES shows them."""
+    shown = session.sql("SHOW DYNAMIC TABLES").collect()
+    return {r.name: (r.refresh_mode, r.refresh_mode_reason) for r in shown}

@@ -12,11 +12,14 @@ from __future__ import annotations
 import pytest
 from deltalake import DeltaTable
 
-from pipelines import Session, SqlError
+from pipelines import SqlError
 from pipelines.dynamic_tables import adaptive
 from pipelines.dynamic_tables.adaptive import CHANGE_TOO_LARGE, Measure, measure
 from pipelines.dynamic_tables.refresh_change import PinnedSource
 from tests.pipelines.dynamic_tables.checks import assert_consistent, assert_same_as_query
+from tests.pipelines.dynamic_tables.checks import newest_refresh as newest
+from tests.pipelines.dynamic_tables.checks import refresh_modes as modes
+from tests.pipelines.dynamic_tables.checks import refresh_status as refresh
 from tests.pipelines.refusals import assert_refused
 
 STATELESS = "SELECT ID, V FROM T WHERE ID % 2 = 0"
@@ -28,23 +31,6 @@ def base(session):
     session.sql("CREATE TABLE T (ID NUMBER, G NUMBER, V VARCHAR)")
     session.sql("INSERT INTO T SELECT id, id % 7, 'a' FROM range(100)")
     return session
-
-
-def refresh(session: Session, name: str) -> str:
-    return session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
-
-
-def newest(session: Session, name: str):
-    """The newest history row of ``name`` as the history function answers it."""
-    return session.sql(
-        "SELECT REFRESH_ACTION, STATE_CODE, STATE_MESSAGE FROM TABLE(DYNAMIC_TABLE_REFRESH_"
-        f"HISTORY(NAME => '{name}', RESULT_LIMIT => 1))"
-    ).collect()[0]
-
-
-def modes(session: Session) -> dict[str, tuple[str, str]]:
-    shown = session.sql("SHOW DYNAMIC TABLES").collect()
-    return {r.name: (r.refresh_mode, r.refresh_mode_reason) for r in shown}
 
 
 def test_a_large_change_is_one_full_refresh_then_small_ones_are_incremental(base):

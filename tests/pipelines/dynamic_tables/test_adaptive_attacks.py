@@ -18,6 +18,9 @@ from tests.pipelines.dynamic_tables.checks import (
     bag,
     canon,
 )
+from tests.pipelines.dynamic_tables.checks import newest_refresh as newest
+from tests.pipelines.dynamic_tables.checks import refresh_modes as modes
+from tests.pipelines.dynamic_tables.checks import refresh_status as refresh
 from tests.pipelines.refusals import assert_refused
 
 STATELESS = "SELECT ID, V FROM T WHERE ID % 2 = 0"
@@ -31,22 +34,6 @@ def base(session):
     session.sql("CREATE TABLE T (ID NUMBER, G NUMBER, V VARCHAR)")
     session.sql("INSERT INTO T SELECT id, id % 7, 'a' FROM range(100)")
     return session
-
-
-def refresh(session, name):
-    return session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
-
-
-def newest(session, name):
-    return session.sql(
-        "SELECT REFRESH_ACTION, STATE_CODE, STATE_MESSAGE FROM TABLE(DYNAMIC_TABLE_REFRESH_"
-        f"HISTORY(NAME => '{name}', RESULT_LIMIT => 1))"
-    ).collect()[0]
-
-
-def modes(session):
-    return {r.name: (r.refresh_mode, r.refresh_mode_reason)
-            for r in session.sql("SHOW DYNAMIC TABLES").collect()}  # fmt: skip
 
 
 def insert(session, start, count, group="id % 7", value="'b'"):
