@@ -319,29 +319,7 @@ def test_lost_history_of_one_base_table_makes_it_stale(joined):
     assert session.sql("DESCRIBE STREAM sj").collect()[0]["stale"] is True
 
 
-# Refused
-
-
-@pytest.mark.parametrize(
-    ("body", "reason"),
-    [
-        ("SELECT k, v FROM a LIMIT 1", "LIMIT"),
-        ("SELECT k, v FROM a ORDER BY k", "ORDER_BY"),
-        ("SELECT k, rank() OVER (ORDER BY v) AS r FROM a", "WINDOW_WITHOUT_PARTITION_BY"),
-        ("SELECT k, v, rand() AS r FROM a", "NON_DETERMINISTIC"),
-        ("SELECT k, current_timestamp() AS t FROM a", "TIME_DEPENDENT"),
-        ("SELECT k, s FROM a LATERAL VIEW stack(2, k, v) t AS s", "GENERATOR:stack"),
-        ("SELECT a.k FROM a JOIN range(3) r ON a.k = r.id", "CONSTANT_RELATION"),
-    ],
-)
-def test_a_view_the_engine_cannot_follow_is_refused_with_its_reason(session, body, reason):
-    session.sql("CREATE TABLE a (k INT, v INT)")
-    session.sql(f"CREATE VIEW bad AS {body}")
-    with pytest.raises(SqlError, match=reason) as refused:
-        session.sql("CREATE STREAM s ON VIEW bad")
-    assert refused.value.code == "VIEW_STREAM_UNSUPPORTED"
-    assert "cannot create a stream on view DB.PUBLIC.BAD" in str(refused.value)
-    assert record(session, "S") is None
+# Refused (the views the engine cannot follow: test_view_stream_attacks.py)
 
 
 @pytest.mark.parametrize(
