@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from flush.tables import live_paths
+from flush.tables import live_paths, state_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,9 +78,11 @@ def spark_session(
 
 def read_delta(
     spark: SparkSession, table_uri: str, version: int | None = None,
-    loaded: DeltaTable | None = None,
+    loaded: DeltaTable | None = None, state: bool = False,
 ) -> DataFrame:
-    """A DataFrame over one version of a Delta table (the newest by default).
+    """A DataFrame over one version of a Delta table (the newest by default): its
+    columns and the row id, and with ``state`` the aggregation state a dynamic table
+    keeps in hidden columns too (only its refresh reads those).
 
     ``loaded``: a handle on this table the caller already holds; used when it is at
     ``version`` (given), which saves loading the log again.
@@ -89,12 +91,16 @@ def read_delta(
         table = loaded
     else:
         table = DeltaTable(table_uri, version=version)
+    schema = pa.schema(table.schema())
     files = live_paths(table_uri, table)
     if not files:
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        return spark.createDataFrame([], from_arrow_schema(pa.schema(table.schema())))
-    return spark.read.parquet(*files)
+        frame = spark.createDataFrame([], from_arrow_schema(schema))
+    else:
+        frame = spark.read.parquet(*files)
+    hidden = [] if state else state_columns(schema)
+    return frame.drop(*hidden) if hidden else frame
 
 
 def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

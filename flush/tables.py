@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ingest_sdk.schema import spark_fold
 __all__ = [
     "INGEST_DIR",
     "ROW_ID_COLUMN",
+    "STATE_MARK",
     "TABLE_CONFIGURATION",
     "TXN_RETENTION",
     "TXN_RETENTION_KEY",
@@ -39,11 +41,14 @@ __all__ = [
     "logged_versions",
     "new_table_folder",
     "read_table",
+    "state_columns",
     "table_schema_of",
 ]
 
 ROW_ID_COLUMN = "_INGEST_ROW_ID"
 HIDDEN_KEY = "ingest.hidden"
+#: The hidden mark of a column holding a dynamic table's aggregation state.
+STATE_MARK = "state"
 #: Folder (inside the table) for intermediate Parquet files written by flushes.
 INGEST_DIR = "_ingest"
 #: How long a table keeps an app transaction that carries its time (those of pipeline
@@ -60,8 +65,17 @@ def delta_schema(schema: TableSchema) -> pa.Schema:
     return schema.to_arrow().append(row_id)
 
 
-def create_table(uri: str, schema: TableSchema) -> None:
-    """Create an empty Delta table; fails if one exists at ``uri``."""
+def state_columns(schema: pa.Schema) -> list[str]:
+    """The hidden columns of a Delta schema that hold a dynamic table's aggregation
+    state (marked :data:`STATE_MARK`)."""
+    key, mark = HIDDEN_KEY.encode(), STATE_MARK.encode()
+    return [f.name for f in schema if (f.metadata or {}).get(key) == mark]
+
+
+def create_table(uri: str, schema: TableSchema, hidden: Sequence[pa.Field] = ()) -> None:
+    """Create an empty Delta table; fails if one exists at ``uri``. ``hidden``: more
+    hidden columns after the row id (a dynamic table's aggregation state), each marked
+    in its metadata."""
     if any(spark_fold(column.name) == spark_fold(ROW_ID_COLUMN) for column in schema):
         raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id '
                           "(Spark takes names that differ only in case for one)")  # fmt: skip
@@ -71,7 +85,8 @@ def create_table(uri: str, schema: TableSchema) -> None:
     from flush.commit_clock import COMMIT_TS_KEY, clock  # it reads this module's log helpers
 
     DeltaTable.create(
-        uri, delta_schema(schema), mode="error", configuration=TABLE_CONFIGURATION,
+        uri, pa.schema([*delta_schema(schema), *hidden]), mode="error",
+        configuration=TABLE_CONFIGURATION,
         commit_properties=CommitProperties(custom_metadata={COMMIT_TS_KEY: str(clock())}),
     )  # fmt: skip
 

@@ -89,6 +89,8 @@ class PlanClass:
     reasons: tuple[str, ...]
     #: Maintained by the query-delta engine (not the stateless rewrite).
     engine: bool = False
+    #: The aggregation state a table of the engine keeps (hidden ``pa.Field``s).
+    state: tuple[Any, ...] = ()
 
     @property
     def incremental(self) -> bool:

@@ -212,8 +212,9 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
         "comment": literal(options.get("COMMENT")),
     }  # fmt: skip
     building = name if existing is None else f"{name}{BUILDING}{uuid.uuid4().hex[:12]}"
-    info = _build(session, (database, schema_name, building), schema, definition, sources,
-                  initialize)  # fmt: skip
+    state = verdict.state if definition["row_ids"] == "DERIVED" else ()
+    info = _build(session, (database, schema_name, building), (schema, state), definition,
+                  sources, initialize)  # fmt: skip
     if existing is not None:
         _swap(session, existing, info, shown)
     return status_frame(session, f"Dynamic table {name} successfully created.")
@@ -247,8 +248,11 @@ def _derivable(session: StatementContext, query: str) -> PlanClass:
         # as its stand-in like any other source.
         return Binder(session, txn, defaults, analysis=True, sources=frames).bind(query)
 
-    reasons = plan_over_stand_ins(session, bind).reasons()
-    return PlanClass(tuple(reasons), engine=not reasons)
+    plan = plan_over_stand_ins(session, bind)
+    reasons = plan.reasons()
+    state = plan.state() if not reasons else None
+    return PlanClass(tuple(reasons), engine=not reasons,
+                     state=tuple(state.fields) if state is not None else ())  # fmt: skip
 
 
 def _row_ids(verdict: PlanClass, mode: str) -> str:
@@ -302,16 +306,18 @@ def _check_reads(
 
 
 def _build(
-    session: StatementContext, names: tuple[str, str, str], schema: Any,
+    session: StatementContext, names: tuple[str, str, str], columns: tuple[Any, Any],
     definition: dict[str, Any], sources: list[DynamicSource], initialize: str,
 ) -> TableInfo:  # fmt: skip
     """Make the table (INITIALIZING, owned by this process while it is built) and run
-    its initial refresh; on any failure drop it again and raise."""
+    its initial refresh; on any failure drop it again and raise. ``columns``: its
+    schema, and the hidden state columns it keeps."""
     owner = new_owner()
     IN_FLIGHT.add(owner)
     folder = new_table_folder(session.warehouse, *names)
+    schema, state = columns
     try:
-        create_table(str(folder), schema)
+        create_table(str(folder), schema, state)
         info, _ = session.catalog.create_dynamic_table(
             names, str(folder), schema, {**definition, "owner": owner}, sources
         )

@@ -44,7 +44,12 @@ from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
 from pipelines.change_sets import REFRESH_ACTION, STREAM_ACTION, STREAM_ROW_ID, net_change
 from pipelines.dynamic_tables import adaptive
-from pipelines.dynamic_tables.derived import TableSource, engine, plan_over_stand_ins
+from pipelines.dynamic_tables.derived import (
+    EnginePlan,
+    TableSource,
+    engine,
+    plan_over_stand_ins,
+)
 from pipelines.dynamic_tables.diff import (
     UncomparableColumnError,
     arrow_value_diff,
@@ -53,6 +58,8 @@ from pipelines.dynamic_tables.diff import (
 )
 from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.errors import SqlError, StreamStaleError
+from pipelines.incremental import algebraic
+from pipelines.incremental.algebraic import Layout
 from pipelines.incremental.delta import GROUP_ID_RULE, SIGN, Deltas, renews_group_ids
 from pipelines.sql.binding import Binder
 from pipelines.streams.changes import read_changes
@@ -209,7 +216,9 @@ def _derived(
                             "DYNAMIC TABLE defines it again", "SOURCE_CHANGED")  # fmt: skip
     sources = {item.info.id: TableSource(session, item.info, item.after, item.to)
                for item in pinned}  # fmt: skip
-    deltas = engine(plan, sources, lambda: _kept(session, info, base, handle))
+    state = _state(plan, handle)
+    names = [f.name for f in state.fields] if state is not None else []
+    deltas = engine(plan, sources, lambda: _kept(session, info, base, handle, names), state)
     why = ("", "")
     renewed = renews_group_ids(plan.root, handle.transaction_version(GROUP_ID_APP))
     if dt.refresh_mode != "FULL" and not initial and renewed:
@@ -217,34 +226,53 @@ def _derived(
                "which groups whose keys differ only in where their NULLs are shared an "
                "id; this FULL refresh gives them the current ids, once")  # fmt: skip
     elif dt.refresh_mode != "FULL" and not initial:
-        computed, why = _attempt(dt, pinned, handle, lambda: _derived_incremental(info, deltas))
+        computed, why = _attempt(dt, pinned, handle,
+                                 lambda: _derived_incremental(info, deltas, names))  # fmt: skip
         if computed is not None:
             return computed
     frame = _as_table(info, deltas.rows("new").withColumn(REFRESH_ACTION, F.lit("INSERT")),
-                      _HIDDEN)  # fmt: skip
+                      (ROW_ID_COLUMN, *names, REFRESH_ACTION))  # fmt: skip
     return _full(session, info, (frame, True), (base, handle, initial), followed, why)
 
 
+def _state(plan: EnginePlan, handle: DeltaTable) -> Layout | None:
+    """The aggregation state the table keeps (:mod:`pipelines.incremental.algebraic`),
+    None if it keeps none; a plan that now needs other state fails the refresh."""
+    stored = algebraic.stored(pa.schema(handle.schema()))
+    if not stored:
+        return None
+    state = plan.state()
+    if state is None or [(f.name, f.type) for f in state.fields] != [
+            (f.name, f.type) for f in stored]:  # fmt: skip
+        raise RefreshFailed("the query's plan now needs other aggregation state than the "
+                            "table keeps (a source's column types changed); CREATE OR "
+                            "REPLACE DYNAMIC TABLE defines it again", "SOURCE_CHANGED")  # fmt: skip
+    return state
+
+
 def _kept(
-    session: StatementContext, info: TableInfo, base: int, handle: DeltaTable
-) -> DataFrame:
+    session: StatementContext, info: TableInfo, base: int, handle: DeltaTable,
+    state: Sequence[str],
+) -> DataFrame:  # fmt: skip
     """The table's rows at ``base`` (the query's at the last refresh's versions), its
-    columns in order, then their ids: the engine reads the old side of the groups a
-    change touched from them."""
+    columns in order, then their ids, then its ``state`` columns: the engine reads the
+    old side of the groups a change touched from them."""
     from pyspark.sql import functions as F
 
-    rows = read_delta(session.spark, info.uri, base, loaded=handle)
-    return rows.select(*[F.col(_spark_name(n)) for n in info.schema.names], ROW_ID_COLUMN)
+    rows = read_delta(session.spark, info.uri, base, loaded=handle, state=True)
+    return rows.select(*[F.col(_spark_name(n)) for n in info.schema.names], ROW_ID_COLUMN,
+                       *state)  # fmt: skip
 
 
-def _derived_incremental(info: TableInfo, deltas: Deltas) -> Computed:
+def _derived_incremental(info: TableInfo, deltas: Deltas, state: Sequence[str]) -> Computed:
     from pyspark.sql import functions as F
 
     net = deltas.net()
     action = F.when(F.col(SIGN) > 0, F.lit("INSERT")).otherwise(F.lit("DELETE"))
-    frame = _as_table(info, net.withColumn(REFRESH_ACTION, action).drop(SIGN), _HIDDEN)
-    change = net_change(frame.toArrow(), list(info.schema.names))
-    rows = _checked(info, change.rows)
+    frame = _as_table(info, net.withColumn(REFRESH_ACTION, action).drop(SIGN),
+                      (ROW_ID_COLUMN, *state, REFRESH_ACTION))  # fmt: skip
+    change = net_change(frame.toArrow(), [*info.schema.names, *state])
+    rows = _checked(info, change.rows, state)
     return Computed(
         ChangeSet(rows, change.deleted.cast(pa.int64()), change.new_ids.cast(pa.int64())),
         [len(change.new_ids), len(change.deleted), change.updated], "INCREMENTAL",
@@ -390,12 +418,15 @@ def _spark_name(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _checked(info: TableInfo, rows: pa.Table) -> pa.Table:
-    """Rows of user columns and row ids, checked by the table's conversion rules and
-    typed as its Delta schema."""
+def _checked(info: TableInfo, rows: pa.Table, state: Sequence[str] = ()) -> pa.Table:
+    """Rows of user columns and row ids (then the ``state`` columns, as they are),
+    checked by the table's conversion rules and typed as its Delta schema."""
     target = delta_schema(info.schema)
     ids = rows.column(ROW_ID_COLUMN).cast(pa.int64())
-    return _typed(info, rows).append_column(target.field(ROW_ID_COLUMN), ids)
+    checked = _typed(info, rows).append_column(target.field(ROW_ID_COLUMN), ids)
+    for name in state:
+        checked = checked.append_column(name, rows.column(name))
+    return checked
 
 
 def _typed(info: TableInfo, rows: pa.Table) -> pa.Table:
@@ -424,15 +455,16 @@ def _full_by_id(
     handle: DeltaTable, initial: bool,
 ) -> Computed:  # fmt: skip
     names = list(info.schema.names)
+    state = _state_names(handle)
     new = frame.drop(REFRESH_ACTION)
     if initial:
-        return _all_new(_checked(info, new.toArrow()))
-    old = read_delta(session.spark, info.uri, base, loaded=handle)
+        return _all_new(_checked(info, new.toArrow(), state))
+    old = read_delta(session.spark, info.uri, base, loaded=handle, state=True)
     try:
-        diff = id_diff(old, new, names)
+        diff = id_diff(old, new, [*names, *state])
     except UncomparableColumnError:
-        return _replace_all(session, info, new, old)
-    rows = _checked(info, diff.rows)
+        return _replace_all(session, info, new, old, state)
+    rows = _checked(info, diff.rows, state)
     return Computed(ChangeSet(rows, diff.deleted, diff.new_ids.cast(pa.int64())),
                     [diff.inserted, len(diff.deleted), diff.updated], "FULL")  # fmt: skip
 
@@ -444,7 +476,7 @@ def _overwrite(
     """The result as the table's whole new content (no follower reads its row ids):
     PACKED ids are the rewritten query's own, SEQUENCE ids new."""
     if packed:
-        rows = _checked(info, frame.drop(REFRESH_ACTION).toArrow())
+        rows = _checked(info, frame.drop(REFRESH_ACTION).toArrow(), _state_names(handle))
     else:
         rows = _with_new_ids(session, info, frame.toArrow())
     before = pa.table(handle.get_add_actions(flatten=True)).column("num_records")
@@ -458,13 +490,19 @@ def _all_new(rows: pa.Table) -> Computed:
     return Computed(ChangeSet(rows, new_ids=ids), [rows.num_rows, 0, 0], "FULL")
 
 
+def _state_names(handle: DeltaTable) -> list[str]:
+    """The table's aggregation state columns (:func:`_state`)."""
+    return [f.name for f in algebraic.stored(pa.schema(handle.schema()))]
+
+
 def _replace_all(
-    session: StatementContext, info: TableInfo, new: DataFrame, old: DataFrame
-) -> Computed:
+    session: StatementContext, info: TableInfo, new: DataFrame, old: DataFrame,
+    state: Sequence[str] = (),
+) -> Computed:  # fmt: skip
     """Every old row deleted, every new one inserted (columns no diff can compare)."""
     deleted = old.select(ROW_ID_COLUMN).toArrow().column(0).combine_chunks().cast(pa.int64())
     if ROW_ID_COLUMN in new.columns:
-        rows = _checked(info, new.toArrow())
+        rows = _checked(info, new.toArrow(), state)
     else:
         rows = _with_new_ids(session, info, new.toArrow())
     ids = rows.column(ROW_ID_COLUMN).combine_chunks()

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
-from pipelines.incremental import row_maps
+from pipelines.incremental import algebraic, row_maps
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
 from pipelines.incremental.hidden import HIT_RIGHT as _HIT_RIGHT
@@ -209,12 +209,15 @@ class Deltas:
 
     def __init__(
         self, reader: PlanReader, root: Node, source: Callable[[Node], Source],
-        kept: Callable[[], DataFrame] | None = None,
+        kept: Callable[[], DataFrame] | None = None, state: algebraic.Layout | None = None,
     ) -> None:  # fmt: skip
         """``kept``: the root's rows at the old versions as a table holds them (a dynamic
-        table's content, its columns in the root's order, then ``ID``), which
-        :meth:`net` reads instead of computing them again where it can."""
+        table's content, its columns in the root's order, then ``ID``, then the state
+        columns of ``state``), which :meth:`net` reads instead of computing them again
+        where it can; ``state``: the root aggregation's state the table keeps
+        (:mod:`.algebraic`), maintained from the change alone."""
         self.reader, self.root, self._source, self._kept = reader, root, source, kept
+        self.layout = state
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
 
@@ -324,12 +327,19 @@ class Deltas:
         return functools.reduce(lambda a, b: a.union(b), branches)
 
     def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
+        return self.aggregate(node, rows, [])
+
+    def aggregate(self, node: Node, rows: DataFrame, state: list[Column]) -> DataFrame:
+        """The aggregation of ``rows``, each group with its id, then the aggregates
+        ``state`` (named columns) over its rows."""
         keys_of = self.reader.items(node.jvm.groupingExpressions())
         keys = [self.reader.column(k) for k in keys_of]
         outputs = self.reader.items(node.jvm.aggregateExpressions())
         grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
-                                          _group_id(keys_of, self.reader).alias(ID))  # fmt: skip
-        return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID)
+                                          _group_id(keys_of, self.reader).alias(ID), *state)
+        named = grouped.columns[len(grouped.columns) - len(state):]
+        return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID,
+                              *named)  # fmt: skip
 
     def _window(self, node: Node, rows: DataFrame) -> DataFrame:
         child = [self.reader.column(a) for a in node.children[0].output]
@@ -396,13 +406,13 @@ class Deltas:
         on = self.reader.column(condition) if condition is not None else F.lit(True)
         changed = self.delta(kept).select(ID)
         if self.unchanged(other):  # no row of the other side can match anew
-            return self._materialised(changed.distinct())
+            return self.materialised(changed.distinct())
         both = self.state(kept, "old").union(self.state(kept, "new"))
         changed_other = self.delta(other).drop(SIGN).withColumnRenamed(ID, _KEY)
         matched = both.join(changed_other, on=on, how="left_semi").select(ID)
-        return self._materialised(changed.union(matched).distinct())
+        return self.materialised(changed.union(matched).distinct())
 
-    def _materialised(self, frame: DataFrame) -> DataFrame:
+    def materialised(self, frame: DataFrame) -> DataFrame:
         """``frame`` computed now and read back as a new relation: what a change touched
         (ids, keys) is small, and a relation of its own shares no column with the plans
         it then restricts (Spark renames a side whose columns it meets again)."""
@@ -458,7 +468,7 @@ class Deltas:
         touched = touched.distinct()
         if hashed:  # hashed before the round trip, over the values' own types
             touched = touched.withColumn(ID, _group_id(keys, self.reader, names))
-        return self._materialised(touched)
+        return self.materialised(touched)
 
     def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
         """``rows`` whose ``keys`` take a value of ``touched`` (:meth:`_touched_keys`;
@@ -477,19 +487,27 @@ class Deltas:
         Rows are grouped by the one equality of :mod:`pipelines.change_sets`: a column
         holding floats (or VARIANT) by its :func:`~pipelines.change_sets.spark_key`,
         which tells -0.0 from 0.0 (Spark's grouping takes them for one value and writes
-        0.0), and it keeps its own value."""
+        0.0), and it keeps its own value. With a ``state``, its columns follow ``ID``
+        (a row whose state alone changed is an update)."""
         from pyspark.sql import functions as F
 
-        delta = self._kept_delta()
-        delta = self.delta(self.root) if delta is None else delta
+        state: list[str] = []
+        if self.layout is not None:
+            assert self._kept is not None
+            delta = algebraic.delta(self, self.layout, self._kept())
+            state = self.layout.names
+        else:
+            kept = self._kept_delta()
+            delta = self.delta(self.root) if kept is None else kept
         names = [f"c{i}" for i in range(len(self.root.output))]
         positional = delta.select(
             *[self.reader.column(a).alias(n) for a, n in zip(self.root.output, names,
-                                                               strict=True)], ID, SIGN)
+                                                               strict=True)],
+            *state, ID, SIGN)  # fmt: skip
         types = {field.name: field.dataType for field in positional.schema.fields}
         exact = {n for n in names if keyed(types[n])}
         keys = [spark_key(F.col(n), types[n]).alias(f"{_KEY}{n}") if n in exact else F.col(n)
-                for n in names]  # fmt: skip
+                for n in names] + [F.col(n) for n in state]  # fmt: skip
         summed = (
             positional.groupBy(*keys, F.col(ID))
             .agg(F.sum(SIGN).alias(_COUNT), *[F.first(n).alias(n) for n in sorted(exact)])
@@ -498,7 +516,7 @@ class Deltas:
         checked = F.when(F.abs(F.col(_COUNT)) == 1, F.col(_COUNT)).otherwise(
             F.raise_error(F.lit("two rows of the dynamic table's query share a row id"))
         )
-        return summed.select(*names, ID, checked.alias(SIGN))
+        return summed.select(*names, ID, *state, checked.alias(SIGN))
 
     def _kept_delta(self) -> DataFrame | None:
         """The root's delta with its old rows read from the kept table (``kept``), when
@@ -532,5 +550,7 @@ class Deltas:
         return new.union(old)
 
     def rows(self, version: str = "new") -> DataFrame:
-        """The root's rows at a version, with their ids."""
+        """The root's rows at a version, with their ids (then the ``state`` columns)."""
+        if self.layout is not None:
+            return algebraic.rows(self, self.layout, version)
         return self.state(self.root, version)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["Node", "PlanReader", "planning_confs"]
+__all__ = ["Node", "PlanReader", "planning_confs", "quoted"]
 
 #: Settings while the plan is made: no subquery over the data planted by the optimizer,
 #: no window top-k node (a filter over ranks stays a Filter over a Window).
@@ -116,7 +116,7 @@ class PlanReader:
         from pyspark.sql.types import _parse_datatype_json_string
 
         casts = [
-            frame[_quoted(name)].cast(_parse_datatype_json_string(a.dataType().json()))
+            frame[quoted(name)].cast(_parse_datatype_json_string(a.dataType().json()))
             for a, name in zip(attributes, frame.columns, strict=False)
         ]
         analyzed = frame.select(*casts)._jdf.queryExecution().analyzed()
@@ -153,5 +153,6 @@ def _items(seq: Any) -> list[Any]:
     return found
 
 
-def _quoted(name: str) -> str:
+def quoted(name: str) -> str:
+    """A column name as Spark reads it whatever it holds (dots, spaces, backquotes)."""
     return "`" + name.replace("`", "``") + "`"

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flush.tables import ROW_ID_COLUMN, delta_schema
+from pipelines.incremental import algebraic
+from pipelines.incremental.algebraic import Layout
 from pipelines.incremental.delta import Deltas, Source, unsupported
 from pipelines.incremental.plan import Node, PlanReader
 
@@ -47,6 +49,10 @@ class EnginePlan:
         """What keeps the engine from the plan (empty: it maintains it)."""
         return unsupported(self.reader, self.root, lambda n: self.table_of(n) is not None)
 
+    def state(self) -> Layout | None:
+        """The aggregation state a table of this query can keep (:mod:`.algebraic`)."""
+        return algebraic.layout(self.reader, self.root)
+
 
 def plan_over_stand_ins(
     spark: SparkSession,
@@ -74,14 +80,16 @@ def plan_over_stand_ins(
 
 
 def engine(
-    plan: EnginePlan, sources: Mapping[int, Source], kept: Callable[[], DataFrame] | None = None
+    plan: EnginePlan, sources: Mapping[int, Source], kept: Callable[[], DataFrame] | None = None,
+    state: Layout | None = None,
 ) -> Deltas:
     """The engine over ``plan`` reading ``sources`` (by table id); ``kept``: the query's
-    rows at the old versions as a table holds them (:class:`Deltas`)."""
+    rows at the old versions as a table holds them, ``state``: the aggregation state it
+    keeps (:class:`Deltas`)."""
 
     def source(leaf: Node) -> Source:
         table_id = plan.table_of(leaf)
         assert table_id is not None
         return sources[table_id]
 
-    return Deltas(plan.reader, plan.root, source, kept)
+    return Deltas(plan.reader, plan.root, source, kept, state)

@@ -1,0 +1,296 @@
+"""Aggregations maintained from their change alone: a table whose query ends in a GROUP BY
+(or a scalar aggregate) of COUNTs and exact SUMs keeps, per group, hidden state columns
+from which the next refresh computes the group's new row without reading the group's
+input rows again.
+
+The recomputing rule of :class:`pipelines.incremental.delta.Deltas` reads every input
+row of each touched group at the new versions: for a GROUP BY over a large source that
+is a scan of the source (the touched groups' rows are spread over it), which costs what
+a FULL refresh costs. Here the input's delta alone is aggregated per group, and added to
+the state the table holds:
+
+- ``_INGEST_STATE_ROWS``: the group's input rows (the group is gone at 0; a scalar
+  aggregate keeps its one row);
+- per aggregate function, in the order the plan holds them, ``_INGEST_STATE_<j>``:
+  ``count(...)``: the rows it counts (all its arguments non-NULL), BIGINT; ``sum(x)`` of
+  an integral or DECIMAL(p, s) ``x``: the exact sum as DECIMAL(38, s), and
+  ``_INGEST_STATE_<j>_N``, how many ``x`` are not NULL (the sum is NULL at 0).
+
+A group's row is then its output expressions as the plan writes them, each aggregate
+function replaced by its value from the new state (a sum cast to the type Spark gives
+it: BIGINT, DECIMAL(p + 10, s)) and each grouping expression by the key: Spark evaluates
+them. Sums are exact (integers and decimals), so the result equals the query run fresh;
+a sum past its type's range fails as the query's would (ANSI), decided on the final value
+rather than on a running total. Float sums, MIN, MAX, AVG, COUNT(DISTINCT), FILTER, a
+HAVING (a Filter above the aggregation: the groups it hides have no row to hold their
+state) and an aggregation below other operators keep the recomputing rule.
+
+The state is part of the table's rows, so it commits with them, atomically; readers
+never see it (hidden columns, ``ingest.hidden = state``, as the row id is).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
+from pipelines.incremental.hidden import ID, KEY, SIGN
+from pipelines.incremental.plan import Node, PlanReader, quoted
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType
+
+__all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
+
+STATE_PREFIX = "_INGEST_STATE_"
+_ROWS = f"{STATE_PREFIX}ROWS"
+_INTEGRAL = frozenset({"byte", "short", "integer", "long"})
+_OLD, _VALUE = "_INGEST_O_", "_INGEST_V_"
+_OTHER = -1  # an aggregate function kept by recomputing its groups
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a plan's state lives: the projections above its root aggregation (outermost
+    first), the aggregation, its distinct aggregate functions (JVM ``AggregateExpression``)
+    and, for each, ``count`` or the DECIMAL scale of its sum's state."""
+
+    chain: tuple[Node, ...]
+    aggregate: Node
+    keys: tuple[Any, ...]
+    functions: tuple[Any, ...]
+    scales: tuple[int | None, ...]
+
+    @property
+    def names(self) -> list[str]:
+        """The state columns, in the table's order."""
+        names = [_ROWS]
+        for j, scale in enumerate(self.scales):
+            names.append(f"{STATE_PREFIX}{j}")
+            if scale is not None:
+                names.append(f"{STATE_PREFIX}{j}_N")
+        return names
+
+    @property
+    def fields(self) -> list[pa.Field]:
+        """The state columns as the table's Delta schema holds them (hidden)."""
+        mark = {HIDDEN_KEY: STATE_MARK}
+        fields = [pa.field(_ROWS, pa.int64(), metadata=mark)]
+        for j, scale in enumerate(self.scales):
+            if scale is None:
+                fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.int64(), metadata=mark))
+            else:
+                fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.decimal128(38, scale),
+                                       metadata=mark))  # fmt: skip
+                fields.append(pa.field(f"{STATE_PREFIX}{j}_N", pa.int64(), metadata=mark))
+        return fields
+
+
+def layout(reader: PlanReader, root: Node) -> Layout | None:
+    """The state ``root`` can be maintained with, or None: projections over an
+    aggregation whose aggregate functions are all COUNTs and exact SUMs."""
+    chain, node = [], root
+    while node.kind == "Project":
+        chain.append(node)
+        node = node.children[0]
+    if node.kind != "Aggregate":
+        return None
+    functions: list[Any] = []
+    for output in reader.items(node.jvm.aggregateExpressions()):
+        for found in _aggregate_expressions(reader, output):
+            if not any(found.semanticEquals(f) for f in functions):
+                functions.append(found)
+    scales = [_scale(f) for f in functions]
+    if _OTHER in scales:
+        return None
+    keys = tuple(reader.items(node.jvm.groupingExpressions()))
+    return Layout(tuple(chain), node, keys, tuple(functions), tuple(scales))
+
+
+def stored(schema: pa.Schema) -> list[pa.Field]:
+    """The state columns a table's Delta schema holds (none: a table that keeps none)."""
+    return [schema.field(name) for name in state_columns(schema)]
+
+
+def full(reader: PlanReader, found: Layout) -> list[Column]:
+    """The state columns as aggregates over a group's input rows (the group's whole
+    state, for a refresh that evaluates the query afresh)."""
+    from pyspark.sql import functions as F
+
+    columns = [F.count(F.lit(1)).alias(_ROWS)]
+    for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
+        if scale is None:
+            columns.append(reader.column(function).alias(f"{STATE_PREFIX}{j}"))
+            continue
+        value = _argument(reader, function, scale)
+        columns.append(F.sum(value).alias(f"{STATE_PREFIX}{j}"))
+        columns.append(F.count(value).alias(f"{STATE_PREFIX}{j}_N"))
+    return columns
+
+
+def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
+    """The root's delta from the aggregation input's delta and the state ``kept`` holds:
+    each touched group's new row (+1, unless the group is gone) and its kept row (-1),
+    with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
+    state columns)."""
+    from pyspark.sql import functions as F
+
+    from pipelines.incremental.delta import _group_id
+
+    reader: PlanReader = deltas.reader
+    keys = list(found.keys)
+    names = [f"{KEY}{i}" for i in range(len(keys))]
+    change = deltas.delta(found.aggregate.children[0])
+    grouped = change.groupBy(*[reader.column(k).alias(n) for k, n in zip(keys, names, strict=True)])
+    touched = deltas.materialised(
+        grouped.agg(*_changed(reader, found)).withColumn(ID, _group_id(keys, reader, names)))
+    width = len(kept.columns) - 1 - len(found.names)
+    old = kept.join(touched.select(ID), on=ID, how="left_semi")
+    state = old.select(ID, *[F.col(n).alias(_OLD + n) for n in found.names])
+    merged = touched.join(state, on=ID, how="left_outer")
+    for name, field in zip(found.names, found.fields, strict=True):
+        total = F.coalesce(F.col(_OLD + name), F.lit(0)) + F.coalesce(F.col(name), F.lit(0))
+        merged = merged.withColumn(name, total.cast(_spark_type(field.type)))
+    merged = merged.select(*names, ID, *found.names, *_values(found))
+    if keys:  # a group without rows is gone; a scalar aggregate always has its row
+        merged = merged.where(F.col(_ROWS) > 0)
+    new = merged.select(*_outputs(reader, found, merged), ID, *found.names)
+    for above in reversed(found.chain):
+        new = new.select(*reader.columns(above.jvm.projectList()), ID, *found.names)
+    new = new.withColumn(SIGN, F.lit(1))
+    ordered = [*kept.columns[:width], ID, *found.names]
+    old_rows = old.select(*[F.col(quoted(c)).cast(f.dataType) for c, f in zip(
+        ordered, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # fmt: skip
+    return new.union(old_rows)
+
+
+def rows(deltas: Any, found: Layout, version: str) -> DataFrame:
+    """The root's rows at ``version`` with their state columns after ``ID``."""
+    reader: PlanReader = deltas.reader
+    aggregated = deltas.aggregate(found.aggregate, deltas.state(found.aggregate.children[0],
+                                                                version), full(reader, found))
+    for above in reversed(found.chain):
+        aggregated = aggregated.select(*reader.columns(above.jvm.projectList()), ID,
+                                       *found.names)  # fmt: skip
+    return aggregated
+
+
+def _changed(reader: PlanReader, found: Layout) -> list[Column]:
+    """The state columns as aggregates over a group's signed change rows: what the
+    change adds to each."""
+    from pyspark.sql import functions as F
+
+    sign = F.col(SIGN)
+    columns = [F.sum(sign).cast("bigint").alias(_ROWS)]
+    for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
+        arguments = reader.columns(function.aggregateFunction().children())
+        if scale is None:
+            counted = functools.reduce(operator.and_, [a.isNotNull() for a in arguments],
+                                       F.lit(True))  # fmt: skip
+            columns.append(F.sum(F.when(counted, sign).otherwise(0)).cast("bigint")
+                           .alias(f"{STATE_PREFIX}{j}"))  # fmt: skip
+            continue
+        value = _argument(reader, function, scale)
+        columns.append(F.sum(F.when(sign > 0, value).otherwise(-value))
+                       .alias(f"{STATE_PREFIX}{j}"))  # fmt: skip
+        columns.append(F.sum(F.when(value.isNotNull(), sign).otherwise(0)).cast("bigint")
+                       .alias(f"{STATE_PREFIX}{j}_N"))  # fmt: skip
+    return columns
+
+
+def _values(found: Layout) -> list[Column]:
+    """Each aggregate function's value from the new state (``_INGEST_V_<j>``)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import _parse_datatype_json_string
+
+    values = []
+    for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
+        state = F.col(f"{STATE_PREFIX}{j}")
+        if scale is not None:
+            kind = _parse_datatype_json_string(function.dataType().json())
+            state = F.when(F.col(f"{STATE_PREFIX}{j}_N") > 0, state.cast(kind))
+        values.append(state.alias(f"{_VALUE}{j}"))
+    return values
+
+
+def _outputs(reader: PlanReader, found: Layout, merged: DataFrame) -> list[Column]:
+    """The aggregation's output expressions over ``merged``: each grouping expression
+    replaced by its key column, each aggregate function by its value column (the
+    expressions keep their names and ids)."""
+    output = merged._jdf.queryExecution().analyzed().output()
+    attributes = {a.name(): a for a in reader.items(output)}
+    keys, jvm = found.keys, reader.jvm
+
+    def replaced(expression: Any) -> Any:
+        for i, key in enumerate(keys):
+            if expression.semanticEquals(key):
+                return attributes[f"{KEY}{i}"]
+        if expression.getClass().getSimpleName() == "AggregateExpression":
+            j = next(j for j, f in enumerate(found.functions) if f.semanticEquals(expression))
+            return attributes[f"{_VALUE}{j}"]
+        children = reader.items(expression.children())
+        if not children:
+            return expression
+        replaced_children = jvm.java.util.ArrayList()
+        for child in children:
+            replaced_children.add(replaced(child))
+        return expression.withNewChildren(
+            jvm.org.apache.spark.api.python.PythonUtils.toSeq(replaced_children))
+
+    outputs = reader.items(found.aggregate.jvm.aggregateExpressions())
+    return [reader.column(replaced(e)) if e.getClass().getSimpleName() == "Alias"
+            else reader.aliased(replaced(e), e.toAttribute()) for e in outputs]  # fmt: skip
+
+
+def _aggregate_expressions(reader: PlanReader, expression: Any) -> list[Any]:
+    if expression.getClass().getSimpleName() == "AggregateExpression":
+        return [expression]
+    return [found for child in reader.items(expression.children())
+            for found in _aggregate_expressions(reader, child)]  # fmt: skip
+
+
+def _scale(function: Any) -> int | None:
+    """None for a COUNT, the state's DECIMAL scale for an exact SUM, :data:`_OTHER` for
+    anything else (the aggregation is then not maintained from its change)."""
+    if function.isDistinct() or function.filter().isDefined():
+        return _OTHER
+    if str(function.mode().toString()) != "Complete":
+        return _OTHER
+    aggregate = function.aggregateFunction()
+    kind = aggregate.getClass().getSimpleName()
+    if kind == "Count":
+        return None
+    if kind != "Sum" or str(aggregate.evalContext().evalMode().toString()) == "TRY":
+        return _OTHER
+    argument = _parse_json(aggregate.child().dataType().json())
+    if argument in _INTEGRAL:
+        return 0
+    if isinstance(argument, dict) or not argument.startswith("decimal("):
+        return _OTHER
+    return int(argument[len("decimal("):-1].split(",")[1])
+
+
+def _argument(reader: PlanReader, function: Any, scale: int) -> Column:
+    """A sum's argument as DECIMAL(38, scale): exact for every integral and decimal."""
+    return reader.column(function.aggregateFunction().child()).cast(f"decimal(38,{scale})")
+
+
+def _spark_type(kind: pa.DataType) -> DataType:
+    from pyspark.sql.types import DecimalType, LongType
+
+    if pa.types.is_decimal(kind):
+        return DecimalType(kind.precision, kind.scale)
+    return LongType()
+
+
+def _parse_json(text: str) -> Any:
+    import orjson
+
+    return orjson.loads(text)
+
