@@ -12,16 +12,22 @@ the state the table holds:
 - ``_INGEST_STATE_ROWS``: the group's input rows (the group is gone at 0; a scalar
   aggregate keeps its one row);
 - per aggregate function, in the order the plan holds them, ``_INGEST_STATE_<j>``:
-  ``count(...)``: the rows it counts (all its arguments non-NULL), BIGINT; ``sum(x)`` of
-  an integral or DECIMAL(p, s) ``x``: the exact sum as DECIMAL(38, s), and
-  ``_INGEST_STATE_<j>_N``, how many ``x`` are not NULL (the sum is NULL at 0).
+  ``count(...)``: the rows it counts (all its arguments non-NULL), BIGINT; ``sum(x)`` and
+  ``avg(x)`` of an integral or DECIMAL(p, s) ``x``: the exact sum as DECIMAL(38, s), and
+  ``_INGEST_STATE_<j>_N``, how many ``x`` are not NULL (the sum and the average are NULL
+  at 0).
 
 A group's row is then its output expressions as the plan writes them, each aggregate
 function replaced by its value from the new state (a sum cast to the type Spark gives
-it: BIGINT, DECIMAL(p + 10, s)) and each grouping expression by the key: Spark evaluates
+it: BIGINT, DECIMAL(p + 10, s); an average by Spark's own final expression over its
+buffer, the sum and the count) and each grouping expression by the key: Spark evaluates
 them. Sums are exact (integers and decimals), so the result equals the query run fresh;
 a sum past its type's range fails as the query's would (ANSI), decided on the final value
-rather than on a running total. Float sums, MIN, MAX, AVG, COUNT(DISTINCT), FILTER, a
+rather than on a running total. An integer's average (and a small decimal's, which
+Spark's optimizer turns into the average of its unscaled integers) is Spark's average of
+doubles: the exact sum rounded once to a double, which is what Spark's running double
+sum gives while the group's sums stay within ±2⁵³ (past that Spark's own answer depends
+on the order it adds in). Float sums and averages, MIN, MAX, COUNT(DISTINCT), FILTER, a
 HAVING (a Filter above the aggregation: the groups it hides have no row to hold their
 state) and an aggregation below other operators keep the recomputing rule.
 
@@ -94,7 +100,8 @@ class Layout:
 
 def layout(reader: PlanReader, root: Node) -> Layout | None:
     """The state ``root`` can be maintained with, or None: projections over an
-    aggregation whose aggregate functions are all COUNTs and exact SUMs."""
+    aggregation whose aggregate functions are all COUNTs, and SUMs and AVGs of integers
+    and decimals."""
     chain, node = [], root
     while node.kind == "Project":
         chain.append(node)
@@ -140,6 +147,7 @@ def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
     with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
     state columns)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import _parse_datatype_json_string
 
     from pipelines.incremental.delta import _group_id
 
@@ -150,6 +158,9 @@ def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
     grouped = change.groupBy(*[reader.column(k).alias(n) for k, n in zip(keys, names, strict=True)])
     touched = deltas.materialised(
         grouped.agg(*_changed(reader, found)).withColumn(ID, _group_id(keys, reader, names)))
+    for name, key in zip(names, keys, strict=True):  # as they were before the round trip
+        kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
+        touched = touched.withColumn(name, F.col(name).cast(kind))
     width = len(kept.columns) - 1 - len(found.names)
     old = kept.join(touched.select(ID), on=ID, how="left_semi")
     state = old.select(ID, *[F.col(n).alias(_OLD + n) for n in found.names])
@@ -205,47 +216,71 @@ def _changed(reader: PlanReader, found: Layout) -> list[Column]:
 
 
 def _values(found: Layout) -> list[Column]:
-    """Each aggregate function's value from the new state (``_INGEST_V_<j>``)."""
+    """Each aggregate function's value from the new state (``_INGEST_V_<j>``); an
+    average's aggregation buffer instead (``_INGEST_V_<j>_sum``, ``_count``), which
+    :func:`_outputs` evaluates by Spark's own expression."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
     values = []
     for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
-        state = F.col(f"{STATE_PREFIX}{j}")
+        state, count = F.col(f"{STATE_PREFIX}{j}"), F.col(f"{STATE_PREFIX}{j}_N")
+        if _is_average(function):
+            buffer = {a.name(): a for a in _buffer(function)}
+            kind = _parse_datatype_json_string(buffer["sum"].dataType().json())
+            values += [state.cast(kind).alias(f"{_VALUE}{j}_sum"),
+                       count.alias(f"{_VALUE}{j}_count")]  # fmt: skip
+            continue
         if scale is not None:
             kind = _parse_datatype_json_string(function.dataType().json())
-            state = F.when(F.col(f"{STATE_PREFIX}{j}_N") > 0, state.cast(kind))
+            state = F.when(count > 0, state.cast(kind))
         values.append(state.alias(f"{_VALUE}{j}"))
     return values
 
 
 def _outputs(reader: PlanReader, found: Layout, merged: DataFrame) -> list[Column]:
     """The aggregation's output expressions over ``merged``: each grouping expression
-    replaced by its key column, each aggregate function by its value column (the
-    expressions keep their names and ids)."""
+    replaced by its key column, each aggregate function by its value column (an
+    average by its final expression over its buffer's columns). The expressions keep
+    their names and ids."""
     output = merged._jdf.queryExecution().analyzed().output()
     attributes = {a.name(): a for a in reader.items(output)}
-    keys, jvm = found.keys, reader.jvm
+    jvm = reader.jvm
+    swaps = [(key, attributes[f"{KEY}{i}"]) for i, key in enumerate(found.keys)]
 
-    def replaced(expression: Any) -> Any:
-        for i, key in enumerate(keys):
-            if expression.semanticEquals(key):
-                return attributes[f"{KEY}{i}"]
+    def replaced(expression: Any, swaps: list[tuple[Any, Any]]) -> Any:
+        for before, after in swaps:
+            if expression.semanticEquals(before):
+                return after
         if expression.getClass().getSimpleName() == "AggregateExpression":
             j = next(j for j, f in enumerate(found.functions) if f.semanticEquals(expression))
-            return attributes[f"{_VALUE}{j}"]
+            if not _is_average(expression):
+                return attributes[f"{_VALUE}{j}"]
+            final = expression.aggregateFunction().evaluateExpression()
+            return replaced(final, [(a, attributes[f"{_VALUE}{j}_{a.name()}"])
+                                    for a in _buffer(expression)])  # fmt: skip
         children = reader.items(expression.children())
         if not children:
             return expression
         replaced_children = jvm.java.util.ArrayList()
         for child in children:
-            replaced_children.add(replaced(child))
+            replaced_children.add(replaced(child, swaps))
         return expression.withNewChildren(
             jvm.org.apache.spark.api.python.PythonUtils.toSeq(replaced_children))
 
     outputs = reader.items(found.aggregate.jvm.aggregateExpressions())
-    return [reader.column(replaced(e)) if e.getClass().getSimpleName() == "Alias"
-            else reader.aliased(replaced(e), e.toAttribute()) for e in outputs]  # fmt: skip
+    return [reader.column(replaced(e, swaps)) if e.getClass().getSimpleName() == "Alias"
+            else reader.aliased(replaced(e, swaps), e.toAttribute()) for e in outputs]  # fmt: skip
+
+
+def _is_average(function: Any) -> bool:
+    return bool(function.aggregateFunction().getClass().getSimpleName() == "Average")
+
+
+def _buffer(function: Any) -> list[Any]:
+    """An aggregate function's buffer attributes (an average's: ``sum``, ``count``)."""
+    seq = function.aggregateFunction().aggBufferAttributes()
+    return [seq.apply(i) for i in range(seq.size())]
 
 
 def _aggregate_expressions(reader: PlanReader, expression: Any) -> list[Any]:
@@ -256,8 +291,9 @@ def _aggregate_expressions(reader: PlanReader, expression: Any) -> list[Any]:
 
 
 def _scale(function: Any) -> int | None:
-    """None for a COUNT, the state's DECIMAL scale for an exact SUM, :data:`_OTHER` for
-    anything else (the aggregation is then not maintained from its change)."""
+    """None for a COUNT, the state's DECIMAL scale for a SUM or an AVG of an integral or
+    DECIMAL argument, :data:`_OTHER` for anything else (the aggregation is then not
+    maintained from its change)."""
     if function.isDistinct() or function.filter().isDefined():
         return _OTHER
     if str(function.mode().toString()) != "Complete":
@@ -266,9 +302,11 @@ def _scale(function: Any) -> int | None:
     kind = aggregate.getClass().getSimpleName()
     if kind == "Count":
         return None
-    if kind != "Sum" or str(aggregate.evalContext().evalMode().toString()) == "TRY":
-        return _OTHER
     argument = _parse_json(aggregate.child().dataType().json())
+    if kind not in ("Sum", "Average"):
+        return _OTHER
+    if kind == "Sum" and str(aggregate.evalContext().evalMode().toString()) == "TRY":
+        return _OTHER
     if argument in _INTEGRAL:
         return 0
     if isinstance(argument, dict) or not argument.startswith("decimal("):

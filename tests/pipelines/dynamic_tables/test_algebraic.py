@@ -1,6 +1,6 @@
 """Aggregations maintained from their change alone (pipelines/incremental/algebraic.py): a
-dynamic table whose query ends in a GROUP BY or a scalar aggregate of COUNTs and exact
-SUMs keeps hidden state per group, and its incremental refreshes read the source's
+dynamic table whose query ends in a GROUP BY or a scalar aggregate of COUNTs, exact SUMs
+and AVGs of integers and decimals keeps hidden state per group, and its incremental refreshes read the source's
 changes and the table, not the source's rows. Every refresh is INCREMENTAL and leaves
 the table equal to its query run fresh (as a multiset); readers never see the state."""
 
@@ -37,10 +37,12 @@ KEPT = {
     "counts_and_sums": "SELECT K, count(*) AS N, count(V) AS NV, sum(V) AS S, sum(D) AS SD "
                        "FROM A GROUP BY K",
     "expressions": "SELECT concat(K, '!') AS KX, sum(V) * 2 + count(*) AS X, "
-                   "sum(D) / 4 AS Q, count(V, D) AS BOTH FROM A GROUP BY K",
+                   "sum(D) / 4 AS Q, count(V, D) AS BOTH, avg(D) AS M, "
+                   "sum(D) - avg(D) AS R FROM A GROUP BY K",
     "key_expressions": "SELECT V % 2 AS M, ID % 2 AS P, count(*) AS N, sum(B) AS SB FROM A "
                        "GROUP BY V % 2, ID % 2",
-    "scalar": "SELECT count(*) AS N, sum(V) AS S, sum(D) AS SD, count(K) AS NK FROM A",
+    "scalar": "SELECT count(*) AS N, sum(V) AS S, sum(D) AS SD, count(K) AS NK, avg(D) AS M, "
+              "avg(V) AS MV, avg(CAST(D AS DECIMAL(30, 4))) AS MW FROM A",
     "projected": "SELECT S, N FROM (SELECT K, sum(V) AS S, count(*) AS N FROM A GROUP BY K)",
 }
 #: Queries that keep recomputing the touched groups (no state columns; their refreshes
@@ -48,8 +50,8 @@ KEPT = {
 RECOMPUTED = {
     "min_max": "SELECT K, min(V) AS LO, max(D) AS HI FROM A GROUP BY K",
     "having": "SELECT K, sum(V) AS S FROM A GROUP BY K HAVING count(*) > 1",
-    "average": "SELECT K, avg(D) AS M, count(DISTINCT V) AS DV, sum(CAST(V AS DOUBLE)) AS F "
-               "FROM A GROUP BY K",
+    "others": "SELECT K, avg(CAST(V AS DOUBLE)) AS M, count(DISTINCT V) AS DV, "
+              "sum(CAST(V AS DOUBLE)) AS F FROM A GROUP BY K",
 }
 
 
