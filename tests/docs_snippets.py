@@ -2,7 +2,10 @@
 
 A page's fenced blocks are read in order. Their info string says what they are:
 
-- ``python``: run with the virtualenv's Python in a subprocess (exit code must be 0);
+- ``python``: run with the virtualenv's Python as a script (it must end without an
+  exception), all blocks of a page in one interpreter of their own, one after another
+  (tests/docs_block_runner.py: a block that starts Spark leaves its JVM to the next),
+  which must then exit with 0;
 - ``bash``, ``sh``, ``shell``: run with ``bash -euo pipefail`` in the repo root;
 - ``console``: commands on lines starting with ``$ `` (a line ending in ``\\`` or inside
   an open quote continues on the next), each followed by the output it must print;
@@ -18,8 +21,10 @@ one with its reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -27,6 +32,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -165,6 +171,8 @@ class Runner:
             PYTHONUNBUFFERED="1",
         )
         self.env = env
+        self._blocks: subprocess.Popen[bytes] | None = None
+        self._results: Any = None
 
     def _run(self, argv: list[str]) -> Result:
         done = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True,
@@ -180,13 +188,65 @@ class Runner:
     def run(self, block: Block) -> str | None:
         """Run one block; None if it did what it should, else what went wrong."""
         if block.lang == "python":
-            result = self._run([self.python, str(self._script(block, ".py", block.code))])
-            return None if result.returncode == 0 else _failed(result)
+            return self._run_python(self._script(block, ".py", block.code))
         if block.lang in SHELL:
             script = self._script(block, ".sh", block.code)
             result = self._run(["bash", "-euo", "pipefail", str(script)])
             return None if result.returncode == 0 else _failed(result)
         return self._run_console(block)
+
+    def _run_python(self, script: Path) -> str | None:
+        """A script run by the page's block runner (started on first use)."""
+        if self._blocks is None:
+            read, write = os.pipe()
+            with open(self.scratch / "python-blocks.log", "ab") as log:
+                self._blocks = subprocess.Popen(
+                    [self.python, str(ROOT / "tests" / "docs_block_runner.py")], cwd=ROOT,
+                    env={**self.env, "DOCS_RESULT_FD": str(write)}, pass_fds=(write,),
+                    stdin=subprocess.PIPE, stdout=log, stderr=log, start_new_session=True,
+                )  # fmt: skip
+            os.close(write)
+            self._results = os.fdopen(read, "rb")
+        assert self._blocks.stdin is not None and self._results is not None
+        self._blocks.stdin.write(f"{script}\n".encode())
+        self._blocks.stdin.flush()
+        ready, _, _ = select.select([self._results], [], [], self.timeout)
+        line = self._results.readline() if ready else b""
+        if not line:
+            self.close()
+            return f"the block ran over {self.timeout:.0f} s, or its interpreter died"
+        result = orjson.loads(line)
+        return None if result["ok"] else f"--- output (end)\n{result['output'][-6000:]}"
+
+    def finish(self) -> str | None:
+        """End the block runner as a script ends (its input closed): None if it exited
+        with 0 (or never started), else what it printed."""
+        if self._blocks is None:
+            return None
+        assert self._blocks.stdin is not None
+        self._blocks.stdin.close()
+        try:
+            status = self._blocks.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            status = None
+        self.close()
+        if status == 0:
+            return None
+        log = (self.scratch / "python-blocks.log").read_text(errors="replace")[-3000:]
+        return f"the interpreter of the Python blocks ended with {status}:\n{log}"
+
+    def close(self) -> None:
+        """Kill the block runner, if it still runs."""
+        if self._blocks is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._blocks.pid, signal.SIGKILL)
+            self._blocks.wait()
+            if self._blocks.stdin is not None:
+                self._blocks.stdin.close()
+            self._blocks = None
+        if self._results is not None:
+            self._results.close()
+            self._results = None
 
     def _run_console(self, block: Block) -> str | None:
         commands = console_commands(block.code)

@@ -43,8 +43,8 @@ def test_page_runs(page: str, tmp_path: Path) -> None:
     if not have("curl") and any("curl" in block.code for block in runnable):
         pytest.skip(f"{page}: curl is not installed; its shell blocks call curl")
     server = Server(tmp_path)
+    runner = Runner(tmp_path, server.port, server.warehouse)
     try:
-        runner = Runner(tmp_path, server.port, server.warehouse)
         for block in runnable:
             started = time.monotonic()
             problem = runner.run(block)
@@ -54,7 +54,11 @@ def test_page_runs(page: str, tmp_path: Path) -> None:
                     f"{block.code}\n{problem}\n--- server log (end)\n{server.log_tail()}",
                     pytrace=False,
                 )
+        problem = runner.finish()
+        if problem is not None:
+            pytest.fail(f"{page}: {problem}", pytrace=False)
     finally:
+        runner.close()
         status = server.stop()
     assert status == 0, f"the server of {page} exited with {status}:\n{server.log_tail()}"
 
