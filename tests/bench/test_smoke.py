@@ -3,9 +3,10 @@
 Nothing else runs the benchmarks, so a rename in the code they call would break them
 unnoticed. Each case runs ``python -m bench NAME --scale 0.001`` (its sizes at their
 floors, as small as a run that goes through all its steps) in a process of its own, as
-``make bench`` runs it, and checks only the exit status and the JSON document on stdout:
-its name, its scale and, where it has one, its baseline. Times are not checked: at this
-size they mean nothing.
+``make bench`` runs it, except the entries that only need a Spark session, which run
+together in one process on one session (:data:`SHARED_SPARK`); each checks only the exit
+status and the JSON document on stdout: its name, its scale and, where it has one, its
+baseline. Times are not checked: at this size they mean nothing.
 """
 
 import contextlib
@@ -53,29 +54,78 @@ def test_every_entry_has_a_case():
     assert sorted(CASES) == sorted(BENCHMARKS)
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_entry_runs_at_smoke_size(name, tmp_path):
-    # Its own process group, so the services and JVMs it started end with it; its
-    # temporary folders under tmp_path.
+#: Entries that run on a Spark session in their own process (``bench.pipelines._Bench``),
+#: which they leave running when it was there before them: at smoke size they run one
+#: after another in one process, on one session made first, as ``python -m bench a b``
+#: runs them (a JVM start each would be most of their time).
+SHARED_SPARK = (
+    "stream_read_vs_scan", "append_only_growth", "consuming_insert", "plan_guard",
+    "dt_no_data", "dt_incremental_vs_full", "dt_full_diff_vs_rewrite", "dt_engine_vs_full",
+    "dt_adaptive_shares", "dt_tpch",
+)  # fmt: skip
+_ON_SHARED_SPARK = (
+    "import sys\n"
+    "from flush.spark_tables import spark_session\n"
+    "spark_session('local[2]', app_name='bench-smoke')\n"
+    "from bench.__main__ import main\n"
+    "from ingest_sdk.process_exit import run_entry_point\n"
+    "run_entry_point(main)\n"
+)
+
+
+def _run(argv: list[str], folder, timeout: float) -> tuple[int | None, str, str]:
+    """``argv`` in its own process group (the services and JVMs it starts end with it),
+    its temporary folders under ``folder``: (exit status, stdout, stderr)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench", name, *SMOKE], cwd=ROOT, env=dict(os.environ, TMPDIR=str(tmp_path)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        argv, cwd=ROOT, env=dict(os.environ, TMPDIR=str(folder)), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     try:
-        stdout, stderr = process.communicate(timeout=TIMEOUT)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"python -m bench {name} ran over {TIMEOUT} s:\n{stderr[-4000:]}")
+        return None, stdout, f"ran over {timeout} s:\n{stderr}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # whatever it left running
-    assert process.returncode == 0, stderr[-4000:]
-    lines = stdout.splitlines()
-    assert len(lines) == 1, stdout[-4000:]
-    document = orjson.loads(lines[0])
+    return process.returncode, stdout, stderr
+
+
+def _check(name: str, document: dict) -> None:
     benchmark, baseline = CASES[name]
     assert document["benchmark"] == benchmark
     assert document["scale"] == 0.001
     if baseline is not None:
         assert baseline in document, sorted(document)
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory) -> tuple[dict[str, dict], str]:
+    """The documents of the :data:`SHARED_SPARK` entries, by name, and the run's stderr."""
+    status, stdout, stderr = _run(
+        [sys.executable, "-c", _ON_SHARED_SPARK, *SHARED_SPARK, *SMOKE],
+        tmp_path_factory.mktemp("shared_spark"), TIMEOUT * 3,
+    )  # fmt: skip
+    documents = [orjson.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    by_benchmark = {document["benchmark"]: document for document in documents}
+    found = {name: by_benchmark[CASES[name][0]] for name in SHARED_SPARK
+             if CASES[name][0] in by_benchmark}  # fmt: skip
+    return found, f"exit status {status}:\n{stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("name", [name for name in CASES if name not in SHARED_SPARK])
+def test_entry_runs_at_smoke_size(name, tmp_path):
+    status, stdout, stderr = _run([sys.executable, "-m", "bench", name, *SMOKE], tmp_path,
+                                  TIMEOUT)  # fmt: skip
+    assert status == 0, stderr[-4000:]
+    lines = stdout.splitlines()
+    assert len(lines) == 1, stdout[-4000:]
+    _check(name, orjson.loads(lines[0]))
+
+
+@pytest.mark.parametrize("name", SHARED_SPARK)
+def test_entry_runs_at_smoke_size_on_a_shared_spark_session(name, shared_run):
+    found, outcome = shared_run
+    assert name in found, f"python -m bench {name} did not end with its document: {outcome}"
+    _check(name, found[name])
