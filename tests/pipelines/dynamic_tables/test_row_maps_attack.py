@@ -88,7 +88,7 @@ P_QUERIES = {
 STEPS = [
     ("G", """INSERT INTO G VALUES (5, 'c', '[7, 7]', '{"x": 7}', '[[7]]', 1, 'a,b', -0.0),
             (6, 'b', '[3, 3]', '{}', '[[],[]]', 4, ',', 3.0),
-            (3, 'a', NULL, NULL, NULL, NULL, NULL, NULL)"""),  # fmt: skip
+            (3, 'a', NULL, NULL, NULL, NULL, NULL, NULL)"""),
     ("P", "INSERT INTO P VALUES (7, NULL, 1, '', NULL, -0.0), "
           "(8, 1, NULL, NULL, '', CAST('NaN' AS DOUBLE)), (9, 0, 0, '', '', 0.0)"),
     ("G", "UPDATE G SET A = '[2, 1]', N = 1 WHERE ID = 1"),  # shrinks and reorders
