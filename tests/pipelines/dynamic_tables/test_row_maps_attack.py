@@ -44,32 +44,50 @@ SETUP = [
 #: explode(sequence(1, N * 20000)), and VALUES holding NULL-typed, -0.0/NaN/Infinity,
 #: CHAR, binary, date/timestamp/timestamp_ntz, decimal, array, map and struct columns.
 G_QUERIES = {
-    "two_views": ("SELECT ID, E1, MK, E2 FROM GV LATERAL VIEW explode(A) a AS E1 "
-                  "LATERAL VIEW explode_outer(M) m AS MK, E2"),
-    "nested": ("SELECT ID, P, Y FROM GV LATERAL VIEW explode(NA) a AS XS "
-               "LATERAL VIEW posexplode_outer(XS) b AS P, Y"),
-    "gen_join_key": ("SELECT g.ID, g.E, H.K FROM (SELECT ID, E FROM GV LATERAL VIEW "
-                     "explode(A) t AS E) g JOIN H ON H.V = g.E"),
+    "two_views": (
+        "SELECT ID, E1, MK, E2 FROM GV LATERAL VIEW explode(A) a AS E1 "
+        "LATERAL VIEW explode_outer(M) m AS MK, E2"
+    ),
+    "nested": (
+        "SELECT ID, P, Y FROM GV LATERAL VIEW explode(NA) a AS XS "
+        "LATERAL VIEW posexplode_outer(XS) b AS P, Y"
+    ),
+    "gen_join_key": (
+        "SELECT g.ID, g.E, H.K FROM (SELECT ID, E FROM GV LATERAL VIEW "
+        "explode(A) t AS E) g JOIN H ON H.V = g.E"
+    ),
     "sequence": "SELECT ID, E FROM GV LATERAL VIEW explode(sequence(1, N)) t AS E",
-    "inline_nulls": ("SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline_outer(transform(A, v -> "
-                     "IF(v IS NULL, NULL, named_struct('x', v, 'y', CAST(NULL AS INT))))) t AS X1, Y1"),
-    "inline_hidden_field": ("SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline(transform(A, v -> "
-                            "named_struct('_INGEST_KV', v, '_INGEST_ROW_ID', v + 1))) t AS X1, Y1"),
-    "gen_self_join": ("SELECT a.ID, a.E, b.ID AS ID2 FROM (SELECT ID, explode(A) AS E FROM GV) a "
-                      "JOIN (SELECT ID, explode(A) AS E FROM GV) b ON a.E = b.E"),
-    "values_types": ("SELECT GV.ID, to_json(v.AR) AS AR, to_json(v.MP) AS MP, v.D, v.TS, v.NTZ, "
-                     "v.DC, v.BN, v.F, v.CH FROM GV JOIN (VALUES (1, array(1, NULL), map('k', 1), "
-                     "DATE'2020-01-01', TIMESTAMP'2020-01-01 00:00:00', "
-                     "TIMESTAMP_NTZ'2020-01-01 00:00:00', CAST(1.5 AS DECIMAL(20,5)), X'00FF', "
-                     "CAST('-0.0' AS DOUBLE), CAST('a' AS CHAR(3))), (2, NULL, NULL, NULL, NULL, NULL, "
-                     "NULL, NULL, CAST('NaN' AS DOUBLE), NULL), (4, array(), map(), DATE'1970-01-01', "
-                     "TIMESTAMP'1969-12-31 23:59:59.999999', TIMESTAMP_NTZ'2262-04-12 00:00:00', "
-                     "CAST(-0.00001 AS DECIMAL(20,5)), X'', CAST('Infinity' AS DOUBLE), "
-                     "CAST('' AS CHAR(3)))) v(I, AR, MP, D, TS, NTZ, DC, BN, F, CH) ON GV.ID = v.I"),
-    "h_full_gen": ("SELECT H.K, H.V, g.ID, g.E FROM H FULL JOIN (SELECT ID, K, E FROM GV "
-                   "LATERAL VIEW explode(A) t AS E) g ON H.V = g.E"),
-    "values_full": ("SELECT GV.ID, v.NAME FROM GV FULL JOIN (VALUES ('a', 'x'), (NULL, 'nul'), "
-                    "('q', 'x')) AS v(K, NAME) ON GV.K = v.K"),
+    "inline_nulls": (
+        "SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline_outer(transform(A, v -> "
+        "IF(v IS NULL, NULL, named_struct('x', v, 'y', CAST(NULL AS INT))))) t AS X1, Y1"
+    ),
+    "inline_hidden_field": (
+        "SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline(transform(A, v -> "
+        "named_struct('_INGEST_KV', v, '_INGEST_ROW_ID', v + 1))) t AS X1, Y1"
+    ),
+    "gen_self_join": (
+        "SELECT a.ID, a.E, b.ID AS ID2 FROM (SELECT ID, explode(A) AS E FROM GV) a "
+        "JOIN (SELECT ID, explode(A) AS E FROM GV) b ON a.E = b.E"
+    ),
+    "values_types": (
+        "SELECT GV.ID, to_json(v.AR) AS AR, to_json(v.MP) AS MP, v.D, v.TS, v.NTZ, "
+        "v.DC, v.BN, v.F, v.CH FROM GV JOIN (VALUES (1, array(1, NULL), map('k', 1), "
+        "DATE'2020-01-01', TIMESTAMP'2020-01-01 00:00:00', "
+        "TIMESTAMP_NTZ'2020-01-01 00:00:00', CAST(1.5 AS DECIMAL(20,5)), X'00FF', "
+        "CAST('-0.0' AS DOUBLE), CAST('a' AS CHAR(3))), (2, NULL, NULL, NULL, NULL, NULL, "
+        "NULL, NULL, CAST('NaN' AS DOUBLE), NULL), (4, array(), map(), DATE'1970-01-01', "
+        "TIMESTAMP'1969-12-31 23:59:59.999999', TIMESTAMP_NTZ'2262-04-12 00:00:00', "
+        "CAST(-0.00001 AS DECIMAL(20,5)), X'', CAST('Infinity' AS DOUBLE), "
+        "CAST('' AS CHAR(3)))) v(I, AR, MP, D, TS, NTZ, DC, BN, F, CH) ON GV.ID = v.I"
+    ),
+    "h_full_gen": (
+        "SELECT H.K, H.V, g.ID, g.E FROM H FULL JOIN (SELECT ID, K, E FROM GV "
+        "LATERAL VIEW explode(A) t AS E) g ON H.V = g.E"
+    ),
+    "values_full": (
+        "SELECT GV.ID, v.NAME FROM GV FULL JOIN (VALUES ('a', 'x'), (NULL, 'nul'), "
+        "('q', 'x')) AS v(K, NAME) ON GV.K = v.K"
+    ),
     "union_values": "SELECT K FROM GV UNION SELECT * FROM VALUES ('a'), (NULL), ('zz'), ('zz')",
 }
 #: Definitions over P: group ids (the attack also passed GROUPING SETS with (), several
@@ -78,19 +96,27 @@ G_QUERIES = {
 P_QUERIES = {
     "grp_ab": "SELECT A, B, count(*) AS C, sum(ID) AS SM FROM P GROUP BY A, B",
     "grp_st": "SELECT S, T, count(*) AS C FROM P GROUP BY S, T",
-    "grp_nested": ("SELECT to_json(AB) AS AB, C FROM (SELECT array(named_struct('a', A), "
-                   "named_struct('a', B)) AS AB, count(*) AS C FROM P GROUP BY "
-                   "array(named_struct('a', A), named_struct('a', B)))"),
+    "grp_nested": (
+        "SELECT to_json(AB) AS AB, C FROM (SELECT array(named_struct('a', A), "
+        "named_struct('a', B)) AS AB, count(*) AS C FROM P GROUP BY "
+        "array(named_struct('a', A), named_struct('a', B)))"
+    ),
     "grp_rollup": "SELECT A, B, count(*) AS C, grouping_id() AS GI FROM P GROUP BY ROLLUP(A, B)",
     "grp_float": "SELECT X, count(*) AS C FROM P GROUP BY X",
 }
 #: Each step is followed by a refresh of the tables over the table it changes.
 STEPS = [
-    ("G", """INSERT INTO G VALUES (5, 'c', '[7, 7]', '{"x": 7}', '[[7]]', 1, 'a,b', -0.0),
+    (
+        "G",
+        """INSERT INTO G VALUES (5, 'c', '[7, 7]', '{"x": 7}', '[[7]]', 1, 'a,b', -0.0),
             (6, 'b', '[3, 3]', '{}', '[[],[]]', 4, ',', 3.0),
-            (3, 'a', NULL, NULL, NULL, NULL, NULL, NULL)"""),
-    ("P", "INSERT INTO P VALUES (7, NULL, 1, '', NULL, -0.0), "
-          "(8, 1, NULL, NULL, '', CAST('NaN' AS DOUBLE)), (9, 0, 0, '', '', 0.0)"),
+            (3, 'a', NULL, NULL, NULL, NULL, NULL, NULL)""",
+    ),
+    (
+        "P",
+        "INSERT INTO P VALUES (7, NULL, 1, '', NULL, -0.0), "
+        "(8, 1, NULL, NULL, '', CAST('NaN' AS DOUBLE)), (9, 0, 0, '', '', 0.0)",
+    ),
     ("G", "UPDATE G SET A = '[2, 1]', N = 1 WHERE ID = 1"),  # shrinks and reorders
     ("G", "UPDATE G SET A = '[5, null, 7, 7]', NA = '[[5],[null,null]]' WHERE ID = 4"),  # grows
     ("P", "UPDATE P SET A = B, B = A WHERE ID IN (1, 2)"),  # (NULL, 1) <-> (1, NULL)
@@ -168,14 +194,23 @@ def test_a_stream_sees_exactly_the_net_change(wh):
         assert_same_as_query(wh, name, query)
     assert wh.sql("SELECT count(*) FROM SN").collect()[0][0] == 0
     assert wh.sql("SELECT count(*) FROM SG").collect()[0][0] == 0
-    wh.sql("INSERT INTO P VALUES (50, NULL, 42, NULL, NULL, NULL), (51, 42, NULL, NULL, NULL, NULL)")
+    wh.sql(
+        "INSERT INTO P VALUES (50, NULL, 42, NULL, NULL, NULL), (51, 42, NULL, NULL, NULL, NULL)"
+    )
     wh.sql("ALTER DYNAMIC TABLE D_SG REFRESH")
     wh.sql("CREATE OR REPLACE STREAM SG ON TABLE D_SG")
     wh.sql("UPDATE P SET A = 42, B = NULL WHERE ID = 50")  # (NULL, 42) gone, (42, NULL) 1 -> 2
     wh.sql("ALTER DYNAMIC TABLE D_SG REFRESH")
     assert_same_as_query(wh, "D_SG", grouped)
-    seen = {(None if r.A is None else int(r.A), None if r.B is None else int(r.B), int(r.C),
-             r["METADATA$ACTION"]) for r in wh.sql("SELECT * FROM SG").collect()}
+    seen = {
+        (
+            None if r.A is None else int(r.A),
+            None if r.B is None else int(r.B),
+            int(r.C),
+            r["METADATA$ACTION"],
+        )
+        for r in wh.sql("SELECT * FROM SG").collect()
+    }
     assert seen == {(None, 42, 1, "DELETE"), (42, None, 1, "DELETE"), (42, None, 2, "INSERT")}
 
 
@@ -184,8 +219,10 @@ def test_a_stream_sees_exactly_the_net_change(wh):
     "fields of one name, which Spark's inline takes by position, fails the initial refresh "
     "(AMBIGUOUS_REFERENCE_TO_FIELDS)"))  # fmt: skip
 def test_inline_of_structs_with_a_repeated_field_name(wh):
-    query = ("SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline(transform(A, v -> "
-             "named_struct('x', v, 'x', v * 10))) t AS X1, Y1")
+    query = (
+        "SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline(transform(A, v -> "
+        "named_struct('x', v, 'x', v * 10))) t AS X1, Y1"
+    )
     assert wh.sql(query).collect()  # Spark runs it
     make(wh, "D_DUP_FIELDS", query)
     assert_same_as_query(wh, "D_DUP_FIELDS", query)
@@ -196,8 +233,10 @@ def test_inline_of_structs_with_a_repeated_field_name(wh):
     "column with a NOT NULL field and a NULL row fails the arrow cast (nulls in input cannot "
     "be viewed as non-nullable), so the initial refresh fails INTERNAL_ERROR"))  # fmt: skip
 def test_values_with_a_null_struct_row(wh):
-    query = ("SELECT GV.ID, to_json(v.ST) AS ST FROM GV JOIN (VALUES (1, named_struct('a', 1)), "
-             "(2, NULL)) v(I, ST) ON GV.ID = v.I")
+    query = (
+        "SELECT GV.ID, to_json(v.ST) AS ST FROM GV JOIN (VALUES (1, named_struct('a', 1)), "
+        "(2, NULL)) v(I, ST) ON GV.ID = v.I"
+    )
     assert wh.sql(query).collect()  # Spark runs it
     make(wh, "D_NULL_STRUCT", query)
     assert_same_as_query(wh, "D_NULL_STRUCT", query)
