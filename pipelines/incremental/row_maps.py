@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from pipelines.incremental.hidden import ID, KEY
 from pipelines.incremental.plan import Node, PlanReader
 
@@ -71,6 +69,7 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
     """Each row with one row per element of its collection (none for an empty or NULL
     one, unless outer: then one with NULLs), numbered by ``posexplode``."""
     from pyspark.sql import functions as F
+    from pyspark.sql.types import StructField, StructType, _parse_datatype_json_string
 
     generator = node.jvm.generator()
     kind = str(generator.getClass().getSimpleName())
@@ -80,9 +79,14 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
     names = [_POS, _KEYS, _VALUES] if is_map else [_POS, _VALUES]
     kept = [reader.column(a) for a in reader.items(node.jvm.requiredChildOutput())]
     exploded = rows.select(*kept, ID, *extra, explode(reader.column(collection)).alias(*names))
-    if kind == "Inline":  # an array of structs: one column per field
-        fields = collection.dataType().elementType().fieldNames()
-        values = [F.col(_VALUES).getField(str(name)) for name in fields]
+    if kind == "Inline":  # an array of structs: one column per field, by position (two
+        # fields may share a name): the struct cast to one of names of its own
+        element = _parse_datatype_json_string(collection.dataType().elementType().json())
+        assert isinstance(element, StructType)
+        positional = StructType([StructField(f"{_VALUES}{i}", f.dataType, f.nullable)
+                                 for i, f in enumerate(element.fields)])  # fmt: skip
+        structs = F.col(_VALUES).cast(positional)
+        values = [structs.getField(f.name) for f in positional.fields]
     else:
         values = [F.col(n) for n in names[0 if kind == "PosExplode" else 1:]]
     made = reader.items(node.jvm.generatorOutput())
@@ -93,17 +97,18 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
 
 def constant(reader: PlanReader, node: Node) -> DataFrame:
     """A constant relation's rows with their ids (its rows at every version)."""
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, Window
     from pyspark.sql import functions as F
-
-    from flush.spark_tables import arrow_frame
 
     spark = reader.spark
     ids = F.xxhash64(F.lit("constant"), F.col(_POS)).alias(ID)
     if node.kind == "OneRowRelation":
         return spark.range(1).select(F.lit(0).alias(_POS)).select(ids)
+    # A relation of its own (new attribute ids), numbered in its rows' order in Spark:
+    # an Arrow round trip cannot carry intervals, nor a NULL struct of NOT NULL fields.
     classic: Any = reader.jvm.org.apache.spark.sql.classic.Dataset
-    table = DataFrame(classic.ofRows(spark._jsparkSession, node.jvm), spark).toArrow()
-    numbered = table.append_column(_POS, pa.array(range(table.num_rows), pa.int64()))
-    frame = arrow_frame(spark, numbered)
-    return reader.rebound(frame.select(*frame.columns[:-1], ids), node.output, [ID])
+    frame = DataFrame(classic.ofRows(spark._jsparkSession, node.jvm.newInstance()), spark)
+    columns = [frame[i] for i in range(len(frame.columns))]
+    order = Window.orderBy(F.monotonically_increasing_id())  # the rows' order, scan by scan
+    numbered = frame.select(*columns, (F.row_number().over(order) - 1).alias(_POS))
+    return reader.rebound(numbered.select(*columns, ids), node.output, [ID])

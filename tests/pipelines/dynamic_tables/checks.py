@@ -8,6 +8,7 @@ A plain module the test files import (no fixtures)."""
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -129,3 +130,29 @@ def refresh_modes(session: Session) -> dict[str, tuple[str, str]]:
     """Each dynamic table's mode and its reason, as SHOW DYNAMIC TABLES shows them."""
     shown = session.sql("SHOW DYNAMIC TABLES").collect()
     return {r.name: (r.refresh_mode, r.refresh_mode_reason) for r in shown}
+
+
+def record_engine_refreshes(monkeypatch) -> list:
+    """The Deltas of each incremental engine refresh from now on, as the refresh used
+    them (``refresh_change._derived_incremental`` wrapped by ``monkeypatch``)."""
+    import pipelines.dynamic_tables.refresh_change as refresh_change
+
+    seen: list = []
+    original = refresh_change._derived_incremental
+
+    def recording(info, deltas, *rest):
+        seen.append(deltas)
+        return original(info, deltas, *rest)
+
+    monkeypatch.setattr(refresh_change, "_derived_incremental", recording)
+    return seen
+
+
+def scanned(session: Session, deltas, table: str) -> bool:
+    """Whether the plan of an engine refresh's net change reads any of the table's data
+    files."""
+    def local(path: str) -> str:
+        return re.sub(r"^file:/*", "/", path)
+
+    folder = local(session.require_table(table).uri).rstrip("/") + "/"
+    return any(local(path).startswith(folder) for path in deltas.net().inputFiles())

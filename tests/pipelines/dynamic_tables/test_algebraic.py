@@ -6,16 +6,17 @@ the table equal to its query run fresh (as a multiset); readers never see the st
 
 from __future__ import annotations
 
-import re
-
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-import pipelines.dynamic_tables.refresh_change as refresh_change
 from flush.tables import state_columns
 from pipelines import Session
-from tests.pipelines.dynamic_tables.checks import assert_same_as_query
+from tests.pipelines.dynamic_tables.checks import (
+    assert_same_as_query,
+    record_engine_refreshes,
+    scanned,
+)
 
 SOURCE = "CREATE TABLE A (ID NUMBER, K VARCHAR, V INT, D NUMBER(10, 2), B BIGINT)"
 ROWS = ("(1, 'a', 1, 1.50, 9223372036854775000), (2, 'a', NULL, NULL, 700), "
@@ -70,28 +71,11 @@ def wh(tmp_path_factory, spark):
 @pytest.fixture
 def built(monkeypatch):
     """The Deltas of each incremental refresh, as the refresh used them."""
-    seen = []
-    original = refresh_change._derived_incremental
-
-    def recording(info, deltas, *rest):
-        seen.append(deltas)
-        return original(info, deltas, *rest)
-
-    monkeypatch.setattr(refresh_change, "_derived_incremental", recording)
-    return seen
+    return record_engine_refreshes(monkeypatch)
 
 
 def _state(session: Session, name: str) -> list[str]:
     return state_columns(pa.schema(DeltaTable(session.require_table(name).uri).schema()))
-
-
-def _scanned(session: Session, deltas, table: str) -> bool:
-    """Whether the net change's plan reads any of the table's data files."""
-    def local(path: str) -> str:
-        return re.sub(r"^file:/*", "/", path)
-
-    folder = local(session.require_table(table).uri).rstrip("/") + "/"
-    return any(local(path).startswith(folder) for path in deltas.net().inputFiles())
 
 
 def test_which_tables_keep_state(wh):
@@ -113,7 +97,7 @@ def test_every_refresh_is_incremental_and_exact(wh, built):
             assert_same_as_query(wh, f"G_{name}", query)
         assert len(built) == len(KEPT) and all(d.layout is not None for d in built), step
         for deltas in built:  # the state path reads A's changes, never A's rows
-            assert not _scanned(wh, deltas, "A"), step
+            assert not scanned(wh, deltas, "A"), step
 
 
 def test_readers_never_see_the_state(wh):

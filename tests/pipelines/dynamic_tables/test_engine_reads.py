@@ -12,9 +12,12 @@ import re
 
 import pytest
 
-import pipelines.dynamic_tables.refresh_change as refresh_change
 from pipelines import Session
-from tests.pipelines.dynamic_tables.checks import assert_same_as_query
+from tests.pipelines.dynamic_tables.checks import (
+    assert_same_as_query,
+    record_engine_refreshes,
+    scanned,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,24 +34,7 @@ def wh(tmp_path_factory, spark):
 @pytest.fixture
 def built(monkeypatch):
     """The Deltas of each incremental refresh, as the refresh used them."""
-    seen = []
-    original = refresh_change._derived_incremental
-
-    def recording(info, deltas, *rest):
-        seen.append(deltas)
-        return original(info, deltas, *rest)
-
-    monkeypatch.setattr(refresh_change, "_derived_incremental", recording)
-    return seen
-
-
-def _scanned(session: Session, deltas, table: str) -> bool:
-    """Whether the net change's plan reads any of the table's data files."""
-    def local(path: str) -> str:
-        return re.sub(r"^file:/*", "/", path)
-
-    folder = local(session.require_table(table).uri).rstrip("/") + "/"
-    return any(local(path).startswith(folder) for path in deltas.net().inputFiles())
+    return record_engine_refreshes(monkeypatch)
 
 
 def _refresh(session: Session, name: str, query: str) -> None:
@@ -68,13 +54,13 @@ def test_a_change_on_one_side_reads_the_other_side_only(wh, built, join):
     wh.sql("INSERT INTO F VALUES (9, 2, 90)")
     _refresh(wh, name, query)
     assert len(built) == 1
-    assert not _scanned(wh, built[0], "F"), "F's rows were read: only its changes should be"
-    assert _scanned(wh, built[0], "D")  # the side that did not change is joined with
+    assert not scanned(wh, built[0], "F"), "F's rows were read: only its changes should be"
+    assert scanned(wh, built[0], "D")  # the side that did not change is joined with
     wh.sql("UPDATE D SET NAME = 'uno' WHERE K = 1")  # now the other side changes alone
     _refresh(wh, name, query)
     assert len(built) == 2
     if join == "JOIN":  # the two-term rule: D's change joined with F as it was
-        assert _scanned(wh, built[1], "F")
+        assert scanned(wh, built[1], "F")
 
 
 def test_semi_and_anti_joins_read_the_kept_sides_changes(wh, built):
@@ -90,7 +76,7 @@ def test_semi_and_anti_joins_read_the_kept_sides_changes(wh, built):
     for name, query in queries.items():
         _refresh(wh, name, query)
     assert len(built) == 2
-    assert not any(_scanned(wh, deltas, "F") for deltas in built)
+    assert not any(scanned(wh, deltas, "F") for deltas in built)
 
 
 def test_nothing_changed_below_an_aggregate_reads_nothing(wh, built):
@@ -101,7 +87,7 @@ def test_nothing_changed_below_an_aggregate_reads_nothing(wh, built):
                f"REFRESH_MODE = INCREMENTAL AS {text}")  # fmt: skip
     wh.sql("INSERT INTO F VALUES (10, 1, 100)")
     _refresh(wh, "R_AGG_F", other)
-    assert _scanned(wh, built[0], "F")  # the touched group is recomputed from F
+    assert scanned(wh, built[0], "F")  # the touched group is recomputed from F
     _refresh(wh, "R_AGG_D", query)  # D did not change: NO_DATA, no engine at all
     assert len(built) == 1
 
@@ -140,4 +126,4 @@ def test_an_aggregate_reads_its_old_groups_from_the_table_itself(wh, built, quer
     gone = _files(wh, "F", before) - _files(wh, "F", after)
     assert gone, "the change removed no file: the test checks nothing"
     assert not read & gone, "F was read at the old version"
-    assert _scanned(wh, built[0], name)  # the old groups come from the table
+    assert scanned(wh, built[0], name)  # the old groups come from the table
