@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import DataType
 
+    from pipelines.incremental.delta import Deltas
+
 __all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
 
 STATE_PREFIX = "_INGEST_STATE_"
@@ -141,7 +143,7 @@ def full(reader: PlanReader, found: Layout) -> list[Column]:
     return columns
 
 
-def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
+def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     """The root's delta from the aggregation input's delta and the state ``kept`` holds:
     each touched group's new row (+1, unless the group is gone) and its kept row (-1),
     with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
@@ -149,15 +151,15 @@ def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
-    from pipelines.incremental.delta import _group_id
+    from pipelines.incremental.delta import group_id  # (it imports this module)
 
-    reader: PlanReader = deltas.reader
+    reader = deltas.reader
     keys = list(found.keys)
     names = [f"{KEY}{i}" for i in range(len(keys))]
     change = deltas.delta(found.aggregate.children[0])
     grouped = change.groupBy(*[reader.column(k).alias(n) for k, n in zip(keys, names, strict=True)])
     touched = deltas.materialised(
-        grouped.agg(*_changed(reader, found)).withColumn(ID, _group_id(keys, reader, names)))
+        grouped.agg(*_changed(reader, found)).withColumn(ID, group_id(keys, reader, names)))
     for name, key in zip(names, keys, strict=True):  # as they were before the round trip
         kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
         touched = touched.withColumn(name, F.col(name).cast(kind))
@@ -181,9 +183,9 @@ def delta(deltas: Any, found: Layout, kept: DataFrame) -> DataFrame:
     return new.union(old_rows)
 
 
-def rows(deltas: Any, found: Layout, version: str) -> DataFrame:
+def rows(deltas: Deltas, found: Layout, version: str) -> DataFrame:
     """The root's rows at ``version`` with their state columns after ``ID``."""
-    reader: PlanReader = deltas.reader
+    reader = deltas.reader
     aggregated = deltas.aggregate(found.aggregate, deltas.state(found.aggregate.children[0],
                                                                 version), full(reader, found))
     for above in reversed(found.chain):

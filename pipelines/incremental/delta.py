@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 __all__ = [
-    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "renews_group_ids",
-    "unsupported",
+    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "group_id",
+    "renews_group_ids", "unsupported",
 ]  # fmt: skip
 
 
@@ -138,7 +138,7 @@ def _walk(node: Node) -> list[Node]:
     return [node, *(n for child in node.children for n in _walk(child))]
 
 
-#: The rule :func:`_group_id` follows, written in every commit of a table it maintains
+#: The rule :func:`group_id` follows, written in every commit of a table it maintains
 #: (as an application transaction): 1 hashed the keys alone, so groups whose keys
 #: differ only in where their NULLs are, like ``(NULL, 1)`` and ``(1, NULL)``, shared
 #: an id; 2 hashes where the NULLs are too. A table of an older rule refreshes FULL
@@ -147,7 +147,7 @@ GROUP_ID_RULE = 2
 _NULLS_MARK = "_INGEST_NULLS"
 
 
-def _group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None) -> Column:
+def group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None) -> Column:
     """A group's row id from its key values (``keys``: the grouping expressions; read
     from the columns ``names`` instead where given): the one rule of
     :meth:`Deltas._aggregate` and of the touched groups' ids (:meth:`Deltas._touched_keys`).
@@ -336,7 +336,7 @@ class Deltas:
         keys = [self.reader.column(k) for k in keys_of]
         outputs = self.reader.items(node.jvm.aggregateExpressions())
         grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
-                                          _group_id(keys_of, self.reader).alias(ID), *state)
+                                          group_id(keys_of, self.reader).alias(ID), *state)
         named = grouped.columns[len(grouped.columns) - len(state):]
         return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID,
                               *named)  # fmt: skip
@@ -467,7 +467,7 @@ class Deltas:
         touched = changes.select(*[c.alias(n) for c, n in zip(columns, names, strict=True)])
         touched = touched.distinct()
         if hashed:  # hashed before the round trip, over the values' own types
-            touched = touched.withColumn(ID, _group_id(keys, self.reader, names))
+            touched = touched.withColumn(ID, group_id(keys, self.reader, names))
         return self.materialised(touched)
 
     def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:

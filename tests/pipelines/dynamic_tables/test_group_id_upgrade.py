@@ -44,7 +44,7 @@ def upgraded(session, monkeypatch):
 
 
 def _made_under_rule_one(session, monkeypatch):
-    monkeypatch.setattr(delta, "_group_id", _rule_one_group_id)
+    monkeypatch.setattr(delta, "group_id", _rule_one_group_id)
     monkeypatch.setattr(refresh, "app_transactions", _rule_one_transactions)
     session.sql("CREATE TABLE U (ID NUMBER, A NUMBER, B NUMBER)")
     session.sql("INSERT INTO U VALUES (1, NULL, 1), (2, 1, NULL), (3, 2, 2), (4, NULL, NULL)")
