@@ -21,9 +21,12 @@ whose deltas are known:
   DISTINCT, float sums) and a group's row id is a hash of its key, kept while it exists;
 - window with PARTITION BY: the partitions whose input changed are computed again.
 
-Nothing is held between refreshes (no operator state): a refresh reads the sources at
-the two versions and their changes; what it collects is the consolidated delta of the
-query (:meth:`Deltas.net`), which grows with the change. Operators the rules do not
+Nothing is held between refreshes but the table (no operator state in memory): a refresh
+reads the sources at the two versions and their changes; what it collects is the
+consolidated delta of the query (:meth:`Deltas.net`), which grows with the change. An
+aggregation of counts, sums and averages at the root is the exception that reads less:
+its table keeps each group's state in hidden columns, and its change is computed from
+the input's change and that state alone (:mod:`.algebraic`). Operators the rules do not
 cover raise :class:`Unsupported`, whose code names the reason for a FULL refresh.
 
 Row ids are 64-bit hashes (``xxhash64``) of the ids and keys they derive from: two rows
