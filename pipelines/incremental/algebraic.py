@@ -59,7 +59,7 @@ __all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
 STATE_PREFIX = "_INGEST_STATE_"
 _ROWS = f"{STATE_PREFIX}ROWS"
 _INTEGRAL = frozenset({"byte", "short", "integer", "long"})
-_OLD, _VALUE = "_INGEST_O_", "_INGEST_V_"
+_VALUE = "_INGEST_V_"
 _OTHER = -1  # an aggregate function kept by recomputing its groups
 
 
@@ -165,11 +165,13 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
         touched = touched.withColumn(name, F.col(name).cast(kind))
     width = len(kept.columns) - 1 - len(found.names)
     old = kept.join(touched.select(ID), on=ID, how="left_semi")
-    state = old.select(ID, *[F.col(n).alias(_OLD + n) for n in found.names])
-    merged = touched.join(state, on=ID, how="left_outer")
-    for name, field in zip(found.names, found.fields, strict=True):
-        total = F.coalesce(F.col(_OLD + name), F.lit(0)) + F.coalesce(F.col(name), F.lit(0))
-        merged = merged.withColumn(name, total.cast(_spark_type(field.type)))
+    # Old state plus change, summed (a + b of two DECIMAL(38, s) would round to fewer
+    # decimals: Spark's rule for an addition past 38 digits; a sum keeps the scale).
+    both = touched.select(ID, *found.names).union(old.select(ID, *found.names))
+    summed = both.groupBy(ID).agg(*[
+        F.coalesce(F.sum(name), F.lit(0)).cast(_spark_type(field.type)).alias(name)
+        for name, field in zip(found.names, found.fields, strict=True)])  # fmt: skip
+    merged = touched.select(*names, ID).join(summed, on=ID)
     merged = merged.select(*names, ID, *found.names, *_values(found))
     if keys:  # a group without rows is gone; a scalar aggregate always has its row
         merged = merged.where(F.col(_ROWS) > 0)

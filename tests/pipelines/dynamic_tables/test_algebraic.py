@@ -18,16 +18,19 @@ from tests.pipelines.dynamic_tables.checks import (
     scanned,
 )
 
-SOURCE = "CREATE TABLE A (ID NUMBER, K VARCHAR, V INT, D NUMBER(10, 2), B BIGINT)"
-ROWS = ("(1, 'a', 1, 1.50, 9223372036854775000), (2, 'a', NULL, NULL, 700), "
-        "(3, 'b', 3, 2.25, NULL), (4, NULL, 4, -1.00, 1), (5, 'c', NULL, 0.00, 2)")  # fmt: skip
+#: E: a decimal of 8 decimals, whose sums a Spark addition past 38 digits would round.
+SOURCE = ("CREATE TABLE A (ID NUMBER, K VARCHAR, V INT, D NUMBER(10, 2), B BIGINT, "
+          "E NUMBER(20, 8))")  # fmt: skip
+ROWS = ("(1, 'a', 1, 1.50, 9223372036854775000, 0.00000001), (2, 'a', NULL, NULL, 700, NULL), "
+        "(3, 'b', 3, 2.25, NULL, 1.23456789), (4, NULL, 4, -1.00, 1, -0.00000005), "
+        "(5, 'c', NULL, 0.00, 2, 99999999999.99999999)")  # fmt: skip
 #: Each step is followed by a refresh of every table.
 STEPS = [
-    "INSERT INTO A VALUES (6, 'b', 6, 0.01, 6), (7, 'd', NULL, NULL, NULL)",
+    "INSERT INTO A VALUES (6, 'b', 6, 0.01, 6, 0.00000003), (7, 'd', NULL, NULL, NULL, NULL)",
     "UPDATE A SET K = 'b' WHERE ID = 1",  # a row moves to another group
     "UPDATE A SET V = NULL, D = NULL WHERE ID = 3",  # sums lose a value, counts a row
     "DELETE FROM A WHERE K = 'c'",  # a group is gone
-    "INSERT INTO A VALUES (8, 'c', 80, 8.00, 8)",  # the group comes back
+    "INSERT INTO A VALUES (8, 'c', 80, 8.00, 8, 0.00000001)",  # the group comes back
     "UPDATE A SET V = 0 WHERE ID = 7",  # a row the sum of V counts now, worth 0
     "DELETE FROM A WHERE ID <> 7",  # every group but one gone
     "DELETE FROM A",  # the scalar aggregates stay, at zero rows
@@ -35,8 +38,8 @@ STEPS = [
 
 #: Queries the state maintains (each table keeps state columns).
 KEPT = {
-    "counts_and_sums": "SELECT K, count(*) AS N, count(V) AS NV, sum(V) AS S, sum(D) AS SD "
-                       "FROM A GROUP BY K",
+    "counts_and_sums": "SELECT K, count(*) AS N, count(V) AS NV, sum(V) AS S, sum(D) AS SD, "
+                       "sum(E) AS SE, avg(E) AS ME FROM A GROUP BY K",
     "expressions": "SELECT concat(K, '!') AS KX, sum(V) * 2 + count(*) AS X, "
                    "sum(D) / 4 AS Q, count(V, D) AS BOTH, avg(D) AS M, "
                    "sum(D) - avg(D) AS R FROM A GROUP BY K",
@@ -102,7 +105,7 @@ def test_every_refresh_is_incremental_and_exact(wh, built):
 
 def test_readers_never_see_the_state(wh):
     name = "G_counts_and_sums"
-    columns = ["K", "N", "NV", "S", "SD"]
+    columns = ["K", "N", "NV", "S", "SD", "SE", "ME"]
     assert wh.sql(f"SELECT * FROM {name}").columns == columns
     assert [r[0] for r in wh.sql(f"DESCRIBE TABLE {name}").collect()] == columns
     version = DeltaTable(wh.require_table(name).uri).version()
@@ -119,12 +122,12 @@ def test_a_change_of_the_state_alone_shows_in_no_stream(wh):
     wh.sql("CREATE OR REPLACE DYNAMIC TABLE G_SUMS TARGET_LAG = '1 hour' "
            "REFRESH_MODE = INCREMENTAL AS SELECT K, sum(V) AS S FROM A GROUP BY K")
     assert _state(wh, "G_SUMS")
-    wh.sql("INSERT INTO A VALUES (20, 'x', 5, NULL, NULL)")
+    wh.sql("INSERT INTO A VALUES (20, 'x', 5, NULL, NULL, NULL)")
     wh.sql("ALTER DYNAMIC TABLE G_SUMS REFRESH")
     wh.sql("CREATE STREAM G_SUMS_STREAM ON TABLE G_SUMS")
     uri = wh.require_table("G_SUMS").uri
     before = DeltaTable(uri).version()
-    wh.sql("INSERT INTO A VALUES (21, 'x', NULL, NULL, NULL)")
+    wh.sql("INSERT INTO A VALUES (21, 'x', NULL, NULL, NULL, NULL)")
     status = wh.sql("ALTER DYNAMIC TABLE G_SUMS REFRESH").collect()[0].status
     assert "INCREMENTAL" in status, status
     assert DeltaTable(uri).version() == before + 1  # the state changed: a commit
