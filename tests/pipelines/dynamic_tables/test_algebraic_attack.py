@@ -32,19 +32,27 @@ ROWS = [
 #: Each step (statements run together) is followed by a refresh of every table.
 STEPS = [
     # tiny decimals: one more 1e-8 in 'a' (scale 8 > 6)
-    ["INSERT INTO A VALUES (5, 'a', 5, 0.00000001, 5, 0.01, '2024-01-01 00:00:00', "
-     "'2024-01-01', TRUE)"],
-    ["INSERT INTO A VALUES (6, 'a', 6, 0.00000001, 6, -99999999999999999999999999999999.99, "
-     "'2024-01-03 00:00:00', '2024-01-03', FALSE), (7, 'c', NULL, NULL, NULL, NULL, NULL, "
-     "NULL, NULL)",
-     "INSERT INTO R VALUES ('c', 50), ('a', 11)",  # join groups change from the other side
-     "UPDATE A SET K = 'b', D = D + 0.00000003 WHERE ID = 1"],  # a row moves group
-    ["DELETE FROM R WHERE K = 'b'",  # join groups vanish; left join rows NULL-extend
-     "INSERT INTO A SELECT ID, K, V, D, B, E, TS, DT, BO FROM A"],  # duplicate every row
+    [
+        "INSERT INTO A VALUES (5, 'a', 5, 0.00000001, 5, 0.01, '2024-01-01 00:00:00', "
+        "'2024-01-01', TRUE)"
+    ],
+    [
+        "INSERT INTO A VALUES (6, 'a', 6, 0.00000001, 6, -99999999999999999999999999999999.99, "
+        "'2024-01-03 00:00:00', '2024-01-03', FALSE), (7, 'c', NULL, NULL, NULL, NULL, NULL, "
+        "NULL, NULL)",
+        "INSERT INTO R VALUES ('c', 50), ('a', 11)",  # join groups change from the other side
+        "UPDATE A SET K = 'b', D = D + 0.00000003 WHERE ID = 1",
+    ],  # a row moves group
+    [
+        "DELETE FROM R WHERE K = 'b'",  # join groups vanish; left join rows NULL-extend
+        "INSERT INTO A SELECT ID, K, V, D, B, E, TS, DT, BO FROM A",
+    ],  # duplicate every row
     ["DELETE FROM A WHERE ID IN (2, 4)", "UPDATE A SET V = V + 1, E = -E"],
     ["DELETE FROM A"],  # groups gone; scalar aggregates stay with 0 and NULL
-    ["INSERT INTO A VALUES (9, 'a', 1, 0.00000001, 1, 0.01, '2024-01-01 00:00:00', "
-     "'2024-01-01', TRUE)"],
+    [
+        "INSERT INTO A VALUES (9, 'a', 1, 0.00000001, 1, 0.01, '2024-01-01 00:00:00', "
+        "'2024-01-01', TRUE)"
+    ],
 ]
 
 #: name -> (query, whether it must keep state)
@@ -52,33 +60,60 @@ TABLES = {
     "dec8": ("SELECT K, sum(D) AS S, avg(D) AS M FROM A GROUP BY K", True),
     "dec8_scalar": ("SELECT count(*) AS N, sum(D) AS S FROM A", True),
     "dec38": ("SELECT K, sum(E) AS S, avg(E) AS M, count(E) AS C FROM A GROUP BY K", True),
-    "scalar": ("SELECT count(*) AS N, sum(B) AS SB, sum(V) AS SV, avg(V) AS MV, "
-               "count(K) AS NK FROM A", True),
-    "join": ("SELECT A.K, R.W, count(*) AS N, sum(A.V) AS S FROM A JOIN R ON A.K = R.K "
-             "GROUP BY A.K, R.W", True),
-    "left_join": ("SELECT R.W, count(A.ID) AS N, sum(A.V) AS S, count(*) AS C FROM A "
-                  "LEFT JOIN R ON A.K = R.K GROUP BY R.W", True),
-    "union_all": ("SELECT K, sum(V) AS S, count(*) AS N FROM (SELECT K, V FROM A UNION ALL "
-                  "SELECT K, W FROM R) GROUP BY K", True),
-    "explode": ("SELECT e, count(*) AS N, sum(V) AS S FROM (SELECT explode(array(K, 'z')) "
-                "AS e, V FROM A) GROUP BY e", True),
-    "window": ("SELECT RK, count(*) AS N, sum(V) AS S FROM (SELECT V, row_number() OVER "
-               "(PARTITION BY K ORDER BY ID, V) AS RK FROM A) GROUP BY RK", True),
-    "key_exprs": ("SELECT K || 'x' AS KX, sum(V) + length(K) AS X, coalesce(sum(V), -1) AS C, "
-                  "CASE WHEN count(*) > 1 THEN sum(B) ELSE 0 END AS Y FROM A GROUP BY K", True),
-    "key_types": ("SELECT TS, DT, BO, count(*) AS N, sum(V) AS S FROM A GROUP BY TS, DT, BO",
-                  True),
+    "scalar": (
+        "SELECT count(*) AS N, sum(B) AS SB, sum(V) AS SV, avg(V) AS MV, count(K) AS NK FROM A",
+        True,
+    ),
+    "join": (
+        "SELECT A.K, R.W, count(*) AS N, sum(A.V) AS S FROM A JOIN R ON A.K = R.K "
+        "GROUP BY A.K, R.W",
+        True,
+    ),
+    "left_join": (
+        "SELECT R.W, count(A.ID) AS N, sum(A.V) AS S, count(*) AS C FROM A "
+        "LEFT JOIN R ON A.K = R.K GROUP BY R.W",
+        True,
+    ),
+    "union_all": (
+        "SELECT K, sum(V) AS S, count(*) AS N FROM (SELECT K, V FROM A UNION ALL "
+        "SELECT K, W FROM R) GROUP BY K",
+        True,
+    ),
+    "explode": (
+        "SELECT e, count(*) AS N, sum(V) AS S FROM (SELECT explode(array(K, 'z')) "
+        "AS e, V FROM A) GROUP BY e",
+        True,
+    ),
+    "window": (
+        "SELECT RK, count(*) AS N, sum(V) AS S FROM (SELECT V, row_number() OVER "
+        "(PARTITION BY K ORDER BY ID, V) AS RK FROM A) GROUP BY RK",
+        True,
+    ),
+    "key_exprs": (
+        "SELECT K || 'x' AS KX, sum(V) + length(K) AS X, coalesce(sum(V), -1) AS C, "
+        "CASE WHEN count(*) > 1 THEN sum(B) ELSE 0 END AS Y FROM A GROUP BY K",
+        True,
+    ),
+    "key_types": ("SELECT TS, DT, BO, count(*) AS N, sum(V) AS S FROM A GROUP BY TS, DT, BO", True),
     "rollup": ("SELECT K, count(*) AS N, sum(V) AS S FROM A GROUP BY ROLLUP(K)", None),
-    "distinct_mixed": ("SELECT K, count(DISTINCT V) AS DV, sum(V) AS S FROM A GROUP BY K",
-                       False),
-    "in_subquery": ("SELECT K, count(*) AS N, sum(V) AS S FROM A WHERE K IN (SELECT K FROM R) "
-                    "GROUP BY K", None),
-    "not_in": ("SELECT K, count(*) AS N FROM A WHERE K NOT IN (SELECT K FROM R WHERE K IS NOT "
-               "NULL) GROUP BY K", None),
-    "semi": ("SELECT K, count(*) AS N, sum(V) AS S FROM A LEFT SEMI JOIN R USING (K) GROUP BY K",
-             True),
-    "hostile_names": ('SELECT K AS "a.b c", count(*) AS "q""x", sum(V) AS "ü `s`" FROM A '
-                      "GROUP BY K", True),
+    "distinct_mixed": ("SELECT K, count(DISTINCT V) AS DV, sum(V) AS S FROM A GROUP BY K", False),
+    "in_subquery": (
+        "SELECT K, count(*) AS N, sum(V) AS S FROM A WHERE K IN (SELECT K FROM R) GROUP BY K",
+        None,
+    ),
+    "not_in": (
+        "SELECT K, count(*) AS N FROM A WHERE K NOT IN (SELECT K FROM R WHERE K IS NOT "
+        "NULL) GROUP BY K",
+        None,
+    ),
+    "semi": (
+        "SELECT K, count(*) AS N, sum(V) AS S FROM A LEFT SEMI JOIN R USING (K) GROUP BY K",
+        True,
+    ),
+    "hostile_names": (
+        'SELECT K AS "a.b c", count(*) AS "q""x", sum(V) AS "ü `s`" FROM A GROUP BY K',
+        True,
+    ),
     "adaptive": ("SELECT K, count(*) AS N, sum(V) AS S FROM A GROUP BY K", True),
 }
 #: Created over other dynamic tables (refreshed after them).
@@ -141,9 +176,6 @@ def wh(tmp_path_factory, spark):
                 _run(session, f"G_{name}", query, logs[name])
                 if len(logs[name]) > before_len:
                     logs[name][-1] = (f"step {STEPS.index(step)}: {step[0][:60]}", *logs[name][-1])
-    import json
-    with open("/tmp/atk2_logs.json", "w") as out:
-        json.dump({"created": created, "logs": logs}, out, indent=1, default=str)
     session.results = (created, logs, before)  # type: ignore[attr-defined]
     yield session
     session.close()
@@ -152,7 +184,8 @@ def wh(tmp_path_factory, spark):
 _DECIMAL_SCALE = (
     "a SUM/AVG of a DECIMAL with scale > 6 loses its last digit at every incremental "
     "refresh: algebraic.delta adds old + change as DECIMAL(38, s) + DECIMAL(38, s), which "
-    "Spark types DECIMAL(38, s - 1) (precision loss) before the cast back to (38, s)")
+    "Spark types DECIMAL(38, s - 1) (precision loss) before the cast back to (38, s)"
+)
 _XFAIL: dict[str, str] = {"dec8": _DECIMAL_SCALE, "dec8_scalar": _DECIMAL_SCALE}
 
 
@@ -186,10 +219,12 @@ def test_streams_see_only_the_visible_net_change(wh):
         assert not [c for c in stream.columns if "_INGEST" in c.upper()], stream.columns
         rows = wh.sql(f'SELECT {", ".join(columns)}, "METADATA$ACTION" FROM S_{name}').collect()
         from tests.pipelines.dynamic_tables.checks import canon
+
         inserted = Counter(tuple(canon(v) for v in r[:-1]) for r in rows if r[-1] == "INSERT")
         deleted = Counter(tuple(canon(v) for v in r[:-1]) for r in rows if r[-1] == "DELETE")
         assert inserted - deleted == now - before[name] or (
-            inserted == now - before[name] and deleted == before[name] - now), (name, rows)
+            inserted == now - before[name] and deleted == before[name] - now
+        ), (name, rows)
         assert not (inserted & deleted), (name, "a state-only change shows in the stream")
 
 
@@ -215,6 +250,7 @@ def wh2(tmp_path_factory, spark):
     session.sql(SOURCES[0])
     yield session
     session.close()
+
 
 # --- overflow, FULL refreshes, compaction, replaced sources, reserved names ---------------
 
@@ -246,7 +282,9 @@ def test_bigint_sum_overflowing_then_back(wh2):
     else:
         refresh_status(wh2, "G_O")
         assert bag(wh2, "SELECT * FROM G_O") == fresh, (
-            wh2.sql("SELECT * FROM G_O").collect(), fresh)
+            wh2.sql("SELECT * FROM G_O").collect(),
+            fresh,
+        )
     wh2.sql("DELETE FROM O WHERE ID = 3")
     assert "INCREMENTAL" in refresh_status(wh2, "G_O")
     assert_same_as_query(wh2, "G_O", query)
@@ -271,7 +309,8 @@ _LITERAL = (
     "CREATE DYNAMIC TABLE fails (GROUP_BY_POS_OUT_OF_RANGE): the optimized plan groups by "
     "Literal(0) (RemoveLiteralFromGroupExpressions) and Deltas.aggregate re-issues it as "
     "DataFrame.groupBy(lit(0)), which Spark resolves as GROUP BY position 0; the engine "
-    "shares this with the recomputing rule (not specific to the state)")
+    "shares this with the recomputing rule (not specific to the state)"
+)
 
 
 @pytest.mark.parametrize("query", [
@@ -297,8 +336,11 @@ def test_scalar_created_over_an_empty_source(wh2):
     wh2.sql(f"CREATE DYNAMIC TABLE G_EM TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
             f"AS {query}")  # fmt: skip
     assert_same_as_query(wh2, "G_EM", query)
-    for step in ("INSERT INTO EM VALUES (1, NULL, NULL)", "INSERT INTO EM VALUES (2, 2, 2.5)",
-                 "DELETE FROM EM"):
+    for step in (
+        "INSERT INTO EM VALUES (1, NULL, NULL)",
+        "INSERT INTO EM VALUES (2, 2, 2.5)",
+        "DELETE FROM EM",
+    ):
         wh2.sql(step)
         assert "INCREMENTAL" in refresh_status(wh2, "G_EM"), step
         assert_same_as_query(wh2, "G_EM", query)
@@ -311,9 +353,12 @@ def test_float_and_timestamp_keys(wh2):
     query = "SELECT F, T, count(*) AS N, sum(V) AS S FROM FK GROUP BY F, T"
     wh2.sql(f"CREATE DYNAMIC TABLE G_FK TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
             f"AS {query}")  # fmt: skip
-    for step in ("INSERT INTO FK VALUES (4, -0.0, '2024-11-03 01:30:00', 4), "
-                 "(5, 1.5, '1900-01-01 00:00:00', 5)",
-                 "DELETE FROM FK WHERE ID = 1", "UPDATE FK SET F = -F"):
+    for step in (
+        "INSERT INTO FK VALUES (4, -0.0, '2024-11-03 01:30:00', 4), "
+        "(5, 1.5, '1900-01-01 00:00:00', 5)",
+        "DELETE FROM FK WHERE ID = 1",
+        "UPDATE FK SET F = -F",
+    ):
         wh2.sql(step)
         assert "INCREMENTAL" in refresh_status(wh2, "G_FK"), step
         assert_same_as_query(wh2, "G_FK", query)
@@ -327,8 +372,11 @@ def test_struct_and_array_keys(wh2):
              "named_struct('k', K, 'b', BO), array(K, K)")  # fmt: skip
     wh2.sql(f"CREATE DYNAMIC TABLE G_SK TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
             f"AS {query}")  # fmt: skip
-    for step in ("INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
-                 "DELETE FROM SK WHERE ID IN (1, 2)", "UPDATE SK SET K = NULL"):
+    for step in (
+        "INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
+        "DELETE FROM SK WHERE ID IN (1, 2)",
+        "UPDATE SK SET K = NULL",
+    ):
         wh2.sql(step)
         assert "INCREMENTAL" in refresh_status(wh2, "G_SK"), step
         assert_same_as_query(wh2, "G_SK", query)
@@ -352,8 +400,11 @@ def test_full_refreshes_rewrite_the_state(wh2):
     for name in ("G_F1", "G_F2"):
         assert "FULL" in refresh_status(wh2, name)
         assert_same_as_query(wh2, name, query)
-    for step in ("UPDATE F SET V = V + 1 WHERE ID = 2001", "DELETE FROM F WHERE G = 3",
-                 "INSERT INTO F VALUES (1, 3, 1, 0.001), (2, 9, NULL, NULL)"):
+    for step in (
+        "UPDATE F SET V = V + 1 WHERE ID = 2001",
+        "DELETE FROM F WHERE G = 3",
+        "INSERT INTO F VALUES (1, 3, 1, 0.001), (2, 9, NULL, NULL)",
+    ):
         wh2.sql(step)
         for name in ("G_F1", "G_F2"):
             assert "INCREMENTAL" in refresh_status(wh2, name), (step, name)
@@ -366,8 +417,11 @@ def test_auto_and_full_modes_keep_correct_state(wh2):
     query = "SELECT K, count(*) AS N, sum(V) AS S FROM M GROUP BY K"
     wh2.sql(f"CREATE DYNAMIC TABLE G_MA TARGET_LAG = '1 hour' REFRESH_MODE = AUTO AS {query}")
     wh2.sql(f"CREATE DYNAMIC TABLE G_MF TARGET_LAG = '1 hour' REFRESH_MODE = FULL AS {query}")
-    for step in ("INSERT INTO M VALUES (3, 'a', 3)", "DELETE FROM M WHERE ID = 1",
-                 "UPDATE M SET K = 'c'"):
+    for step in (
+        "INSERT INTO M VALUES (3, 'a', 3)",
+        "DELETE FROM M WHERE ID = 1",
+        "UPDATE M SET K = 'c'",
+    ):
         wh2.sql(step)
         assert "INCREMENTAL" in refresh_status(wh2, "G_MA")
         refresh_status(wh2, "G_MF")
@@ -389,8 +443,11 @@ def test_compaction_of_the_stateful_table_and_its_source(wh2):
     for name in ("G_C", "C"):
         compact_table(wh2.spark, wh2.require_table(name).uri, CompactionPolicy())
     assert _state(wh2, "G_C")
-    for step in ("INSERT INTO C VALUES (30, 'a', 30)", "DELETE FROM C WHERE K = 'b'",
-                 "UPDATE C SET V = V * 2"):
+    for step in (
+        "INSERT INTO C VALUES (30, 'a', 30)",
+        "DELETE FROM C WHERE K = 'b'",
+        "UPDATE C SET V = V * 2",
+    ):
         wh2.sql(step)
         assert "INCREMENTAL" in refresh_status(wh2, "G_C"), step
         assert_same_as_query(wh2, "G_C", query)
@@ -422,8 +479,11 @@ def test_a_replaced_source_fails_clearly_and_replace_recovers(wh2, replacement):
     except SqlError as exc:
         assert not isinstance(exc, AssertionError)
         message = str(exc)
-        assert "CREATE OR REPLACE" in message or "dropped" in message.lower() or (
-            "not exist" in message.lower()), message
+        assert (
+            "CREATE OR REPLACE" in message
+            or "dropped" in message.lower()
+            or ("not exist" in message.lower())
+        ), message
     else:  # a refresh that goes through must give the query's rows
         assert "INCREMENTAL" in status or "FULL" in status
         assert_same_as_query(wh2, "G_Y", query)
@@ -436,15 +496,17 @@ def test_a_replaced_source_fails_clearly_and_replace_recovers(wh2, replacement):
     assert_same_as_query(wh2, "G_Y", query)
 
 
-@pytest.mark.parametrize("alias", ['"_INGEST_STATE_ROWS"', '"_ingest_state_0"',
-                                   '"_INGEST_STATE_0_N"', "_INGEST_ROW_ID"])
+@pytest.mark.parametrize(
+    "alias", ['"_INGEST_STATE_ROWS"', '"_ingest_state_0"', '"_INGEST_STATE_0_N"', "_INGEST_ROW_ID"]
+)
 def test_reserved_output_names_are_refused(wh2, alias):
     with pytest.raises(Exception) as refused:
         wh2.sql(f"CREATE OR REPLACE DYNAMIC TABLE G_R TARGET_LAG = '1 hour' REFRESH_MODE = "
                f"INCREMENTAL AS SELECT K AS {alias}, count(*) AS N, sum(V) AS S FROM A "
                "GROUP BY K")  # fmt: skip
-    assert "RESERVED" in str(refused.value).upper() or "reserved" in str(refused.value), (
-        str(refused.value)[:500])
+    assert "RESERVED" in str(refused.value).upper() or "reserved" in str(refused.value), str(
+        refused.value
+    )[:500]
 
 
 def test_concurrent_dml_during_refresh(wh2):
