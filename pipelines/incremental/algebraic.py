@@ -151,13 +151,14 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
-    from pipelines.incremental.delta import group_id  # (it imports this module)
+    from pipelines.incremental.delta import group_id, grouping  # (it imports this module)
 
     reader = deltas.reader
     keys = list(found.keys)
     names = [f"{KEY}{i}" for i in range(len(keys))]
     change = deltas.delta(found.aggregate.children[0])
-    grouped = change.groupBy(*[reader.column(k).alias(n) for k, n in zip(keys, names, strict=True)])
+    grouped = change.groupBy(*[grouping(reader, k).alias(n) for k, n in zip(keys, names,
+                                                                             strict=True)])
     touched = deltas.materialised(
         grouped.agg(*_changed(reader, found)).withColumn(ID, group_id(keys, reader, names)))
     for name, key in zip(names, keys, strict=True):  # as they were before the round trip

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
 __all__ = [
-    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "group_id",
+    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "group_id", "grouping",
     "renews_group_ids", "unsupported",
 ]  # fmt: skip
 
@@ -171,6 +171,16 @@ def group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None
     flags = [flag for mask, _ in masks for flag in mask]
     marked = F.xxhash64(*columns, *flags, F.lit(_NULLS_MARK))  # a flag alone hashes as 1
     return F.when(any_null, marked).otherwise(F.xxhash64(*columns))
+
+
+def grouping(reader: PlanReader, key: Any) -> Column:
+    """A grouping expression as a DataFrame's ``groupBy`` takes it: a constant key (the
+    optimizer makes ``GROUP BY 'c'`` a ``Literal(0)``) wrapped, or ``groupBy`` would read
+    an integer literal as a position in the select list."""
+    from pyspark.sql import functions as F
+
+    column = reader.column(key)
+    return F.coalesce(column) if key.getClass().getSimpleName() == "Literal" else column
 
 
 def _null_mask(value: Column, kind: Any) -> tuple[list[Column], Column]:
@@ -336,7 +346,7 @@ class Deltas:
         """The aggregation of ``rows``, each group with its id, then the aggregates
         ``state`` (named columns) over its rows."""
         keys_of = self.reader.items(node.jvm.groupingExpressions())
-        keys = [self.reader.column(k) for k in keys_of]
+        keys = [grouping(self.reader, k) for k in keys_of]
         outputs = self.reader.items(node.jvm.aggregateExpressions())
         grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
                                           group_id(keys_of, self.reader).alias(ID), *state)

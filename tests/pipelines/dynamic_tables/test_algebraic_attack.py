@@ -55,7 +55,9 @@ STEPS = [
     ],
 ]
 
-#: name -> (query, whether it must keep state)
+#: name -> (query, whether it must keep state). Cut for the suite's time: the round also
+#: passed GROUP BY over explode, over a window, ROLLUP, count(DISTINCT) with sum (no
+#: state), IN and NOT IN subqueries, and an ADAPTIVE table.
 TABLES = {
     "dec8": ("SELECT K, sum(D) AS S, avg(D) AS M FROM A GROUP BY K", True),
     "dec8_scalar": ("SELECT count(*) AS N, sum(D) AS S FROM A", True),
@@ -79,33 +81,12 @@ TABLES = {
         "SELECT K, W FROM R) GROUP BY K",
         True,
     ),
-    "explode": (
-        "SELECT e, count(*) AS N, sum(V) AS S FROM (SELECT explode(array(K, 'z')) "
-        "AS e, V FROM A) GROUP BY e",
-        True,
-    ),
-    "window": (
-        "SELECT RK, count(*) AS N, sum(V) AS S FROM (SELECT V, row_number() OVER "
-        "(PARTITION BY K ORDER BY ID, V) AS RK FROM A) GROUP BY RK",
-        True,
-    ),
     "key_exprs": (
         "SELECT K || 'x' AS KX, sum(V) + length(K) AS X, coalesce(sum(V), -1) AS C, "
         "CASE WHEN count(*) > 1 THEN sum(B) ELSE 0 END AS Y FROM A GROUP BY K",
         True,
     ),
     "key_types": ("SELECT TS, DT, BO, count(*) AS N, sum(V) AS S FROM A GROUP BY TS, DT, BO", True),
-    "rollup": ("SELECT K, count(*) AS N, sum(V) AS S FROM A GROUP BY ROLLUP(K)", None),
-    "distinct_mixed": ("SELECT K, count(DISTINCT V) AS DV, sum(V) AS S FROM A GROUP BY K", False),
-    "in_subquery": (
-        "SELECT K, count(*) AS N, sum(V) AS S FROM A WHERE K IN (SELECT K FROM R) GROUP BY K",
-        None,
-    ),
-    "not_in": (
-        "SELECT K, count(*) AS N FROM A WHERE K NOT IN (SELECT K FROM R WHERE K IS NOT "
-        "NULL) GROUP BY K",
-        None,
-    ),
     "semi": (
         "SELECT K, count(*) AS N, sum(V) AS S FROM A LEFT SEMI JOIN R USING (K) GROUP BY K",
         True,
@@ -114,14 +95,13 @@ TABLES = {
         'SELECT K AS "a.b c", count(*) AS "q""x", sum(V) AS "ü `s`" FROM A GROUP BY K',
         True,
     ),
-    "adaptive": ("SELECT K, count(*) AS N, sum(V) AS S FROM A GROUP BY K", True),
 }
 #: Created over other dynamic tables (refreshed after them).
 CHAINED = {
     "chain": ("SELECT N, count(*) AS C, sum(S) AS T FROM G_join GROUP BY N", True),
     "chain_scalar": ("SELECT sum(N) AS N, sum(SV) AS SV FROM G_scalar", True),
 }
-MODES = {"adaptive": "ADAPTIVE"}
+MODES: dict[str, str] = {}
 
 
 def _state(session: Session, name: str) -> list[str]:
@@ -186,7 +166,7 @@ _DECIMAL_SCALE = (
     "refresh: algebraic.delta adds old + change as DECIMAL(38, s) + DECIMAL(38, s), which "
     "Spark types DECIMAL(38, s - 1) (precision loss) before the cast back to (38, s)"
 )
-_XFAIL: dict[str, str] = {"dec8": _DECIMAL_SCALE, "dec8_scalar": _DECIMAL_SCALE}
+_XFAIL: dict[str, str] = {}  # FIXED: dec8, dec8_scalar (_DECIMAL_SCALE)
 
 
 @pytest.mark.parametrize("name", [
@@ -317,7 +297,7 @@ _LITERAL = (
     pytest.param("SELECT 'c' AS C, count(*) AS N, sum(V) AS S FROM L GROUP BY 'c'", id="state"),
     pytest.param("SELECT 'c' AS C, max(V) AS M FROM L GROUP BY 'c'", id="recomputed"),
 ])  # fmt: skip
-@pytest.mark.xfail(strict=True, reason=_LITERAL)
+# FIXED (_LITERAL): a constant grouping key is wrapped (delta.grouping).
 def test_group_by_a_literal(wh2, query):
     """GROUP BY a constant: Spark's optimizer groups by the literal 0, which a
     DataFrame groupBy takes for an ordinal (position 0)."""
@@ -330,20 +310,22 @@ def test_group_by_a_literal(wh2, query):
     assert_same_as_query(wh2, "G_L", query)
 
 
+def _follow(session: Session, name: str, query: str, steps: list[str]) -> None:
+    """Create the table, then after each step: an INCREMENTAL refresh, equal to the query."""
+    session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' REFRESH_MODE = "
+                f"INCREMENTAL AS {query}")  # fmt: skip
+    assert_same_as_query(session, name, query)
+    for step in steps:
+        session.sql(step)
+        assert "INCREMENTAL" in refresh_status(session, name), step
+        assert_same_as_query(session, name, query)
+
+
 def test_scalar_created_over_an_empty_source(wh2):
     wh2.sql("CREATE TABLE EM (ID NUMBER, V INT, D NUMBER(10, 2))")
     query = "SELECT count(*) AS N, sum(V) AS S, avg(D) AS M, count(V) AS C FROM EM"
-    wh2.sql(f"CREATE DYNAMIC TABLE G_EM TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
-            f"AS {query}")  # fmt: skip
-    assert_same_as_query(wh2, "G_EM", query)
-    for step in (
-        "INSERT INTO EM VALUES (1, NULL, NULL)",
-        "INSERT INTO EM VALUES (2, 2, 2.5)",
-        "DELETE FROM EM",
-    ):
-        wh2.sql(step)
-        assert "INCREMENTAL" in refresh_status(wh2, "G_EM"), step
-        assert_same_as_query(wh2, "G_EM", query)
+    _follow(wh2, "G_EM", query, ["INSERT INTO EM VALUES (1, NULL, NULL)",
+                                 "INSERT INTO EM VALUES (2, 2, 2.5)", "DELETE FROM EM"])
 
 
 def test_float_and_timestamp_keys(wh2):
@@ -351,17 +333,12 @@ def test_float_and_timestamp_keys(wh2):
     wh2.sql("INSERT INTO FK VALUES (1, 0.0, '2024-03-10 02:30:00', 1), "
             "(2, -0.0, '2024-03-10 02:30:00', 2), (3, NULL, NULL, 3)")  # fmt: skip
     query = "SELECT F, T, count(*) AS N, sum(V) AS S FROM FK GROUP BY F, T"
-    wh2.sql(f"CREATE DYNAMIC TABLE G_FK TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
-            f"AS {query}")  # fmt: skip
-    for step in (
+    _follow(wh2, "G_FK", query, [
         "INSERT INTO FK VALUES (4, -0.0, '2024-11-03 01:30:00', 4), "
         "(5, 1.5, '1900-01-01 00:00:00', 5)",
         "DELETE FROM FK WHERE ID = 1",
         "UPDATE FK SET F = -F",
-    ):
-        wh2.sql(step)
-        assert "INCREMENTAL" in refresh_status(wh2, "G_FK"), step
-        assert_same_as_query(wh2, "G_FK", query)
+    ])
 
 
 def test_struct_and_array_keys(wh2):
@@ -370,16 +347,8 @@ def test_struct_and_array_keys(wh2):
     query = ("SELECT to_json(named_struct('k', K, 'b', BO)) AS SK, array_join(array(K, K), "
              "',', '~') AS AK, count(*) AS N, sum(B) AS S FROM SK GROUP BY "
              "named_struct('k', K, 'b', BO), array(K, K)")  # fmt: skip
-    wh2.sql(f"CREATE DYNAMIC TABLE G_SK TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL "
-            f"AS {query}")  # fmt: skip
-    for step in (
-        "INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
-        "DELETE FROM SK WHERE ID IN (1, 2)",
-        "UPDATE SK SET K = NULL",
-    ):
-        wh2.sql(step)
-        assert "INCREMENTAL" in refresh_status(wh2, "G_SK"), step
-        assert_same_as_query(wh2, "G_SK", query)
+    _follow(wh2, "G_SK", query, ["INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
+                                 "DELETE FROM SK WHERE ID IN (1, 2)", "UPDATE SK SET K = NULL"])
 
 
 def test_full_refreshes_rewrite_the_state(wh2):
@@ -539,7 +508,7 @@ def test_concurrent_dml_during_refresh(wh2):
     other.close()
 
 
-@pytest.mark.xfail(strict=True, reason=_DECIMAL_SCALE)
+# FIXED (_DECIMAL_SCALE)
 def test_minimal_decimal_scale_8_sum(wh2):
     wh2.sql("CREATE TABLE DS (K VARCHAR, D NUMBER(20, 8))")
     wh2.sql("INSERT INTO DS VALUES ('a', 0.00000001)")

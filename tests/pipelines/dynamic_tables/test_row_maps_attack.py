@@ -209,40 +209,31 @@ def test_a_stream_sees_exactly_the_net_change(wh):
     assert seen == {(None, 42, 1, "DELETE"), (42, None, 1, "DELETE"), (42, None, 2, "INSERT")}
 
 
-# FIXED (was: row_maps.generate read an inline struct's fields by name, and a struct with
-# two fields of one name failed the initial refresh, AMBIGUOUS_REFERENCE_TO_FIELDS).
-def test_inline_of_structs_with_a_repeated_field_name(wh):
-    query = (
+#: Definitions whose initial refresh once failed, now FIXED: inline of structs with two
+#: fields of one name (row_maps.generate read fields by name: AMBIGUOUS_REFERENCE_TO_FIELDS);
+#: VALUES with a NULL struct row of a NOT NULL field, and with interval columns (row_maps
+#: .constant read VALUES through an Arrow round trip: INTERNAL_ERROR,
+#: UNSUPPORTED_DATA_TYPE_FOR_ARROW_CONVERSION).
+ONCE_FAILED = {
+    "inline_repeated_field": (
         "SELECT ID, t.X1, t.Y1 FROM GV LATERAL VIEW inline(transform(A, v -> "
-        "named_struct('x', v, 'x', v * 10))) t AS X1, Y1"
-    )
-    assert wh.sql(query).collect()  # Spark runs it
-    make(wh, "D_DUP_FIELDS", query)
-    assert_same_as_query(wh, "D_DUP_FIELDS", query)
-
-
-# FIXED (was: row_maps.constant read VALUES through an Arrow round trip, which failed on a
-# NULL struct row of a NOT NULL field, INTERNAL_ERROR).
-def test_values_with_a_null_struct_row(wh):
-    query = (
+        "named_struct('x', v, 'x', v * 10))) t AS X1, Y1"),
+    "values_null_struct": (
         "SELECT GV.ID, to_json(v.ST) AS ST FROM GV JOIN (VALUES (1, named_struct('a', 1)), "
-        "(2, NULL)) v(I, ST) ON GV.ID = v.I"
-    )
-    assert wh.sql(query).collect()  # Spark runs it
-    make(wh, "D_NULL_STRUCT", query)
-    assert_same_as_query(wh, "D_NULL_STRUCT", query)
+        "(2, NULL)) v(I, ST) ON GV.ID = v.I"),
+    "values_year_month_interval": (
+        "SELECT GV.ID, DATE'2020-01-31' + v.IV AS D FROM GV JOIN (VALUES (1, INTERVAL '1' "
+        "MONTH), (2, INTERVAL '-2' YEAR)) v(I, IV) ON GV.ID = v.I"),
+    "values_calendar_interval": (
+        "SELECT GV.ID, CAST(TIMESTAMP'2020-01-31 00:00:00' + v.IV AS STRING) AS D FROM GV JOIN "
+        "(VALUES (1, make_interval(0, 1, 0, 1)), (2, make_interval(0, 0, 0, 0, 3))) v(I, IV) "
+        "ON GV.ID = v.I"),
+}  # fmt: skip
 
 
-# FIXED (was: the same Arrow round trip has no conversion for intervals, so VALUES of
-# INTERVAL YEAR TO MONTH or of a calendar interval failed the initial refresh).
-@pytest.mark.parametrize("query", [
-    ("SELECT GV.ID, DATE'2020-01-31' + v.IV AS D FROM GV JOIN (VALUES (1, INTERVAL '1' MONTH), "
-     "(2, INTERVAL '-2' YEAR)) v(I, IV) ON GV.ID = v.I"),
-    ("SELECT GV.ID, CAST(TIMESTAMP'2020-01-31 00:00:00' + v.IV AS STRING) AS D FROM GV JOIN "
-     "(VALUES (1, make_interval(0, 1, 0, 1)), (2, make_interval(0, 0, 0, 0, 3))) v(I, IV) "
-     "ON GV.ID = v.I"),
-], ids=["year_month", "calendar"])  # fmt: skip
-def test_values_with_an_interval_column(wh, query):
+@pytest.mark.parametrize("name", list(ONCE_FAILED))
+def test_definitions_whose_creation_once_failed(wh, name):
+    query = ONCE_FAILED[name]
     assert wh.sql(query).collect()  # Spark runs it
-    make(wh, "D_INTERVAL", query)
-    assert_same_as_query(wh, "D_INTERVAL", query)
+    make(wh, f"D_{name}", query)
+    assert_same_as_query(wh, f"D_{name}", query)
