@@ -39,7 +39,7 @@ from deltalake import DeltaTable
 from catalog import Catalog, DynamicTableRecord, TableInfo
 from flush.change_commit import ChangeSet
 from flush.spark_tables import read_delta
-from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths
+from flush.tables import ROW_ID_COLUMN, delta_schema, live_paths, state_columns
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import quote_identifier
 from pipelines.change_sets import REFRESH_ACTION, STREAM_ACTION, STREAM_ROW_ID, net_change
@@ -217,7 +217,7 @@ def _derived(
     sources = {item.info.id: TableSource(session, item.info, item.after, item.to)
                for item in pinned}  # fmt: skip
     state = _state(plan, handle)
-    names = [f.name for f in state.fields] if state is not None else []
+    names = state.names if state is not None else []
     deltas = engine(plan, sources, lambda: _kept(session, info, base, handle, names), state)
     why = ("", "")
     renewed = renews_group_ids(plan.root, handle.transaction_version(GROUP_ID_APP))
@@ -492,7 +492,7 @@ def _all_new(rows: pa.Table) -> Computed:
 
 def _state_names(handle: DeltaTable) -> list[str]:
     """The table's aggregation state columns (:func:`_state`)."""
-    return [f.name for f in algebraic.stored(pa.schema(handle.schema()))]
+    return state_columns(pa.schema(handle.schema()))
 
 
 def _replace_all(

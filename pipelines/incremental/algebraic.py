@@ -50,7 +50,6 @@ from pipelines.incremental.plan import Node, PlanReader, quoted
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
 
     from pipelines.incremental.delta import Deltas
 
@@ -58,7 +57,6 @@ __all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
 
 STATE_PREFIX = "_INGEST_STATE_"
 _ROWS = f"{STATE_PREFIX}ROWS"
-_INTEGRAL = frozenset({"byte", "short", "integer", "long"})
 _VALUE = "_INGEST_V_"
 _OTHER = -1  # an aggregate function kept by recomputing its groups
 
@@ -78,12 +76,7 @@ class Layout:
     @property
     def names(self) -> list[str]:
         """The state columns, in the table's order."""
-        names = [_ROWS]
-        for j, scale in enumerate(self.scales):
-            names.append(f"{STATE_PREFIX}{j}")
-            if scale is not None:
-                names.append(f"{STATE_PREFIX}{j}_N")
-        return names
+        return [f.name for f in self.fields]
 
     @property
     def fields(self) -> list[pa.Field]:
@@ -149,6 +142,7 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
     state columns)."""
     from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import _parse_datatype_json_string
 
     from pipelines.incremental.delta import group_id, grouping  # (it imports this module)
@@ -170,8 +164,8 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     # decimals: Spark's rule for an addition past 38 digits; a sum keeps the scale).
     both = touched.select(ID, *found.names).union(old.select(ID, *found.names))
     summed = both.groupBy(ID).agg(*[
-        F.coalesce(F.sum(name), F.lit(0)).cast(_spark_type(field.type)).alias(name)
-        for name, field in zip(found.names, found.fields, strict=True)])  # fmt: skip
+        F.coalesce(F.sum(f.name), F.lit(0)).cast(from_arrow_type(f.type)).alias(f.name)
+        for f in found.fields])  # fmt: skip
     merged = touched.select(*names, ID).join(summed, on=ID)
     merged = merged.select(*names, ID, *found.names, *_values(found))
     if keys:  # a group without rows is gone; a scalar aggregate always has its row
@@ -303,37 +297,22 @@ def _scale(function: Any) -> int | None:
         return _OTHER
     if str(function.mode().toString()) != "Complete":
         return _OTHER
+    from pyspark.sql.types import DecimalType, IntegralType, _parse_datatype_json_string
+
     aggregate = function.aggregateFunction()
     kind = aggregate.getClass().getSimpleName()
     if kind == "Count":
         return None
-    argument = _parse_json(aggregate.child().dataType().json())
     if kind not in ("Sum", "Average"):
         return _OTHER
     if kind == "Sum" and str(aggregate.evalContext().evalMode().toString()) == "TRY":
         return _OTHER
-    if argument in _INTEGRAL:
+    argument = _parse_datatype_json_string(aggregate.child().dataType().json())
+    if isinstance(argument, IntegralType):
         return 0
-    if isinstance(argument, dict) or not argument.startswith("decimal("):
-        return _OTHER
-    return int(argument[len("decimal("):-1].split(",")[1])
+    return argument.scale if isinstance(argument, DecimalType) else _OTHER
 
 
 def _argument(reader: PlanReader, function: Any, scale: int) -> Column:
     """A sum's argument as DECIMAL(38, scale): exact for every integral and decimal."""
     return reader.column(function.aggregateFunction().child()).cast(f"decimal(38,{scale})")
-
-
-def _spark_type(kind: pa.DataType) -> DataType:
-    from pyspark.sql.types import DecimalType, LongType
-
-    if pa.types.is_decimal(kind):
-        return DecimalType(kind.precision, kind.scale)
-    return LongType()
-
-
-def _parse_json(text: str) -> Any:
-    import orjson
-
-    return orjson.loads(text)
-
