@@ -83,8 +83,11 @@ class PlanReader:
         self.spark = spark
         jvm: Any = spark._jvm  # type: ignore[attr-defined]
         self.jvm = jvm
+        # Classes looked up once: each name of a JVM path is a round trip to the JVM.
         self._expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        self._utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
         self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
 
     def tree(self, plan: Any) -> Node:
         """The operator tree of a JVM logical plan."""
@@ -102,8 +105,7 @@ class PlanReader:
         """A JVM expression as a Column (its attributes keep their ids)."""
         from pyspark.sql.column import Column
 
-        utils = self.jvm.org.apache.spark.sql.classic.ExpressionUtils
-        return Column(utils.column(expression))
+        return Column(self._utils.column(expression))
 
     def columns(self, expressions: Any) -> list[Column]:
         return [self.column(e) for e in _items(expressions)]
@@ -131,10 +133,10 @@ class PlanReader:
         return self.column(self._alias(expression, attribute))
 
     def _alias(self, child: Any, attribute: Any) -> Any:
-        empty = getattr(getattr(self.jvm.scala.collection.immutable, "Nil$"), "MODULE$")
         return self._expressions.Alias(
-            child, attribute.name(), attribute.exprId(), attribute.qualifier(), self._none, empty
-        )
+            child, attribute.name(), attribute.exprId(), attribute.qualifier(), self._none,
+            self._nil,
+        )  # fmt: skip
 
     def option(self, value: Any) -> Any | None:
         """A Scala ``Option``'s value, or None."""

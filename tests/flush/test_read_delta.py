@@ -37,3 +37,33 @@ def test_a_handle_at_another_version_is_not_used(spark, table_uri):
     assert _ids(read_delta(spark, table_uri, 1, loaded=at_zero)) == [1, 2, 3]
     # No version means the newest, whatever version the handle holds.
     assert _ids(read_delta(spark, table_uri, None, loaded=at_zero)) == [1, 2, 3]
+
+
+def test_the_logs_schema_reads_as_spark_infers_it_from_the_files(spark, tmp_path):
+    """read_delta gives Spark the log's schema instead of letting it read a footer: for
+    every column type a table holds (and a dynamic table's DECIMAL(38, s) state), the
+    columns and the rows are what Spark's own inference from the files gives."""
+    from pipelines import Session
+
+    from flush.tables import live_paths
+
+    session = Session(tmp_path / "warehouse", spark=spark)
+    session.sql("CREATE TABLE A (N NUMBER(38, 10), I NUMBER, F FLOAT, K VARCHAR, B BINARY, "
+                "BO BOOLEAN, D DATE, TI TIME, T TIMESTAMP_NTZ, TL TIMESTAMP_LTZ, "
+                "TZ TIMESTAMP_TZ, VA VARIANT, O OBJECT, AR ARRAY)")  # fmt: skip
+    session.sql("INSERT INTO A SELECT 1.5, 2, -0.0, 'x', X'00', true, DATE'1500-01-01', "
+                "'12:00:00', TIMESTAMP_NTZ'2020-01-01 00:00:00.123456', "
+                "TIMESTAMP_LTZ'1900-01-01 00:00:00', TIMESTAMP_LTZ'2020-01-01 00:00:00', "
+                "PARSE_JSON('{\"a\": 1}'), PARSE_JSON('{\"a\": 1}'), PARSE_JSON('[1]')")  # fmt: skip
+    session.sql("INSERT INTO A (N) VALUES (NULL)")
+    session.sql("CREATE DYNAMIC TABLE G TARGET_LAG = '1 hour' AS "
+                "SELECT K, sum(N) AS S, count(*) AS C FROM A GROUP BY K")  # fmt: skip
+    try:
+        for name in ("A", "G"):
+            uri = session.require_table(name).uri
+            given = read_delta(spark, uri, state=True)
+            inferred = spark.read.parquet(*live_paths(uri, DeltaTable(uri)))
+            assert given.schema == inferred.schema
+            assert sorted(map(str, given.collect())) == sorted(map(str, inferred.collect()))
+    finally:
+        session.close()
