@@ -43,9 +43,8 @@ def test_the_logs_schema_reads_as_spark_infers_it_from_the_files(spark, tmp_path
     """read_delta gives Spark the log's schema instead of letting it read a footer: for
     every column type a table holds (and a dynamic table's DECIMAL(38, s) state), the
     columns and the rows are what Spark's own inference from the files gives."""
-    from pipelines import Session
-
     from flush.tables import live_paths
+    from pipelines import Session
 
     session = Session(tmp_path / "warehouse", spark=spark)
     session.sql("CREATE TABLE A (N NUMBER(38, 10), I NUMBER, F FLOAT, K VARCHAR, B BINARY, "
