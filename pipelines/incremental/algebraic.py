@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
+from pipelines.incremental import extremes
+from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader, quoted
 
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 
     from pipelines.incremental.delta import Deltas
 
-__all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
+__all__ = ["STATE_PREFIX", "Layout", "delta", "extremes_of", "full", "layout", "rows", "stored"]
 
 STATE_PREFIX = "_INGEST_STATE_"
 _ROWS = f"{STATE_PREFIX}ROWS"
@@ -65,13 +67,14 @@ _OTHER = -1  # an aggregate function kept by recomputing its groups
 class Layout:
     """Where a plan's state lives: the projections above its root aggregation (outermost
     first), the aggregation, its distinct aggregate functions (JVM ``AggregateExpression``)
-    and, for each, ``count`` or the DECIMAL scale of its sum's state."""
+    and, for each, None for a ``count``, the DECIMAL scale of its sum's state, or the
+    :class:`~.extremes.Extreme` of a MIN or MAX."""
 
     chain: tuple[Node, ...]
     aggregate: Node
     keys: tuple[Any, ...]
     functions: tuple[Any, ...]
-    scales: tuple[int | None, ...]
+    scales: tuple[int | Extreme | None, ...]
 
     @property
     def names(self) -> list[str]:
@@ -86,6 +89,9 @@ class Layout:
         for j, scale in enumerate(self.scales):
             if scale is None:
                 fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.int64(), metadata=mark))
+            elif isinstance(scale, Extreme):
+                fields.append(pa.field(f"{STATE_PREFIX}{j}", scale.arrow, metadata=mark))
+                fields.append(pa.field(f"{STATE_PREFIX}{j}_N", pa.int64(), metadata=mark))
             else:
                 fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.decimal128(38, scale),
                                        metadata=mark))  # fmt: skip
@@ -95,8 +101,8 @@ class Layout:
 
 def layout(reader: PlanReader, root: Node) -> Layout | None:
     """The state ``root`` can be maintained with, or None: projections over an
-    aggregation whose aggregate functions are all COUNTs, and SUMs and AVGs of integers
-    and decimals."""
+    aggregation whose aggregate functions are all COUNTs, SUMs and AVGs of integers
+    and decimals, and MINs and MAXs of the types :func:`.extremes.kept` keeps."""
     chain, node = [], root
     while node.kind == "Project":
         chain.append(node)
@@ -109,7 +115,7 @@ def layout(reader: PlanReader, root: Node) -> Layout | None:
             if not any(found.semanticEquals(f) for f in functions):
                 functions.append(found)
     scales = [_scale(f) for f in functions]
-    if _OTHER in scales:
+    if any(scale == _OTHER for scale in scales if not isinstance(scale, Extreme)):
         return None
     keys = tuple(reader.items(node.jvm.groupingExpressions()))
     return Layout(tuple(chain), node, keys, tuple(functions), tuple(scales))
@@ -127,8 +133,12 @@ def full(reader: PlanReader, found: Layout) -> list[Column]:
 
     columns = [F.count(F.lit(1)).alias(_ROWS)]
     for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
-        if scale is None:
+        if scale is None or isinstance(scale, Extreme):
             columns.append(reader.column(function).alias(f"{STATE_PREFIX}{j}"))
+        if isinstance(scale, Extreme):
+            argument = reader.column(function.aggregateFunction().child())
+            columns.append(F.count(argument).alias(f"{STATE_PREFIX}{j}_N"))
+        if scale is None or isinstance(scale, Extreme):
             continue
         value = _argument(reader, function, scale)
         columns.append(F.sum(value).alias(f"{STATE_PREFIX}{j}"))
@@ -142,7 +152,6 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
     state columns)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import _parse_datatype_json_string
 
     from pipelines.incremental.delta import group_id, grouping  # (it imports this module)
@@ -158,14 +167,17 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     for name, key in zip(names, keys, strict=True):  # as they were before the round trip
         kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
         touched = touched.withColumn(name, F.col(name).cast(kind))
+    touched = extremes.retyped(found, touched)
     width = len(kept.columns) - 1 - len(found.names)
     old = kept.join(touched.select(ID), on=ID, how="left_semi")
     # Old state plus change, summed (a + b of two DECIMAL(38, s) would round to fewer
     # decimals: Spark's rule for an addition past 38 digits; a sum keeps the scale).
     both = touched.select(ID, *found.names).union(old.select(ID, *found.names))
-    summed = both.groupBy(ID).agg(*[
-        F.coalesce(F.sum(f.name), F.lit(0)).cast(from_arrow_type(f.type)).alias(f.name)
-        for f in found.fields])  # fmt: skip
+    summed = both.groupBy(ID).agg(*_merged(found))
+    # A group that lost a value that could be its extreme: its new row computed again
+    unsafe = extremes.unsafe(deltas, found, touched, old) if extremes_of(found) else None
+    if unsafe is not None:
+        summed = summed.join(unsafe.select(ID), on=ID, how="left_anti")
     merged = touched.select(*names, ID).join(summed, on=ID)
     merged = merged.select(*names, ID, *found.names, *_values(found))
     if keys:  # a group without rows is gone; a scalar aggregate always has its row
@@ -177,7 +189,9 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     ordered = [*kept.columns[:width], ID, *found.names]
     old_rows = old.select(*[F.col(quoted(c)).cast(f.dataType) for c, f in zip(
         ordered, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # fmt: skip
-    return new.union(old_rows)
+    if unsafe is None:
+        return new.union(old_rows)
+    return extremes.recomputed(deltas, found, unsafe).union(new).union(old_rows)
 
 
 def rows(deltas: Deltas, found: Layout, version: str) -> DataFrame:
@@ -189,6 +203,27 @@ def rows(deltas: Deltas, found: Layout, version: str) -> DataFrame:
         aggregated = aggregated.select(*reader.columns(above.jvm.projectList()), ID,
                                        *found.names)  # fmt: skip
     return aggregated
+
+
+def extremes_of(found: Layout) -> list[tuple[int, Extreme]]:
+    """The MINs and MAXs the state keeps, by position."""
+    return [(j, s) for j, s in enumerate(found.scales) if isinstance(s, Extreme)]
+
+
+def _merged(found: Layout) -> list[Column]:
+    """The new state of a group from the rows of its old state and of its change: sums
+    of counts and sums, Spark's MIN or MAX of an extreme (and its old one)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    columns, kinds = [], {f"{STATE_PREFIX}{j}": s for j, s in extremes_of(found)}
+    for f in found.fields:
+        kind = from_arrow_type(f.type)
+        if f.name in kinds:
+            columns.append(extremes.merged(kinds[f.name], f.name).cast(kind).alias(f.name))
+        else:
+            columns.append(F.coalesce(F.sum(f.name), F.lit(0)).cast(kind).alias(f.name))
+    return columns
 
 
 def _changed(reader: PlanReader, found: Layout) -> list[Column]:
@@ -205,6 +240,9 @@ def _changed(reader: PlanReader, found: Layout) -> list[Column]:
                                        F.lit(True))  # fmt: skip
             columns.append(F.sum(F.when(counted, sign).otherwise(0)).cast("bigint")
                            .alias(f"{STATE_PREFIX}{j}"))  # fmt: skip
+            continue
+        if isinstance(scale, Extreme):
+            columns += extremes.changed(arguments[0], scale, j)
             continue
         value = _argument(reader, function, scale)
         columns.append(F.sum(F.when(sign > 0, value).otherwise(-value))
@@ -289,10 +327,11 @@ def _aggregate_expressions(reader: PlanReader, expression: Any) -> list[Any]:
             for found in _aggregate_expressions(reader, child)]  # fmt: skip
 
 
-def _scale(function: Any) -> int | None:
+def _scale(function: Any) -> int | Extreme | None:
     """None for a COUNT, the state's DECIMAL scale for a SUM or an AVG of an integral or
-    DECIMAL argument, :data:`_OTHER` for anything else (the aggregation is then not
-    maintained from its change)."""
+    DECIMAL argument, the :class:`~.extremes.Extreme` of a MIN or MAX the state keeps,
+    :data:`_OTHER` for anything else (the aggregation is then not maintained from its
+    change)."""
     if function.isDistinct() or function.filter().isDefined():
         return _OTHER
     if str(function.mode().toString()) != "Complete":
@@ -303,6 +342,9 @@ def _scale(function: Any) -> int | None:
     kind = aggregate.getClass().getSimpleName()
     if kind == "Count":
         return None
+    extreme = extremes.kept(aggregate)
+    if extreme is not None:
+        return extreme if isinstance(extreme, Extreme) else _OTHER
     if kind not in ("Sum", "Average"):
         return _OTHER
     if kind == "Sum" and str(aggregate.evalContext().evalMode().toString()) == "TRY":

@@ -501,7 +501,7 @@ class Deltas:
         holding floats (or VARIANT) by its :func:`~pipelines.change_sets.spark_key`,
         which tells -0.0 from 0.0 (Spark's grouping takes them for one value and writes
         0.0), and it keeps its own value. With a ``state``, its columns follow ``ID``
-        (a row whose state alone changed is an update)."""
+        (a row whose state alone changed is an update; a float state by the same rule)."""
         from pyspark.sql import functions as F
 
         state: list[str] = []
@@ -518,9 +518,9 @@ class Deltas:
                                                                strict=True)],
             *state, ID, SIGN)  # fmt: skip
         types = {field.name: field.dataType for field in positional.schema.fields}
-        exact = {n for n in names if keyed(types[n])}
+        exact = {n for n in [*names, *state] if keyed(types[n])}  # a MIN's state: a float
         keys = [spark_key(F.col(n), types[n]).alias(f"{_KEY}{n}") if n in exact else F.col(n)
-                for n in names] + [F.col(n) for n in state]  # fmt: skip
+                for n in [*names, *state]]  # fmt: skip
         summed = (
             positional.groupBy(*keys, F.col(ID))
             .agg(F.sum(SIGN).alias(_COUNT), *[F.first(n).alias(n) for n in sorted(exact)])
