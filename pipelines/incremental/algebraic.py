@@ -1,7 +1,8 @@
 """Aggregations maintained from their change alone: a table whose query ends in a GROUP BY
-(or a scalar aggregate) of COUNTs and exact SUMs keeps, per group, hidden state columns
-from which the next refresh computes the group's new row without reading the group's
-input rows again.
+(or a scalar aggregate) of COUNTs, exact SUMs and AVGs, MINs and MAXs keeps, per group,
+hidden state columns from which the next refresh computes the group's new row without
+reading the group's input rows again (a MIN or a MAX whose extreme may have been deleted
+excepted: :mod:`.extremes`).
 
 The recomputing rule of :class:`pipelines.incremental.delta.Deltas` reads every input
 row of each touched group at the new versions: for a GROUP BY over a large source that
@@ -15,7 +16,11 @@ the state the table holds:
   ``count(...)``: the rows it counts (all its arguments non-NULL), BIGINT; ``sum(x)`` and
   ``avg(x)`` of an integral or DECIMAL(p, s) ``x``: the exact sum as DECIMAL(38, s), and
   ``_INGEST_STATE_<j>_N``, how many ``x`` are not NULL (the sum and the average are NULL
-  at 0).
+  at 0); ``min(x)`` and ``max(x)`` of a number, string, date, timestamp or boolean: the
+  group's extreme, in ``x``'s type, and ``_INGEST_STATE_<j>_N`` likewise. A group that
+  lost a value that could be its extreme has its new row, every state column of it,
+  aggregated again from its input rows at the new versions (:mod:`.extremes`): the
+  other groups' rows are not read.
 
 A group's row is then its output expressions as the plan writes them, each aggregate
 function replaced by its value from the new state (a sum cast to the type Spark gives
@@ -27,9 +32,10 @@ rather than on a running total. An integer's average (and a small decimal's, whi
 Spark's optimizer turns into the average of its unscaled integers) is Spark's average of
 doubles: the exact sum rounded once to a double, which is what Spark's running double
 sum gives while the group's sums stay within ±2⁵³ (past that Spark's own answer depends
-on the order it adds in). Float sums and averages, MIN, MAX, COUNT(DISTINCT), FILTER, a
-HAVING (a Filter above the aggregation: the groups it hides have no row to hold their
-state) and an aggregation below other operators keep the recomputing rule.
+on the order it adds in). Float sums and averages, MIN and MAX of other types (binary,
+arrays, ...), COUNT(DISTINCT), FILTER, a HAVING (a Filter above the aggregation: the
+groups it hides have no row to hold their state) and an aggregation below other
+operators keep the recomputing rule.
 
 The state is part of the table's rows, so it commits with them, atomically; readers
 never see it (hidden columns, ``ingest.hidden = state``, as the row id is).

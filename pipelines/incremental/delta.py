@@ -24,7 +24,7 @@ whose deltas are known:
 Nothing is held between refreshes but the table (no operator state in memory): a refresh
 reads the sources at the two versions and their changes; what it collects is the
 consolidated delta of the query (:meth:`Deltas.net`), which grows with the change. An
-aggregation of counts, sums and averages at the root is the exception that reads less:
+aggregation of counts, sums, averages, minima and maxima at the root reads less:
 its table keeps each group's state in hidden columns, and its change is computed from
 the input's change and that state alone (:mod:`.algebraic`). Operators the rules do not
 cover raise :class:`Unsupported`, whose code names the reason for a FULL refresh.

@@ -18,6 +18,11 @@ again that was in neither version; its value counts among both the deleted and t
 inserted ones, so it sends the group to recomputation or lies beyond the old extreme,
 where it changes nothing.
 
+The UNSAFE groups' new rows are the aggregation's own over their rows (:func:`recomputed`),
+put first in the delta's union: they carry the plan's attribute ids (a grouping column's
+is its input column's, which the state path's rows alias as well), and Spark renews the
+ids of the later children, whose rows the union reads by position.
+
 Argument types kept: integers, decimals, FLOAT, DOUBLE, STRING of the default
 (binary) collation, DATE, TIMESTAMP (NTZ and LTZ) and BOOLEAN, each stored in the type of
 the argument; anything else (binary, intervals, arrays, structs, maps, variants,
@@ -114,7 +119,9 @@ def changed(argument: Column, extreme: Extreme, j: int) -> list[Column]:
 def merged(extreme: Extreme, name: str) -> Column:
     """The new extreme of a SAFE group from its old one and the inserted values' (the
     rows of one group, ``name`` their value column)."""
-    return extreme.aggregate(name).cast(extreme.kind)
+    from pyspark.sql import functions as F
+
+    return extreme.aggregate(F.col(name)).cast(extreme.kind)
 
 
 def retyped(found: Layout, touched: DataFrame) -> DataFrame:
