@@ -1,7 +1,8 @@
 """Aggregations maintained from their change alone: a table whose query ends in a GROUP BY
-(or a scalar aggregate) of COUNTs and exact SUMs keeps, per group, hidden state columns
-from which the next refresh computes the group's new row without reading the group's
-input rows again.
+(or a scalar aggregate) of COUNTs, exact SUMs and AVGs, MINs and MAXs keeps, per group,
+hidden state columns from which the next refresh computes the group's new row without
+reading the group's input rows again (a MIN or a MAX whose extreme may have been deleted
+excepted: :mod:`.extremes`).
 
 The recomputing rule of :class:`pipelines.incremental.delta.Deltas` reads every input
 row of each touched group at the new versions: for a GROUP BY over a large source that
@@ -15,7 +16,11 @@ the state the table holds:
   ``count(...)``: the rows it counts (all its arguments non-NULL), BIGINT; ``sum(x)`` and
   ``avg(x)`` of an integral or DECIMAL(p, s) ``x``: the exact sum as DECIMAL(38, s), and
   ``_INGEST_STATE_<j>_N``, how many ``x`` are not NULL (the sum and the average are NULL
-  at 0).
+  at 0); ``min(x)`` and ``max(x)`` of a number, string, date, timestamp or boolean: the
+  group's extreme, in ``x``'s type, and ``_INGEST_STATE_<j>_N`` likewise. A group that
+  lost a value that could be its extreme has its new row, every state column of it,
+  aggregated again from its input rows at the new versions (:mod:`.extremes`): the
+  other groups' rows are not read.
 
 A group's row is then its output expressions as the plan writes them, each aggregate
 function replaced by its value from the new state (a sum cast to the type Spark gives
@@ -27,9 +32,10 @@ rather than on a running total. An integer's average (and a small decimal's, whi
 Spark's optimizer turns into the average of its unscaled integers) is Spark's average of
 doubles: the exact sum rounded once to a double, which is what Spark's running double
 sum gives while the group's sums stay within ±2⁵³ (past that Spark's own answer depends
-on the order it adds in). Float sums and averages, MIN, MAX, COUNT(DISTINCT), FILTER, a
-HAVING (a Filter above the aggregation: the groups it hides have no row to hold their
-state) and an aggregation below other operators keep the recomputing rule.
+on the order it adds in). Float sums and averages, MIN and MAX of other types (binary,
+arrays, ...), COUNT(DISTINCT), FILTER, a HAVING (a Filter above the aggregation: the
+groups it hides have no row to hold their state) and an aggregation below other
+operators keep the recomputing rule.
 
 The state is part of the table's rows, so it commits with them, atomically; readers
 never see it (hidden columns, ``ingest.hidden = state``, as the row id is).
@@ -45,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
+from pipelines.incremental import extremes
+from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader, quoted
 
@@ -53,7 +61,7 @@ if TYPE_CHECKING:
 
     from pipelines.incremental.delta import Deltas
 
-__all__ = ["STATE_PREFIX", "Layout", "delta", "layout", "rows", "stored"]
+__all__ = ["STATE_PREFIX", "Layout", "delta", "extremes_of", "full", "layout", "rows", "stored"]
 
 STATE_PREFIX = "_INGEST_STATE_"
 _ROWS = f"{STATE_PREFIX}ROWS"
@@ -65,13 +73,14 @@ _OTHER = -1  # an aggregate function kept by recomputing its groups
 class Layout:
     """Where a plan's state lives: the projections above its root aggregation (outermost
     first), the aggregation, its distinct aggregate functions (JVM ``AggregateExpression``)
-    and, for each, ``count`` or the DECIMAL scale of its sum's state."""
+    and, for each, None for a ``count``, the DECIMAL scale of its sum's state, or the
+    :class:`~.extremes.Extreme` of a MIN or MAX."""
 
     chain: tuple[Node, ...]
     aggregate: Node
     keys: tuple[Any, ...]
     functions: tuple[Any, ...]
-    scales: tuple[int | None, ...]
+    scales: tuple[int | Extreme | None, ...]
 
     @property
     def names(self) -> list[str]:
@@ -86,6 +95,9 @@ class Layout:
         for j, scale in enumerate(self.scales):
             if scale is None:
                 fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.int64(), metadata=mark))
+            elif isinstance(scale, Extreme):
+                fields.append(pa.field(f"{STATE_PREFIX}{j}", scale.arrow, metadata=mark))
+                fields.append(pa.field(f"{STATE_PREFIX}{j}_N", pa.int64(), metadata=mark))
             else:
                 fields.append(pa.field(f"{STATE_PREFIX}{j}", pa.decimal128(38, scale),
                                        metadata=mark))  # fmt: skip
@@ -95,8 +107,8 @@ class Layout:
 
 def layout(reader: PlanReader, root: Node) -> Layout | None:
     """The state ``root`` can be maintained with, or None: projections over an
-    aggregation whose aggregate functions are all COUNTs, and SUMs and AVGs of integers
-    and decimals."""
+    aggregation whose aggregate functions are all COUNTs, SUMs and AVGs of integers
+    and decimals, and MINs and MAXs of the types :func:`.extremes.kept` keeps."""
     chain, node = [], root
     while node.kind == "Project":
         chain.append(node)
@@ -109,7 +121,7 @@ def layout(reader: PlanReader, root: Node) -> Layout | None:
             if not any(found.semanticEquals(f) for f in functions):
                 functions.append(found)
     scales = [_scale(f) for f in functions]
-    if _OTHER in scales:
+    if any(scale == _OTHER for scale in scales if not isinstance(scale, Extreme)):
         return None
     keys = tuple(reader.items(node.jvm.groupingExpressions()))
     return Layout(tuple(chain), node, keys, tuple(functions), tuple(scales))
@@ -127,8 +139,12 @@ def full(reader: PlanReader, found: Layout) -> list[Column]:
 
     columns = [F.count(F.lit(1)).alias(_ROWS)]
     for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
-        if scale is None:
+        if scale is None or isinstance(scale, Extreme):
             columns.append(reader.column(function).alias(f"{STATE_PREFIX}{j}"))
+        if isinstance(scale, Extreme):
+            argument = reader.column(function.aggregateFunction().child())
+            columns.append(F.count(argument).alias(f"{STATE_PREFIX}{j}_N"))
+        if scale is None or isinstance(scale, Extreme):
             continue
         value = _argument(reader, function, scale)
         columns.append(F.sum(value).alias(f"{STATE_PREFIX}{j}"))
@@ -142,7 +158,6 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     with the state columns after ``ID`` (``kept``: the table's user columns, ``ID``, its
     state columns)."""
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import _parse_datatype_json_string
 
     from pipelines.incremental.delta import group_id, grouping  # (it imports this module)
@@ -158,14 +173,17 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     for name, key in zip(names, keys, strict=True):  # as they were before the round trip
         kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
         touched = touched.withColumn(name, F.col(name).cast(kind))
+    touched = extremes.retyped(found, touched)
     width = len(kept.columns) - 1 - len(found.names)
     old = kept.join(touched.select(ID), on=ID, how="left_semi")
     # Old state plus change, summed (a + b of two DECIMAL(38, s) would round to fewer
     # decimals: Spark's rule for an addition past 38 digits; a sum keeps the scale).
     both = touched.select(ID, *found.names).union(old.select(ID, *found.names))
-    summed = both.groupBy(ID).agg(*[
-        F.coalesce(F.sum(f.name), F.lit(0)).cast(from_arrow_type(f.type)).alias(f.name)
-        for f in found.fields])  # fmt: skip
+    summed = both.groupBy(ID).agg(*_merged(found))
+    # A group that lost a value that could be its extreme: its new row computed again
+    unsafe = extremes.unsafe(deltas, found, touched, old) if extremes_of(found) else None
+    if unsafe is not None:
+        summed = summed.join(unsafe.select(ID), on=ID, how="left_anti")
     merged = touched.select(*names, ID).join(summed, on=ID)
     merged = merged.select(*names, ID, *found.names, *_values(found))
     if keys:  # a group without rows is gone; a scalar aggregate always has its row
@@ -177,7 +195,9 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     ordered = [*kept.columns[:width], ID, *found.names]
     old_rows = old.select(*[F.col(quoted(c)).cast(f.dataType) for c, f in zip(
         ordered, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # fmt: skip
-    return new.union(old_rows)
+    if unsafe is None:
+        return new.union(old_rows)
+    return extremes.recomputed(deltas, found, unsafe).union(new).union(old_rows)
 
 
 def rows(deltas: Deltas, found: Layout, version: str) -> DataFrame:
@@ -189,6 +209,27 @@ def rows(deltas: Deltas, found: Layout, version: str) -> DataFrame:
         aggregated = aggregated.select(*reader.columns(above.jvm.projectList()), ID,
                                        *found.names)  # fmt: skip
     return aggregated
+
+
+def extremes_of(found: Layout) -> list[tuple[int, Extreme]]:
+    """The MINs and MAXs the state keeps, by position."""
+    return [(j, s) for j, s in enumerate(found.scales) if isinstance(s, Extreme)]
+
+
+def _merged(found: Layout) -> list[Column]:
+    """The new state of a group from the rows of its old state and of its change: sums
+    of counts and sums, Spark's MIN or MAX of an extreme (and its old one)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    columns, kinds = [], {f"{STATE_PREFIX}{j}": s for j, s in extremes_of(found)}
+    for f in found.fields:
+        kind = from_arrow_type(f.type)
+        if f.name in kinds:
+            columns.append(extremes.merged(kinds[f.name], f.name).cast(kind).alias(f.name))
+        else:
+            columns.append(F.coalesce(F.sum(f.name), F.lit(0)).cast(kind).alias(f.name))
+    return columns
 
 
 def _changed(reader: PlanReader, found: Layout) -> list[Column]:
@@ -205,6 +246,9 @@ def _changed(reader: PlanReader, found: Layout) -> list[Column]:
                                        F.lit(True))  # fmt: skip
             columns.append(F.sum(F.when(counted, sign).otherwise(0)).cast("bigint")
                            .alias(f"{STATE_PREFIX}{j}"))  # fmt: skip
+            continue
+        if isinstance(scale, Extreme):
+            columns += extremes.changed(arguments[0], scale, j)
             continue
         value = _argument(reader, function, scale)
         columns.append(F.sum(F.when(sign > 0, value).otherwise(-value))
@@ -289,10 +333,11 @@ def _aggregate_expressions(reader: PlanReader, expression: Any) -> list[Any]:
             for found in _aggregate_expressions(reader, child)]  # fmt: skip
 
 
-def _scale(function: Any) -> int | None:
+def _scale(function: Any) -> int | Extreme | None:
     """None for a COUNT, the state's DECIMAL scale for a SUM or an AVG of an integral or
-    DECIMAL argument, :data:`_OTHER` for anything else (the aggregation is then not
-    maintained from its change)."""
+    DECIMAL argument, the :class:`~.extremes.Extreme` of a MIN or MAX the state keeps,
+    :data:`_OTHER` for anything else (the aggregation is then not maintained from its
+    change)."""
     if function.isDistinct() or function.filter().isDefined():
         return _OTHER
     if str(function.mode().toString()) != "Complete":
@@ -303,6 +348,9 @@ def _scale(function: Any) -> int | None:
     kind = aggregate.getClass().getSimpleName()
     if kind == "Count":
         return None
+    extreme = extremes.kept(aggregate)
+    if extreme is not None:
+        return extreme if isinstance(extreme, Extreme) else _OTHER
     if kind not in ("Sum", "Average"):
         return _OTHER
     if kind == "Sum" and str(aggregate.evalContext().evalMode().toString()) == "TRY":

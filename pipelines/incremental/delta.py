@@ -24,7 +24,7 @@ whose deltas are known:
 Nothing is held between refreshes but the table (no operator state in memory): a refresh
 reads the sources at the two versions and their changes; what it collects is the
 consolidated delta of the query (:meth:`Deltas.net`), which grows with the change. An
-aggregation of counts, sums and averages at the root is the exception that reads less:
+aggregation of counts, sums, averages, minima and maxima at the root reads less:
 its table keeps each group's state in hidden columns, and its change is computed from
 the input's change and that state alone (:mod:`.algebraic`). Operators the rules do not
 cover raise :class:`Unsupported`, whose code names the reason for a FULL refresh.
@@ -501,7 +501,7 @@ class Deltas:
         holding floats (or VARIANT) by its :func:`~pipelines.change_sets.spark_key`,
         which tells -0.0 from 0.0 (Spark's grouping takes them for one value and writes
         0.0), and it keeps its own value. With a ``state``, its columns follow ``ID``
-        (a row whose state alone changed is an update)."""
+        (a row whose state alone changed is an update; a float state by the same rule)."""
         from pyspark.sql import functions as F
 
         state: list[str] = []
@@ -518,9 +518,9 @@ class Deltas:
                                                                strict=True)],
             *state, ID, SIGN)  # fmt: skip
         types = {field.name: field.dataType for field in positional.schema.fields}
-        exact = {n for n in names if keyed(types[n])}
+        exact = {n for n in [*names, *state] if keyed(types[n])}  # a MIN's state: a float
         keys = [spark_key(F.col(n), types[n]).alias(f"{_KEY}{n}") if n in exact else F.col(n)
-                for n in names] + [F.col(n) for n in state]  # fmt: skip
+                for n in [*names, *state]]  # fmt: skip
         summed = (
             positional.groupBy(*keys, F.col(ID))
             .agg(F.sum(SIGN).alias(_COUNT), *[F.first(n).alias(n) for n in sorted(exact)])
