@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from flush.spark_tables import arrow_frame
 from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
 from pipelines.incremental import extremes
 from pipelines.incremental.extremes import Extreme
@@ -168,8 +169,9 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     change = deltas.delta(found.aggregate.children[0])
     grouped = change.groupBy(*[grouping(reader, k).alias(n) for k, n in zip(keys, names,
                                                                              strict=True)])
-    touched = deltas.materialised(
-        grouped.agg(*_changed(reader, found)).withColumn(ID, group_id(keys, reader, names)))
+    collected = grouped.agg(*_changed(reader, found)).withColumn(
+        ID, group_id(keys, reader, names)).toArrow()  # fmt: skip
+    touched = arrow_frame(reader.spark, collected)  # (:meth:`Deltas.materialised`)
     for name, key in zip(names, keys, strict=True):  # as they were before the round trip
         kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
         touched = touched.withColumn(name, F.col(name).cast(kind))
@@ -181,7 +183,8 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     both = touched.select(ID, *found.names).union(old.select(ID, *found.names))
     summed = both.groupBy(ID).agg(*_merged(found))
     # A group that lost a value that could be its extreme: its new row computed again
-    unsafe = extremes.unsafe(deltas, found, touched, old) if extremes_of(found) else None
+    lost = extremes.lost_values(found, collected)  # no job for a change without any
+    unsafe = extremes.unsafe(deltas, found, touched, old) if lost else None
     if unsafe is not None:
         summed = summed.join(unsafe.select(ID), on=ID, how="left_anti")
     merged = touched.select(*names, ID).join(summed, on=ID)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from pipelines.incremental.algebraic import Layout
     from pipelines.incremental.delta import Deltas
 
-__all__ = ["Extreme", "changed", "kept", "merged", "recomputed", "retyped", "unsafe"]
+__all__ = ["Extreme", "changed", "kept", "lost_values", "merged", "recomputed", "retyped",
+           "unsafe"]
 
 _DELETED = "_INGEST_D_"
 _OLD = "_INGEST_O_"
@@ -135,6 +136,16 @@ def retyped(found: Layout, touched: DataFrame) -> DataFrame:
         for name in (_state(j), f"{_DELETED}{j}"):
             touched = touched.withColumn(name, F.col(name).cast(extreme.kind))
     return touched
+
+
+def lost_values(found: Layout, touched: pa.Table) -> bool:
+    """Whether the change deleted any non-NULL value of a MIN's or MAX's argument (in
+    ``touched``, the collected change per group: :func:`changed`): if not, no group can
+    have lost its extreme and :func:`unsafe` need not run (an append-only source's)."""
+    from pipelines.incremental.algebraic import extremes_of
+
+    return any(touched.column(f"{_DELETED}{j}").null_count < touched.num_rows
+               for j, _ in extremes_of(found))  # fmt: skip
 
 
 def _unsafe(found: Layout) -> Column:
