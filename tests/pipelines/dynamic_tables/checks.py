@@ -156,3 +156,11 @@ def scanned(session: Session, deltas, table: str) -> bool:
 
     folder = local(session.require_table(table).uri).rstrip("/") + "/"
     return any(local(path).startswith(folder) for path in deltas.net().inputFiles())
+
+
+def create_incremental(session: Session, tables: dict[str, str]) -> None:
+    """One INCREMENTAL dynamic table (lag one hour: refreshed only when told) per name
+    and query of ``tables``."""
+    for name, query in tables.items():
+        session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' "
+                    f"REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip

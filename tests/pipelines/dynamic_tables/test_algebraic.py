@@ -15,6 +15,7 @@ from flush.tables import state_columns
 from pipelines import Session
 from tests.pipelines.dynamic_tables.checks import (
     assert_same_as_query,
+    create_incremental,
     record_engine_refreshes,
     scanned,
 )
@@ -67,9 +68,7 @@ def wh(tmp_path_factory, spark):
     session = Session(tmp_path_factory.mktemp("algebraic") / "warehouse", spark=spark)
     session.sql(SOURCE)
     session.sql(f"INSERT INTO A VALUES {ROWS}")
-    for name, query in {**KEPT, **RECOMPUTED}.items():
-        session.sql(f"CREATE DYNAMIC TABLE G_{name} TARGET_LAG = '1 hour' "
-                    f"REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip
+    create_incremental(session, {f"G_{n}": q for n, q in {**KEPT, **RECOMPUTED}.items()})
     yield session
     session.close()
 

@@ -14,6 +14,7 @@ import pipelines.incremental.extremes as extremes_module
 from pipelines import Session
 from tests.pipelines.dynamic_tables.checks import (
     assert_same_as_query,
+    create_incremental,
     record_engine_refreshes,
     scanned,
 )
@@ -64,9 +65,7 @@ def wh(tmp_path_factory, spark):
     session = Session(tmp_path_factory.mktemp("extremes") / "warehouse", spark=spark)
     session.sql(SOURCE)
     session.sql(f"INSERT INTO X VALUES {ROWS}")
-    for name, query in QUERIES.items():
-        session.sql(f"CREATE DYNAMIC TABLE E_{name} TARGET_LAG = '1 hour' "
-                    f"REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip
+    create_incremental(session, {f"E_{name}": query for name, query in QUERIES.items()})
     yield session
     session.close()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines import Session, SqlError
-from tests.pipelines.dynamic_tables.checks import assert_same_as_query
+from tests.pipelines.dynamic_tables.checks import assert_same_as_query, create_incremental
 
 #: A and M are JSON text: the queries read them as an array of ints and a map.
 SOURCE = "CREATE TABLE G (ID NUMBER, K VARCHAR, A VARCHAR, M VARCHAR)"
@@ -54,9 +54,7 @@ def wh(tmp_path_factory, spark):
     session.sql(SOURCE)
     session.sql(VIEW)
     session.sql(f"INSERT INTO G VALUES {', '.join(ROWS)}")
-    for name, query in QUERIES.items():
-        session.sql(f"CREATE DYNAMIC TABLE D_{name} TARGET_LAG = '1 hour' "
-                    f"REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip
+    create_incremental(session, {f"D_{name}": query for name, query in QUERIES.items()})
     yield session
     session.close()
 
