@@ -6,6 +6,8 @@ record behaviour verified; an xfail(strict) test records a defect found."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 
 from pipelines import Session
@@ -120,3 +122,19 @@ def test_odd_column_names_compaction_and_time_travel_read_as_written(wh):
                    "DATATYPE_MISSING_SIZE; ::VARCHAR too")  # fmt: skip
 def test_cast_as_varchar_without_a_length(wh):
     assert wh.sql("SELECT CAST(12 AS VARCHAR) AS S, 3::VARCHAR AS T").collect()[0] == ("12", "3")
+
+
+@pytest.mark.xfail(strict=True, reason="a NULL-typed (VOID) output column in an aggregating "
+                   "dynamic table (max(NULL), min(NULL), or a NULL literal beside count/sum/"
+                   "min): every refresh after the initial one fails: CAST(... AS VOID) of a "
+                   "STRING; present before read_delta's given schema too (8895fdb^)")  # fmt: skip
+@pytest.mark.parametrize("query", [
+    "SELECT K, max(NULL) AS N FROM {t} GROUP BY K",
+    "SELECT min(NULL) AS N FROM {t}",
+    "SELECT NULL AS N, count(*) AS C FROM {t}",
+])  # fmt: skip
+def test_a_null_typed_column_beside_an_aggregate_refreshes(wh, query):
+    t = f"V{zlib.crc32(query.encode()) % 10**6}"
+    wh.sql(f"CREATE TABLE {t} (K INT, V INT)")
+    wh.sql(f"INSERT INTO {t} VALUES (1, 10), (1, 20), (2, 5)")
+    _run(wh, f"D{t}", query.format(t=t), [[f"DELETE FROM {t} WHERE V = 10"]])
