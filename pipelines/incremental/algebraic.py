@@ -55,7 +55,7 @@ from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
 from pipelines.incremental import extremes
 from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.hidden import ID, KEY, SIGN
-from pipelines.incremental.plan import Node, PlanReader, quoted
+from pipelines.incremental.plan import Node, PlanReader, typed_as
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -196,7 +196,7 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
         new = new.select(*reader.columns(above.jvm.projectList()), ID, *found.names)
     new = new.withColumn(SIGN, F.lit(1))
     ordered = [*kept.columns[:width], ID, *found.names]
-    old_rows = old.select(*[F.col(quoted(c)).cast(f.dataType) for c, f in zip(
+    old_rows = old.select(*[typed_as(c, f.dataType) for c, f in zip(
         ordered, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # fmt: skip
     if unsafe is None:
         return new.union(old_rows)

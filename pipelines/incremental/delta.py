@@ -51,7 +51,7 @@ from pipelines.incremental.hidden import ID, SIGN
 from pipelines.incremental.hidden import KEY as _KEY
 from pipelines.incremental.hidden import LEFT as _LEFT
 from pipelines.incremental.hidden import RIGHT as _RIGHT
-from pipelines.incremental.plan import Node, PlanReader
+from pipelines.incremental.plan import Node, PlanReader, typed_as
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -558,7 +558,7 @@ class Deltas:
         for above in reversed(chain):
             new = self._row_wise(above, [new], [])
         new = new.withColumn(SIGN, F.lit(1))
-        old = kept.select(*[F.col(c).cast(f.dataType) for c, f in zip(  # in order: a join
+        old = kept.select(*[typed_as(c, f.dataType) for c, f in zip(  # in order: a join
             names, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # on ID moves it
         return new.union(old)
 

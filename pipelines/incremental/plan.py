@@ -155,6 +155,18 @@ def _items(seq: Any) -> list[Any]:
     return found
 
 
+def typed_as(name: str, kind: Any) -> Column:
+    """Column ``name`` of a table the engine keeps (as the table stores it) in the plan's
+    type ``kind``: a VOID column (a NULL the query writes) is stored as NULLs of another
+    type, which Spark does not cast to VOID."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import NullType
+
+    if isinstance(kind, NullType):
+        return F.lit(None).alias(name)
+    return F.col(quoted(name)).cast(kind)
+
+
 def quoted(name: str) -> str:
     """A column name as Spark reads it whatever it holds (dots, spaces, backquotes)."""
     return "`" + name.replace("`", "``") + "`"
