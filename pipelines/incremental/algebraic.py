@@ -140,16 +140,16 @@ def full(reader: PlanReader, found: Layout) -> list[Column]:
 
     columns = [F.count(F.lit(1)).alias(_ROWS)]
     for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
-        if scale is None or isinstance(scale, Extreme):
-            columns.append(reader.column(function).alias(f"{STATE_PREFIX}{j}"))
-        if isinstance(scale, Extreme):
+        name = f"{STATE_PREFIX}{j}"
+        if scale is None:  # a count: the function itself
+            columns.append(reader.column(function).alias(name))
+        elif isinstance(scale, Extreme):  # the function itself, and its non-NULL count
             argument = reader.column(function.aggregateFunction().child())
-            columns.append(F.count(argument).alias(f"{STATE_PREFIX}{j}_N"))
-        if scale is None or isinstance(scale, Extreme):
-            continue
-        value = _argument(reader, function, scale)
-        columns.append(F.sum(value).alias(f"{STATE_PREFIX}{j}"))
-        columns.append(F.count(value).alias(f"{STATE_PREFIX}{j}_N"))
+            columns += [reader.column(function).alias(name),
+                        F.count(argument).alias(f"{name}_N")]  # fmt: skip
+        else:  # an exact sum, and its non-NULL count
+            value = _argument(reader, function, scale)
+            columns += [F.sum(value).alias(name), F.count(value).alias(f"{name}_N")]
     return columns
 
 
