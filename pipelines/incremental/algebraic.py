@@ -56,6 +56,7 @@ from pipelines.incremental import extremes
 from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader, typed_as
+from pipelines.incremental.subqueries import scalars
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -114,8 +115,8 @@ def layout(reader: PlanReader, root: Node) -> Layout | None:
     while node.kind == "Project":
         chain.append(node)
         node = node.children[0]
-    if node.kind != "Aggregate":
-        return None
+    if node.kind != "Aggregate" or any(scalars(reader, n) for n in [*chain, node]):
+        return None  # (a subquery's value can change every group's row)
     functions: list[Any] = []
     for output in reader.items(node.jvm.aggregateExpressions()):
         for found in _aggregate_expressions(reader, output):

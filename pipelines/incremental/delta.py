@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
-from pipelines.incremental import algebraic, row_maps
+from pipelines.incremental import algebraic, row_maps, subqueries
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
 from pipelines.incremental.hidden import HIT_RIGHT as _HIT_RIGHT
@@ -129,8 +129,11 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
                 found.add("UNSUPPORTED:Union")
         elif node.kind not in _ROW_WISE | {"Aggregate", "Window"}:
             found.add(f"UNSUPPORTED:{node.kind}")
-        if reader.items(node.jvm.subqueries()):
-            found.add("SUBQUERY_EXPRESSION")
+        if subqueries.scalars(reader, node):
+            if not subqueries.evaluable(reader, node):
+                found.add("SUBQUERY_EXPRESSION")
+            for plan in reader.items(node.jvm.subqueries()):  # plans of their own
+                found.update(unsupported(reader, reader.tree(plan), is_source))
         for attribute in node.output:
             if spark_fold(str(attribute.name())).startswith("_ingest_"):  # Spark's rule
                 found.add("RESERVED_NAME")
@@ -233,19 +236,28 @@ class Deltas:
         self.layout = state
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
+        self._subqueries: dict[int, list[tuple[Any, Node]]] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
     def state(self, node: Node, version: str) -> DataFrame:
-        return self._memoised(node, version, lambda: self._state(node, version))
+        return self.memoised(node, version, lambda: self._state(node, version))
 
     def delta(self, node: Node) -> DataFrame:
-        return self._memoised(node, "delta", lambda: self._delta(node))
+        return self.memoised(node, "delta", lambda: self._delta(node))
+
+    def subqueries(self, node: Node) -> list[tuple[Any, Node]]:
+        """The scalar subqueries in ``node``'s expressions, each with its plan (one
+        :class:`Node` tree per refresh: the evaluations of its operators are memoised)."""
+        if id(node) not in self._subqueries:
+            self._subqueries[id(node)] = [(s, self.reader.tree(s.plan()))
+                                          for s in subqueries.scalars(self.reader, node)]
+        return self._subqueries[id(node)]
 
     def unchanged(self, node: Node) -> bool:
         """Whether nothing under ``node`` changed: its delta is empty, and a rule skips
         the terms (and the scans) that would compute it."""
         if id(node) not in self._still:
-            children = node.children
+            children = [*node.children, *(plan for _, plan in self.subqueries(node))]
             self._still[id(node)] = (all(self.unchanged(c) for c in children) if children
                                      else node.kind in row_maps.CONSTANT
                                      or self._source(node).unchanged())  # fmt: skip
@@ -265,7 +277,12 @@ class Deltas:
             return all(self.split(c) for c in node.children)
         return True
 
-    def _memoised(self, node: Node, what: str, make: Callable[[], DataFrame]) -> DataFrame:
+    def made(self, node: Node, what: str) -> DataFrame | None:
+        """The frame :meth:`memoised` made for ``node`` and ``what`` (None: not yet)."""
+        return self._memo.get((id(node), what))
+
+    def memoised(self, node: Node, what: str, make: Callable[[], DataFrame]) -> DataFrame:
+        """``make()``'s frame for ``node`` and ``what``, made once per refresh."""
         key = (id(node), what)
         if key not in self._memo:
             self._memo[key] = make()
@@ -285,6 +302,8 @@ class Deltas:
             return self._window(node, inputs[0])
         if node.kind == "Join":
             return self._join(node, inputs[0], inputs[1], [])
+        if self.subqueries(node):
+            return subqueries.state(self, node, inputs[0], version)
         return self._row_wise(node, inputs, [])
 
     def _delta(self, node: Node) -> DataFrame:
@@ -295,6 +314,8 @@ class Deltas:
         if not node.children:
             changes = self._source(node).changes()
             return self.reader.rebound(changes, node.output, [ID, SIGN])
+        if self.subqueries(node):
+            return subqueries.delta(self, node)
         if node.kind in _ROW_WISE or node.kind == "Union":
             return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
         if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
@@ -544,6 +565,8 @@ class Deltas:
             chain.append(node)
             node = node.children[0]
         if self._kept is None or node.kind != "Aggregate" or self.unchanged(node):
+            return None
+        if any(self.subqueries(above) for above in chain):  # may change untouched groups
             return None
         keys = self.reader.items(node.jvm.groupingExpressions())
         rows = self.state(node.children[0], "new")

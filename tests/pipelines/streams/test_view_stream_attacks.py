@@ -470,6 +470,8 @@ def test_a_grouping_sets_view_is_followed_exactly(ab, body):
         "SELECT k, v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
         "SELECT a.k, a.v FROM a LEFT JOIN b ON a.k = b.k WHERE b.k IS NULL",
         "SELECT DISTINCT k FROM a",
+        "SELECT k, v FROM a WHERE v < (SELECT avg(w) FROM b)",  # uncorrelated, scalar
+        "SELECT k, v * 100 / (SELECT sum(v) FROM a) AS share FROM a",
     ],
 )
 def test_subqueries_anti_joins_and_windows_follow_the_view(ab, body):
