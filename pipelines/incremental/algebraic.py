@@ -54,6 +54,7 @@ from flush.spark_tables import arrow_frame
 from flush.tables import HIDDEN_KEY, STATE_MARK, state_columns
 from pipelines.incremental import extremes
 from pipelines.incremental.extremes import Extreme
+from pipelines.incremental.group_ids import group_id, grouping
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader, typed_as
 from pipelines.incremental.subqueries import scalars
@@ -162,7 +163,6 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
-    from pipelines.incremental.delta import group_id, grouping  # (it imports this module)
 
     reader = deltas.reader
     keys = list(found.keys)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
 from pipelines.incremental import algebraic, row_maps, subqueries
+from pipelines.incremental.group_ids import GROUP_ID_RULE, group_id, grouping
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
 from pipelines.incremental.hidden import HIT_RIGHT as _HIT_RIGHT
@@ -144,69 +145,6 @@ def _walk(node: Node) -> list[Node]:
     return [node, *(n for child in node.children for n in _walk(child))]
 
 
-#: The rule :func:`group_id` follows, written in every commit of a table it maintains
-#: (as an application transaction): 1 hashed the keys alone, so groups whose keys
-#: differ only in where their NULLs are, like ``(NULL, 1)`` and ``(1, NULL)``, shared
-#: an id; 2 hashes where the NULLs are too. A table of an older rule refreshes FULL
-#: once (:func:`renews_group_ids`).
-GROUP_ID_RULE = 2
-_NULLS_MARK = "_INGEST_NULLS"
-
-
-def group_id(keys: list[Any], reader: PlanReader, names: list[str] | None = None) -> Column:
-    """A group's row id from its key values (``keys``: the grouping expressions; read
-    from the columns ``names`` instead where given): the one rule of
-    :meth:`Deltas._aggregate` and of the touched groups' ids (:meth:`Deltas._touched_keys`).
-
-    ``xxhash64`` skips NULLs, at the top and inside arrays, structs and maps, so a key
-    without any NULL hashes to ``xxhash64(keys)`` and a key with one also hashes the
-    flags of where they are, then a mark: a flag hashes as the integer 1 or 0, so the
-    key NULL would otherwise hash as the key 1 (rule 2: :data:`GROUP_ID_RULE`)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import _parse_datatype_json_string
-
-    if not keys:
-        return F.lit(0).cast("bigint")
-    columns = [F.col(n) for n in names] if names else [reader.column(k) for k in keys]
-    masks = [_null_mask(c, _parse_datatype_json_string(k.dataType().json()))
-             for c, k in zip(columns, keys, strict=True)]  # fmt: skip
-    any_null = functools.reduce(operator.or_, [anywhere for _, anywhere in masks])
-    flags = [flag for mask, _ in masks for flag in mask]
-    marked = F.xxhash64(*columns, *flags, F.lit(_NULLS_MARK))  # a flag alone hashes as 1
-    return F.when(any_null, marked).otherwise(F.xxhash64(*columns))
-
-
-def grouping(reader: PlanReader, key: Any) -> Column:
-    """A grouping expression as a DataFrame's ``groupBy`` takes it: a constant key (the
-    optimizer makes ``GROUP BY 'c'`` a ``Literal(0)``) wrapped, or ``groupBy`` would read
-    an integer literal as a position in the select list."""
-    from pyspark.sql import functions as F
-
-    column = reader.column(key)
-    return F.coalesce(column) if key.getClass().getSimpleName() == "Literal" else column
-
-
-def _null_mask(value: Column, kind: Any) -> tuple[list[Column], Column]:
-    """Where ``value`` (of Spark type ``kind``) and what it holds are NULL: flags that
-    are never NULL themselves (an array's, one per element), and whether any is set."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, MapType, StructType
-
-    flags, anywhere = [value.isNull()], value.isNull()
-    if isinstance(kind, StructType):
-        for field in kind.fields:
-            inner, inner_any = _null_mask(value.getField(field.name), field.dataType)
-            flags, anywhere = [*flags, *inner], anywhere | inner_any
-    elif isinstance(kind, ArrayType | MapType):
-        items = value if isinstance(kind, ArrayType) else F.map_values(value)
-        element = kind.elementType if isinstance(kind, ArrayType) else kind.valueType
-        flags.append(F.transform(items, lambda x: F.struct(*_null_mask(x, element)[0])))
-        anywhere = anywhere | F.coalesce(
-            F.exists(items, lambda x: _null_mask(x, element)[1]), F.lit(False)
-        )
-    return flags, anywhere
-
-
 def renews_group_ids(plan: Node, rule: int | None) -> bool:
     """Whether a table maintained under group id ``rule`` (None: written before rules
     were recorded, 1) holds ids the current rule gives otherwise: a plan grouping by
@@ -297,14 +235,12 @@ class Deltas:
             return self.reader.rebound(frame, node.output, [ID])
         inputs = [self.state(child, version) for child in node.children]
         if node.kind == "Aggregate":
-            return self._aggregate(node, inputs[0])
+            return self._aggregate(node, inputs[0], version)
         if node.kind == "Window":
             return self._window(node, inputs[0])
         if node.kind == "Join":
-            return self._join(node, inputs[0], inputs[1], [])
-        if self.subqueries(node):
-            return subqueries.state(self, node, inputs[0], version)
-        return self._row_wise(node, inputs, [])
+            return self._join(node, inputs[0], inputs[1], [], version)
+        return self._row_wise(node, inputs, [], version)
 
     def _delta(self, node: Node) -> DataFrame:
         from pyspark.sql import functions as F
@@ -314,8 +250,8 @@ class Deltas:
         if not node.children:
             changes = self._source(node).changes()
             return self.reader.rebound(changes, node.output, [ID, SIGN])
-        if self.subqueries(node):
-            return subqueries.delta(self, node)
+        if self.subqueries(node) and subqueries.changed(self, node):
+            return subqueries.recomputed(self, node)  # (else: the rules, with one value)
         if node.kind in _ROW_WISE or node.kind == "Union":
             return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
         if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
@@ -331,20 +267,26 @@ class Deltas:
         child = node.children[0]
         keys = (self.reader.items(node.jvm.groupingExpressions()) if node.kind == "Aggregate"
                 else self.reader.items(node.jvm.partitionSpec()))  # fmt: skip
-        evaluate = self._aggregate if node.kind == "Aggregate" else self._window
         touched = self._touched_keys(keys, self.delta(child)) if keys else None
         parts = []
         for version, sign in (("new", 1), ("old", -1)):
             rows = self.state(child, version)
             if touched is not None:
-                rows = self._restricted(rows, keys, touched)
-            parts.append(evaluate(node, rows).withColumn(SIGN, F.lit(sign)))
+                rows = self.restricted(rows, keys, touched)
+            evaluated = (self._aggregate(node, rows, version) if node.kind == "Aggregate"
+                         else self._window(node, rows))  # fmt: skip
+            parts.append(evaluated.withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
 
     # Operators
-    def _row_wise(self, node: Node, inputs: list[DataFrame], extra: list[str]) -> DataFrame:
+    def _row_wise(
+        self, node: Node, inputs: list[DataFrame], extra: list[str], version: str = "new"
+    ) -> DataFrame:  # fmt: skip
+        """``node`` over ``inputs`` (a scalar subquery of it: its value at ``version``)."""
         from pyspark.sql import functions as F
 
+        if self.subqueries(node):
+            return subqueries.evaluated(self, node, inputs[0], version, extra)
         columns = self.reader.columns
         if node.kind == "Project":
             return inputs[0].select(*columns(node.jvm.projectList()), ID, *extra)
@@ -360,16 +302,24 @@ class Deltas:
         ]
         return functools.reduce(lambda a, b: a.union(b), branches)
 
-    def _aggregate(self, node: Node, rows: DataFrame) -> DataFrame:
-        return self.aggregate(node, rows, [])
+    def _aggregate(self, node: Node, rows: DataFrame, version: str = "new") -> DataFrame:
+        return self.aggregate(node, rows, [], version)
 
-    def aggregate(self, node: Node, rows: DataFrame, state: list[Column]) -> DataFrame:
+    def aggregate(
+        self, node: Node, rows: DataFrame, state: list[Column], version: str = "new"
+    ) -> DataFrame:  # fmt: skip
         """The aggregation of ``rows``, each group with its id, then the aggregates
-        ``state`` (named columns) over its rows."""
+        ``state`` (named columns) over its rows; its scalar subqueries' values are those
+        at ``version``, grouped by as keys (one value: the groups are the same)."""
+        from pyspark.sql import functions as F
+
         keys_of = self.reader.items(node.jvm.groupingExpressions())
         keys = [grouping(self.reader, k) for k in keys_of]
+        if self.subqueries(node):
+            rows = subqueries.attached(self, node, rows, version)
+            keys += [F.col(n) for n in subqueries.names(self, node)]
         outputs = self.reader.items(node.jvm.aggregateExpressions())
-        grouped = rows.groupBy(*keys).agg(*[self.reader.column(e) for e in outputs],
+        grouped = rows.groupBy(*keys).agg(*[subqueries.column(self, node, e) for e in outputs],
                                           group_id(keys_of, self.reader).alias(ID), *state)
         named = grouped.columns[len(grouped.columns) - len(state):]
         return grouped.select(*[self.reader.column(e.toAttribute()) for e in outputs], ID,
@@ -380,11 +330,14 @@ class Deltas:
         windows = self.reader.columns(node.jvm.windowExpressions())
         return rows.select(*child, *windows, ID)
 
-    def _join(self, node: Node, left: DataFrame, right: DataFrame, extra: list[str]) -> DataFrame:
+    def _join(
+        self, node: Node, left: DataFrame, right: DataFrame, extra: list[str],
+        version: str = "new",
+    ) -> DataFrame:  # fmt: skip
         """The join of two evaluations of its children; ``extra`` (the sign) comes from
         whichever side holds it."""
         outputs = [self.reader.column(a) for a in node.output]
-        return self._join_with_ids(node, left, right).select(*outputs, ID, *extra)
+        return self._join_with_ids(node, left, right, version).select(*outputs, ID, *extra)
 
     def _recomputed_join(self, node: Node) -> DataFrame:
         """Semi, anti and outer joins: the rows of the kept side(s) whose result can have
@@ -409,9 +362,10 @@ class Deltas:
                     l_rows = l_rows.join(touched_left, on=ID, how="left_semi")
                 if touched_right is not None:
                     r_rows = r_rows.join(touched_right, on=ID, how="left_semi")
-                joined = self._join(node, l_rows, r_rows, [])
+                joined = self._join(node, l_rows, r_rows, [], version)
             else:
-                joined = self._full_touched(node, l_rows, r_rows, touched_left, touched_right)
+                joined = self._full_touched(node, (l_rows, r_rows), touched_left,
+                                            touched_right, version)  # fmt: skip
             parts.append(joined.withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
 
@@ -427,7 +381,7 @@ class Deltas:
             rows = self.delta(kept).where(F.col(SIGN) == sign).drop(SIGN)
             others = self.state(other, version)
             pair = (rows, others) if left_kept else (others, rows)
-            parts.append(self._join(node, *pair, []).withColumn(SIGN, F.lit(sign)))
+            parts.append(self._join(node, *pair, [], version).withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
 
     def _touched(self, node: Node, kept: Node, other: Node) -> DataFrame:
@@ -437,11 +391,13 @@ class Deltas:
         from pyspark.sql import functions as F
 
         condition = self.reader.option(node.jvm.condition())
-        on = self.reader.column(condition) if condition is not None else F.lit(True)
+        on = subqueries.column(self, node, condition) if condition is not None else F.lit(True)
         changed = self.delta(kept).select(ID)
         if self.unchanged(other):  # no row of the other side can match anew
             return self.materialised(changed.distinct())
         both = self.state(kept, "old").union(self.state(kept, "new"))
+        if self.subqueries(node):  # (one value at both versions here)
+            both = subqueries.attached(self, node, both, "new")
         changed_other = self.delta(other).drop(SIGN).withColumnRenamed(ID, _KEY)
         matched = both.join(changed_other, on=on, how="left_semi").select(ID)
         return self.materialised(changed.union(matched).distinct())
@@ -455,13 +411,13 @@ class Deltas:
         return arrow_frame(self.reader.spark, frame.toArrow())
 
     def _full_touched(
-        self, node: Node, left: DataFrame, right: DataFrame,
-        touched_left: DataFrame | None, touched_right: DataFrame | None,
+        self, node: Node, sides: tuple[DataFrame, DataFrame],
+        touched_left: DataFrame | None, touched_right: DataFrame | None, version: str,
     ) -> DataFrame:  # fmt: skip
         """A full outer join's rows that hold a touched row of either side."""
         from pyspark.sql import functions as F
 
-        joined = self._join_with_ids(node, left, right)
+        joined = self._join_with_ids(node, *sides, version)
         for touched, column, flag in ((touched_left, _LEFT, _HIT_LEFT),
                                       (touched_right, _RIGHT, _HIT_RIGHT)):
             assert touched is not None
@@ -471,15 +427,20 @@ class Deltas:
         outputs = [self.reader.column(a) for a in node.output]
         return joined.where(hit).select(*outputs, ID)
 
-    def _join_with_ids(self, node: Node, left: DataFrame, right: DataFrame) -> DataFrame:
+    def _join_with_ids(
+        self, node: Node, left: DataFrame, right: DataFrame, version: str
+    ) -> DataFrame:  # fmt: skip
         """The join with both sides' ids kept as ``_LEFT`` and ``_RIGHT`` and the joined
         row's id as ``ID``: the kept row's for semi and anti joins, else a hash of the
-        two (a missing side told apart from any id)."""
+        two (a missing side told apart from any id); its condition's scalar subqueries
+        read their values at ``version`` (joined to the left side)."""
         from pyspark.sql import functions as F
 
         kind = _join_type(node)
         condition = self.reader.option(node.jvm.condition())
-        on = self.reader.column(condition) if condition is not None else F.lit(True)
+        on = subqueries.column(self, node, condition) if condition is not None else F.lit(True)
+        if self.subqueries(node):
+            left = subqueries.attached(self, node, left, version)
         joined = left.withColumnRenamed(ID, _LEFT).join(
             right.withColumnRenamed(ID, _RIGHT), on=on, how=_SPARK_HOW[kind]
         )
@@ -494,7 +455,7 @@ class Deltas:
     ) -> DataFrame:
         """The distinct values ``keys`` (expressions over the rows) take in ``changes``,
         as columns ``_INGEST_K0...``: the groups or partitions a change touched,
-        computed once and read back by both versions' :meth:`_restricted`; ``hashed``:
+        computed once and read back by both versions' :meth:`restricted`; ``hashed``:
         with the id :meth:`_aggregate` gives their group, as ``ID``."""
         columns = [self.reader.column(k) for k in keys]
         names = [f"{_KEY}{i}" for i in range(len(columns))]
@@ -504,7 +465,7 @@ class Deltas:
             touched = touched.withColumn(ID, group_id(keys, self.reader, names))
         return self.materialised(touched)
 
-    def _restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
+    def restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
         """``rows`` whose ``keys`` take a value of ``touched`` (:meth:`_touched_keys`;
         NULL matching NULL)."""
         columns: list[Column] = [self.reader.column(k) for k in keys]
@@ -566,7 +527,7 @@ class Deltas:
             node = node.children[0]
         if self._kept is None or node.kind != "Aggregate" or self.unchanged(node):
             return None
-        if any(self.subqueries(above) for above in chain):  # may change untouched groups
+        if any(self.subqueries(n) for n in [*chain, node]):  # may change untouched groups
             return None
         keys = self.reader.items(node.jvm.groupingExpressions())
         rows = self.state(node.children[0], "new")
@@ -575,7 +536,7 @@ class Deltas:
         kept = kept.toDF(*names)
         if keys:
             touched = self._touched_keys(keys, self.delta(node.children[0]), hashed=True)
-            rows = self._restricted(rows, keys, touched)
+            rows = self.restricted(rows, keys, touched)
             kept = kept.join(touched.select(ID), on=ID, how="left_semi")
         new = self._aggregate(node, rows)
         for above in reversed(chain):

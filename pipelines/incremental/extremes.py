@@ -9,7 +9,7 @@ been the old extreme: for a MIN, a deleted value not greater than the old minimu
 comparison: -0.0 equals 0.0 and NaN equals NaN, so such a deletion recomputes, which is
 right either way). Such a group (UNSAFE) has its whole state, every state column of
 every aggregate function, computed again from its input rows at the new versions; only
-those groups' rows are read (:meth:`~pipelines.incremental.delta.Deltas._restricted`).
+those groups' rows are read (:meth:`~pipelines.incremental.delta.Deltas.restricted`).
 
 A change of one row that leaves its value as it was (an UPDATE of another column) shows
 as a deletion and an insertion of that value: if it is the extreme, the group is
@@ -201,7 +201,7 @@ def recomputed(deltas: Deltas, found: Layout, groups: DataFrame) -> DataFrame:
     reader = deltas.reader
     rows = deltas.state(found.aggregate.children[0], "new")
     if found.keys:
-        rows = deltas._restricted(rows, list(found.keys), groups)
+        rows = deltas.restricted(rows, list(found.keys), groups)
     new = deltas.aggregate(found.aggregate, rows, full(reader, found))
     for above in reversed(found.chain):
         new = new.select(*reader.columns(above.jvm.projectList()), ID, *found.names)

@@ -1,18 +1,19 @@
 """Uncorrelated scalar subqueries (``WHERE x > (SELECT avg(y) FROM u)``), which Spark's
-optimizer keeps as expressions of a projection or a filter (a correlated one it rewrites
-into a join), as the query-delta engine evaluates them
-(:class:`pipelines.incremental.delta.Deltas`).
+optimizer keeps as expressions of a projection, a filter, a join's condition or an
+aggregate's outputs (a correlated one it rewrites into a join), as the query-delta
+engine evaluates them (:class:`pipelines.incremental.delta.Deltas`).
 
 A subquery's value at a version is its plan evaluated by the engine at that version, as
 a relation of one row, by Spark's rule for a scalar subquery: no row gives NULL, more
-than one is an error. The operator is evaluated over its input joined with that row,
-each subquery in its expressions replaced by the row's column (Spark may merge several
-subqueries over one relation into one, whose value is a struct the expressions read).
+than one is an error. The operator is evaluated over its input (a join: its left side)
+joined with that row, each subquery in its expressions replaced by the row's column
+(Spark may merge several subqueries over one relation into one, whose value is a struct
+the expressions read); an aggregate also groups by it (one value: the same groups).
 
 Its delta: where the subqueries' sources did not change, or their values did not (one
 small Spark job computes and compares the values at both versions, kept for the rest of
-the refresh), the operator is row-wise over those values; where a value changed, any
-row can change, and the operator is evaluated at both versions over its whole input.
+the refresh), the operator's own rule applies with that one value; where a value
+changed, any row can change, and the operator is evaluated at both versions whole.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
     from pipelines.incremental.delta import Deltas
 
-__all__ = ["delta", "evaluable", "scalars", "state"]
+__all__ = ["attached", "changed", "column", "evaluable", "evaluated", "names", "recomputed",
+           "scalars"]  # fmt: skip
 
-#: The operators whose scalar subqueries the engine evaluates.
-_HOLDERS = frozenset({"Project", "Filter"})
+#: The operators whose scalar subqueries the engine evaluates (an aggregate's: with
+#: grouping keys, not in them).
+_HOLDERS = frozenset({"Project", "Filter", "Join", "Aggregate"})
 #: Spark's words when a scalar subquery returns more than one row.
 _TOO_MANY = ("[SCALAR_SUBQUERY_TOO_MANY_ROWS] More than one row returned by a subquery "
              "used as an expression.")  # fmt: skip
@@ -51,10 +54,18 @@ def scalars(reader: PlanReader, node: Node) -> list[Any]:
 
 
 def evaluable(reader: PlanReader, node: Node) -> bool:
-    """Whether the engine evaluates ``node``'s subqueries: a projection's or a filter's,
-    every one a scalar subquery without outer references (their plans are checked as
-    plans of their own)."""
+    """Whether the engine evaluates ``node``'s subqueries: a projection's, a filter's,
+    a join's or a grouped aggregate's outside its keys (an aggregate without keys has a
+    row even without input, which grouping by the value would lose), every one a scalar
+    subquery without outer references (their plans are checked as plans of their own)."""
     found = scalars(reader, node)
+    if node.kind == "Aggregate":
+        keys = reader.items(node.jvm.groupingExpressions())
+        in_keys: dict[int, Any] = {}
+        for key in keys:
+            _collect(reader, key, in_keys)
+        if not keys or in_keys:
+            return False
     return node.kind in _HOLDERS and all(
         s.getClass().getSimpleName() == "ScalarSubquery" and s.outerAttrs().isEmpty()
         for s in found
@@ -74,43 +85,55 @@ _SUBQUERY_KINDS = frozenset({"ScalarSubquery", "Exists", "ListQuery", "LateralSu
                              "FunctionTableSubqueryArgumentExpression"})  # fmt: skip
 
 
-def state(deltas: Deltas, node: Node, rows: DataFrame, version: str) -> DataFrame:
-    """``node`` over ``rows`` (its input at ``version``) with the subqueries' values at
-    that version."""
-    return _evaluated(deltas, node, rows, _values(deltas, node, version), [])
+def changed(deltas: Deltas, node: Node) -> bool:
+    """Whether a subquery of ``node`` has another value at the new versions."""
+    return not _same(deltas, node)
 
 
-def delta(deltas: Deltas, node: Node) -> DataFrame:
-    """``node``'s delta: row-wise where no subquery's value changed, else the operator
-    at both versions."""
+def recomputed(deltas: Deltas, node: Node) -> DataFrame:
+    """``node``'s delta where a subquery's value changed: the operator at both
+    versions, whole."""
     from pyspark.sql import functions as F
 
-    child = node.children[0]
-    if _same(deltas, node):
-        return _evaluated(deltas, node, deltas.delta(child), _values(deltas, node, "new"),
-                          [SIGN])  # fmt: skip
-    parts = [state(deltas, node, deltas.state(child, version), version).withColumn(
-        SIGN, F.lit(sign)) for version, sign in (("new", 1), ("old", -1))]  # fmt: skip
+    parts = [deltas.state(node, version).withColumn(SIGN, F.lit(sign))
+             for version, sign in (("new", 1), ("old", -1))]  # fmt: skip
     return parts[0].union(parts[1])
+
+
+def names(deltas: Deltas, node: Node) -> list[str]:
+    """The columns :func:`attached` adds: one per subquery of ``node``."""
+    return [_name(s) for s, _ in deltas.subqueries(node)]
+
+
+def attached(deltas: Deltas, node: Node, rows: DataFrame, version: str) -> DataFrame:
+    """``rows`` with the values of ``node``'s subqueries at ``version`` as columns."""
+    return rows.crossJoin(_values(deltas, node, version))
+
+
+def column(deltas: Deltas, node: Node, expression: Any) -> Column:
+    """One of ``node``'s expressions as a Column over :func:`attached` rows (as it is,
+    for an operator without subqueries)."""
+    reader = deltas.reader
+    if not deltas.subqueries(node):
+        return reader.column(expression)
+    by_id = {int(s.exprId().id()): _name(s) for s, _ in deltas.subqueries(node)}
+    return reader.column(_replaced(reader, expression, by_id))
+
+
+def evaluated(
+    deltas: Deltas, node: Node, rows: DataFrame, version: str, extra: list[str]
+) -> DataFrame:  # fmt: skip
+    """A projection or filter over ``rows`` with its subqueries' values at ``version``."""
+    joined = attached(deltas, node, rows, version)
+    if node.kind == "Project":
+        items = deltas.reader.items(node.jvm.projectList())
+        return joined.select(*[column(deltas, node, e) for e in items], ID, *extra)
+    condition = column(deltas, node, node.jvm.condition())
+    return joined.where(condition).drop(*names(deltas, node))
 
 
 def _name(subquery: Any) -> str:
     return f"{KEY}S{subquery.exprId().id()}"
-
-
-def _evaluated(
-    deltas: Deltas, node: Node, rows: DataFrame, values: DataFrame, extra: list[str]
-) -> DataFrame:  # fmt: skip
-    """``node`` over ``rows`` joined with the subqueries' ``values`` (one row)."""
-    reader = deltas.reader
-    names = {int(s.exprId().id()): _name(s) for s in scalars(reader, node)}
-    joined = rows.crossJoin(values)
-    if node.kind == "Project":
-        items = reader.items(node.jvm.projectList())
-        return joined.select(*[reader.column(_replaced(reader, e, names)) for e in items],
-                             ID, *extra)  # fmt: skip
-    condition = reader.column(_replaced(reader, node.jvm.condition(), names))
-    return joined.where(condition).drop(*names.values())
 
 
 def _replaced(reader: PlanReader, expression: Any, names: dict[int, str]) -> Any:
@@ -135,9 +158,8 @@ def _values(deltas: Deltas, node: Node, version: str) -> DataFrame:
     if both is None:
         return deltas.memoised(node, f"values-{version}",
                                lambda: _computed(deltas, node, version))  # fmt: skip
-    names = [_name(s) for s in scalars(deltas.reader, node)]
     suffix = "" if version == "old" else "_NEW"
-    return both.select(*[both[f"{n}{suffix}"].alias(n) for n in names])
+    return both.select(*[both[f"{n}{suffix}"].alias(n) for n in names(deltas, node)])
 
 
 def _computed(deltas: Deltas, node: Node, version: str) -> DataFrame:

@@ -73,13 +73,13 @@ def wh(tmp_path_factory, spark):
 def test_min_and_max_are_kept_from_the_change(wh, monkeypatch):
     built = record_engine_refreshes(monkeypatch)
     restricted: list[set] = []
-    original = delta_module.Deltas._restricted
+    original = delta_module.Deltas.restricted
 
     def recording(self, rows, keys, touched):
         restricted[-1] |= {row[0] for row in touched.select("_INGEST_K0").collect()}
         return original(self, rows, keys, touched)
 
-    monkeypatch.setattr(delta_module.Deltas, "_restricted", recording)
+    monkeypatch.setattr(delta_module.Deltas, "restricted", recording)
     checked: list[int] = []  # the refreshes that looked for groups that lost an extreme
     unsafe = extremes_module.unsafe
     monkeypatch.setattr(extremes_module, "unsafe",
