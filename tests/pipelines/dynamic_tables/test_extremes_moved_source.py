@@ -11,6 +11,8 @@ directly or through a view."""
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -153,3 +155,37 @@ def _mend(session: Session, reads: str) -> None:
     session.sql(f"DELETE FROM R WHERE X = {extreme}")
     session.sql("INSERT INTO R VALUES (30, 'e', 1, 'e'), (31, NULL, NULL, NULL)")
     refreshes_incrementally(session, reads)
+
+
+def test_scheduled_refreshes_fail_and_readers_skip_until_renamed_back(session):
+    """Through the scheduler (a controlled clock, as test_moved_source.py): one FAILED
+    row whose count of ticks grows, its reader SKIPPED (UPSTREAM_FAILED), and after the
+    rename back both refresh INCREMENTAL at one data timestamp."""
+    from tests.pipelines.dynamic_tables.test_moved_source import ran
+
+    origin = ((int(time.time()) + 600) // 3072 + 1) * 3072 * 1_000_000  # a tick ahead
+
+    def at(seconds: int) -> int:
+        return origin + seconds * 1_000_000
+
+    session.sql(SOURCE)
+    session.sql(f"INSERT INTO R VALUES {ROWS}")
+    for name, query in (("D", QUERY.format(reads="R")), ("D_DOWN", "SELECT G, HI FROM D")):
+        session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 minute' INITIALIZE = "
+                    f"ON_SCHEDULE REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip
+    assert ran(session.refresh_due(at(0))) == {"D": "FULL", "D_DOWN": "FULL"}
+    session.sql("DELETE FROM R WHERE ID = 4")  # b's MAX
+    session.sql("ALTER TABLE R RENAME TO R_OLD")
+    before = snapshot(session)
+    failed = {"D": "SOURCE_RENAMED", "D_DOWN": "UPSTREAM_FAILED:DB.PUBLIC.D"}
+    assert ran(session.refresh_due(at(48))) == failed
+    assert ran(session.refresh_due(at(96))) == failed
+    assert snapshot(session) == before
+    table = session.require_table("D")
+    newest = session.catalog.list_refreshes(table.id, limit=1)[0]
+    assert (newest.trigger, newest.state, newest.reason, newest.skipped_ticks) == (
+        "SCHEDULED", "FAILED", "SOURCE_RENAMED", 1)  # fmt: skip
+    session.sql("ALTER TABLE R_OLD RENAME TO R")
+    assert ran(session.refresh_due(at(144))) == {"D": "INCREMENTAL", "D_DOWN": "INCREMENTAL"}
+    assert_fresh(session, "R")
+    assert bag(session, "SELECT * FROM D_DOWN") == bag(session, "SELECT G, HI FROM D")
