@@ -66,6 +66,7 @@ def snapshot(session: Session) -> tuple:
     """D's rows, hidden state, data timestamp and Delta version."""
     info = session.require_table("D")
     dt = session.catalog.get_dynamic_table(info.id)
+    assert dt is not None
     return (bag(session, "SELECT * FROM D"), hidden_state(session, "D"), dt.data_timestamp_us,
             DeltaTable(info.uri).version())  # fmt: skip
 
