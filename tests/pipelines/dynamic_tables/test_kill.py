@@ -5,7 +5,9 @@ whose plan carries the refresh claim. The child process runs ``ALTER DYNAMIC TAB
 REFRESH`` (an incremental refresh that deletes and inserts rows; in the ``overwrite_``
 scenarios a FULL refresh of a table nothing follows, which overwrites it) or a CREATE
 (the initial refresh) and is killed at one failpoint; the ``join_`` scenarios refresh a
-join incrementally through the query-delta engine. A new session on the warehouse (whose opening
+join incrementally through the query-delta engine; the ``extremes_`` scenarios refresh a
+MIN/MAX aggregation whose change took one group's MIN and another group's MAX (so those
+two groups are aggregated again from their rows) and inserted into a third. A new session on the warehouse (whose opening
 recovers) must then find the refresh applied once or not at all: the table holds the
 query's result at the data timestamp recorded (the new one if the commit was decided,
 the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
@@ -22,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
 from flush.change_commit import PIPELINE_METADATA_KEY
+from flush.tables import state_columns
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import rows
+from tests.pipelines.dynamic_tables.checks import bag
 from tests.pipelines.transactions.test_consumption_crash import (
     KILL_POINTS,
     Child,
@@ -46,6 +51,31 @@ REFRESH = """
 session.sql("ALTER DYNAMIC TABLE D REFRESH")
 report(outcome="refreshed")
 """
+#: MIN and MAX kept as state beside a count and a sum, over groups G of E.
+EXTREMES_QUERY = ("SELECT G, min(X) AS LO, max(X) AS HI, count(*) AS N, sum(X) AS S "
+                  "FROM E GROUP BY G")  # fmt: skip
+EXTREMES_ROWS = ("(1, 'a', 1), (2, 'a', 5), (3, 'b', 2), (4, 'b', 9), (5, 'c', 4), "
+                 "(6, 'c', 6), (7, NULL, 8), (8, 'c', NULL)")  # fmt: skip
+#: The change the killed refresh applies: a's MIN (1) updated away, b's MAX (9) deleted
+#: (both groups aggregated again from their rows), c given a new MIN by an insert.
+EXTREMES_CHANGE = ("UPDATE E SET X = 7 WHERE ID = 1", "DELETE FROM E WHERE ID = 4",
+                   "INSERT INTO E VALUES (9, 'c', 3)")  # fmt: skip
+#: The refresh of EXTREMES_CHANGE, reporting the groups whose rows it reads again.
+EXTREMES_REFRESH = """
+import pipelines.incremental.delta as delta
+
+restricted = delta.Deltas._restricted
+
+
+def recording(self, rows, keys, touched):
+    report(recomputed=sorted(str(row[0]) for row in touched.select("_INGEST_K0").collect()))
+    return restricted(self, rows, keys, touched)
+
+
+delta.Deltas._restricted = recording
+session.sql("ALTER DYNAMIC TABLE D REFRESH")
+report(outcome="refreshed")
+"""
 CREATE = f"""
 session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
 report(outcome="created")
@@ -58,6 +88,8 @@ SCENARIOS = {
     **{f"join_{point}": (REFRESH, point) for point in
        ("pipeline_after_validate", "pipeline_after_decide", "pipeline_before_finish")},
     **{f"aggregate_{point}": (REFRESH, point) for point in
+       ("pipeline_after_validate", "pipeline_after_decide")},
+    **{f"extremes_{point}": (EXTREMES_REFRESH, point) for point in
        ("pipeline_after_validate", "pipeline_after_decide")},
     "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
     "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
@@ -77,6 +109,34 @@ def setup_warehouse(
     session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' {definition}")
     session.sql("UPDATE T SET V = 'x' WHERE ID = 3")  # the refresh deletes one, inserts one
     session.sql("INSERT INTO T VALUES (5, 'e')")
+
+
+def setup_extremes(session: Session) -> None:
+    session.sql("CREATE TABLE E (ID NUMBER, G VARCHAR, X INT)")
+    session.sql(f"INSERT INTO E VALUES {EXTREMES_ROWS}")
+    session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = INCREMENTAL "
+                f"AS {EXTREMES_QUERY}")  # fmt: skip
+    for statement in EXTREMES_CHANGE:
+        session.sql(statement)
+
+
+def hidden_state(session: Session, name: str) -> dict:
+    """Each group's (G's) hidden state columns, by name."""
+    table = DeltaTable(session.require_table(name).uri)
+    names = state_columns(pa.schema(table.schema()))
+    assert names, f"{name} keeps no state"
+    found = table.to_pyarrow_table(columns=["G", *names]).to_pylist()
+    return {row.pop("G"): row for row in found}
+
+
+def fresh_state(session: Session) -> dict:
+    """The hidden state of a table of EXTREMES_QUERY created now (its initial refresh)."""
+    session.sql("CREATE OR REPLACE DYNAMIC TABLE D_FRESH TARGET_LAG = '1 hour' "
+                f"REFRESH_MODE = INCREMENTAL AS {EXTREMES_QUERY}")  # fmt: skip
+    state = hidden_state(session, "D_FRESH")
+    counts = {g: n for g, n in session.sql("SELECT G, count(*) FROM E GROUP BY G").collect()}
+    assert {g: s["_INGEST_STATE_ROWS"] for g, s in state.items()} == counts
+    return state
 
 
 def content(session: Session, name: str) -> list[tuple[int, str]]:
@@ -101,7 +161,8 @@ _DEFINITIONS = {"join": JOIN_DEFINITION, "aggregate": AGGREGATE_DEFINITION}
 class Scenario:
     warehouse: Path
     child: Child
-    before: list[tuple[int, str]]  # D's content before the child ran ([] for CREATE)
+    before: object  # D's content before the child ran ([] for CREATE; a bag for extremes_)
+    state: dict | None = None  # extremes_: D's hidden state before the child ran
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +171,19 @@ def kills(tmp_path_factory, spark):
     try:
         for name, (body, point) in SCENARIOS.items():
             warehouse = tmp_path_factory.mktemp(name) / "warehouse"
+            state = None
             with Session(warehouse, spark=spark) as session:
-                setup_warehouse(session, create=body is CREATE,
-                                full=name.startswith("overwrite_"),
-                                definition=_DEFINITIONS.get(name.split("_")[0],
-                                                            DEFINITION))  # fmt: skip
-                before = [] if body is CREATE else content(session, "D")
+                if name.startswith("extremes_"):
+                    setup_extremes(session)
+                    before, state = bag(session, "SELECT * FROM D"), hidden_state(session, "D")
+                else:
+                    setup_warehouse(session, create=body is CREATE,
+                                    full=name.startswith("overwrite_"),
+                                    definition=_DEFINITIONS.get(name.split("_")[0],
+                                                                DEFINITION))  # fmt: skip
+                    before = [] if body is CREATE else content(session, "D")
             child = Child.start(warehouse, body, f"{point}=kill", name=name)
-            started[name] = Scenario(warehouse, child, before)
+            started[name] = Scenario(warehouse, child, before, state)
         yield started
     finally:
         for scenario in started.values():
@@ -170,6 +236,46 @@ def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, 
     if name.startswith("aggregate_"):
         assert "INCREMENTAL" in session.catalog.list_refreshes(info.id)[0].action
     assert content(session, "D") == content(session, "T WHERE ID <> 2")
+    assert len(set(refresh_commits(info.uri))) == len(refresh_commits(info.uri))
+
+
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("extremes_")])
+def test_a_killed_refresh_that_recomputes_lost_extremes(kills, session_factory, name):
+    scenario = kills[name]
+    scenario.child.wait()
+    assert scenario.child.proc.returncode == -9, scenario.child.describe()
+    # The killed refresh read again the rows of a (its MIN gone) and b (its MAX gone) only.
+    reported = [r["recomputed"] for r in scenario.child.results() if "recomputed" in r]
+    assert reported and set().union(*reported) == {"a", "b"}, scenario.child.describe()
+    decided = KILL_POINTS[SCENARIOS[name][1]]
+    assert len(pending_of(scenario.warehouse)) == 1
+    session = session_factory(scenario.warehouse)  # opening it recovers
+    assert pending_of(scenario.warehouse) == []
+    expected = bag(session, EXTREMES_QUERY) if decided else scenario.before
+    assert bag(session, "SELECT * FROM D") == expected
+    assert hidden_state(session, "D") == (fresh_state(session) if decided else scenario.state)
+    info = session.require_table("D")
+    dt = session.catalog.get_dynamic_table(info.id)
+    assert dt.claimed_by is None and dt.refresh_seq == (2 if decided else 1)
+    history = session.catalog.list_refreshes(info.id)
+    assert [(r.trigger, r.state, r.reason) for r in history] == [
+        ("MANUAL", "SUCCEEDED" if decided else "FAILED", "" if decided else "INTERRUPTED"),
+        ("INITIAL", "SUCCEEDED", ""),
+    ]
+    if decided:
+        assert history[0].action == "INCREMENTAL"
+        assert history[0].table_version == DeltaTable(info.uri).version()
+    commits = refresh_commits(info.uri)
+    assert len(commits) == len(set(commits)) == (2 if decided else 1)
+    # The next refresh (c's new MIN deleted, the NULL group's MAX moved, a new group) is
+    # INCREMENTAL, exact, and leaves the state a fresh table has.
+    for statement in ("DELETE FROM E WHERE ID = 9", "UPDATE E SET X = 100 WHERE ID = 7",
+                      "INSERT INTO E VALUES (10, 'd', 0), (11, 'a', NULL)"):  # fmt: skip
+        session.sql(statement)
+    session.sql("ALTER DYNAMIC TABLE D REFRESH")
+    assert session.catalog.list_refreshes(info.id)[0].action == "INCREMENTAL"
+    assert bag(session, "SELECT * FROM D") == bag(session, EXTREMES_QUERY)
+    assert hidden_state(session, "D") == fresh_state(session)
     assert len(set(refresh_commits(info.uri))) == len(refresh_commits(info.uri))
 
 
