@@ -64,7 +64,7 @@ EXTREMES_CHANGE = ("UPDATE E SET X = 7 WHERE ID = 1", "DELETE FROM E WHERE ID = 
 EXTREMES_REFRESH = """
 import pipelines.incremental.delta as delta
 
-restricted = delta.Deltas._restricted
+restricted = delta.Deltas.restricted
 
 
 def recording(self, rows, keys, touched):
@@ -72,7 +72,7 @@ def recording(self, rows, keys, touched):
     return restricted(self, rows, keys, touched)
 
 
-delta.Deltas._restricted = recording
+delta.Deltas.restricted = recording
 session.sql("ALTER DYNAMIC TABLE D REFRESH")
 report(outcome="refreshed")
 """
