@@ -10,8 +10,8 @@ same run). A round is one UPDATE of the SAME 10,000 rows' worth at both sizes:
 same 10 of the 1,000 groups, the same rows of C met; at 4M rows they sit in the first
 quarter of T), then one refresh of each of the four tables for one data timestamp,
 alternating which of a pair goes first. One warm-up round, then :data:`ROUNDS` measured
-ones; a refresh's peak is the largest of its rounds'. After the rounds both tables of a
-pair and the query agree (checksums).
+ones (a refresh's peak is the largest of its rounds'), then the live round (below).
+After the rounds both tables of a pair and the query agree (checksums).
 
 What is measured, and why so. In local mode the driver is two processes: the JVM (the
 driver and the executors' tasks, in one heap) and this Python process (the refresh's
@@ -21,16 +21,24 @@ own code, the Arrow results it collects, delta-rs writing the commit).
   --child ...``) with a fixed heap, ``spark.driver.memory`` = ``-Xms`` =
   :data:`DRIVER_MEMORY`: the 4M run does not inherit the 1M run's heap, and G1 sizes
   its generations in the same heap at both sizes.
-- JVM heap, before each refresh: ``System.gc()`` (a full, synchronous collection with
-  G1), the heap's used bytes after it (``jvm_heap_live_before``), then
+- JVM heap, before each refresh: Python's ``gc.collect()`` (a py4j proxy left in a
+  reference cycle keeps its JVM object live), ``System.gc()`` (a full, synchronous
+  collection with G1), the heap's used bytes after it (``jvm_heap_live_before``), then
   ``resetPeakUsage()`` on every heap pool. After: the sum of the pools' peak used
-  bytes (``jvm_heap_peak``). A pool's peak includes garbage not yet collected (eden
-  fills to its size before a young collection), so it is what the heap had to hold, not
-  what was live: it depends on GC timing and is bounded by the eden's size. Beside it,
-  ``jvm_heap_peak_after_gc``: the largest heap used right after a collection during the
-  refresh (each collector's ``getLastGcInfo()``, polled every 5 ms from a thread; the
-  collections seen and counted are reported, a missed one may hide a higher value), a
-  lower bound of the live peak that garbage does not inflate.
+  bytes (``jvm_heap_peak``) and the collections that ran. A pool's peak includes
+  garbage not yet collected: in a 2g heap a refresh often runs without any collection,
+  so its peak is the live heap before it plus what it allocated (eden up to its size,
+  and G1's humongous objects, Spark's Tungsten pages among them, straight into the old
+  generation). That is what the heap had to hold, not what was live, and it depends on
+  GC timing.
+- So one more round, the live round, measures the same refreshes differently: a thread
+  calls ``System.gc()`` every :data:`LIVE_SAMPLE_S` during the refresh and after it, and
+  keeps the largest heap used right after one (``jvm_heap_live_peak_sampled``; its
+  growth over the heap before: ``live_peak_growth``, with Python's growth added). A
+  sampled lower bound of the live peak that garbage does not inflate (a spike between
+  two samples is missed; the forced collections slow the refresh, so its times and
+  pool peaks are kept apart, under ``live_round``). It can be negative: a refresh that
+  frees more than it keeps.
 - Python: the process's resident high-water mark (``VmHWM``), reset before the refresh
   by writing ``5`` to ``/proc/self/clear_refs``, less the resident size then
   (``python_rss_growth``); freed memory that allocators keep would be reused without
@@ -42,13 +50,16 @@ own code, the Arrow results it collects, delta-rs writing the commit).
 The target's number, ``driver_peak_growth``: ``jvm_heap_peak - jvm_heap_live_before +
 python_rss_growth``, the memory one refresh needed on the driver above what was live
 before it. Reported per query and mode, at both sizes, with ``ratio_4m_over_1m`` of it
-(and of its parts, and of the absolute peak ``jvm_heap_peak + python_rss_peak``). Target:
-the INCREMENTAL refreshes' growth at 4M rows within 1.3x of theirs at 1M; FULL is the
-baseline (its result is read into Python whole, so the join's grows with T).
+(and of its parts, the absolute peak ``jvm_heap_peak + python_rss_peak``, and the live
+round's ``live_peak_growth``: ``ratio_4m_over_1m_live``). Target: the INCREMENTAL
+refreshes' growth at 4M rows within 1.3x of theirs at 1M (``targets.met``, and
+``met_live`` by the live round); FULL is the baseline (its result is read into Python
+whole, so the join's grows with T).
 
 Scale: ``--scale`` (or ``BENCH_DYNAMIC_TABLES_SCALE``, ``BENCH_QUICK=1``) multiplies the
 sizes, C's rows and the change (floors: 10,000 and 40,000 rows of T, 1,000 of C, 100
-rows changed). Times are reported, not judged: memory is the point. Progress to stderr.
+rows changed); below scale 0.01 (the smoke run) one measured round and no warm-up.
+Times are reported, not judged: memory is the point. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -56,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -162,6 +174,7 @@ def _peak_memory(jvm: Any, jvm_pid: int, live: bool) -> Iterator[dict[str, Any]]
     pools' peaks: such a round is reported apart)."""
     management = jvm.java.lang.management.ManagementFactory
     pools = [p for p in management.getMemoryPoolMXBeans() if p.getType().name() == "HEAP"]
+    gc.collect()  # Python objects that hold JVM ones (py4j proxies) keep them live
     jvm.java.lang.System.gc()
     live_before = sum(p.getUsage().getUsed() for p in pools)
     for pool in pools:
@@ -272,7 +285,6 @@ def measure_size(
         jvm = spark._jvm
         assert jvm is not None
         jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
-        manager = jvm.org.apache.spark.SparkEnv.get().memoryManager()
         _progress(f"{NAME}: T of {rows:,} rows (10 commits), C of {dimension_rows:,} rows")
         _create_source(bench, rows)
         session.sql("CREATE TABLE C (ID NUMBER, REGION VARCHAR(20))")
@@ -291,9 +303,6 @@ def measure_size(
         return {
             "source_rows": rows,
             "jvm_max_heap": int(jvm.java.lang.Runtime.getRuntime().maxMemory()),
-            # Spark's Tungsten page (aggregation and join hash maps allocate whole pages;
-            # derived from the heap's size and the cores when not set)
-            "spark_page_size": int(manager.pageSizeBytes()),
             "load_average": _load(),
             "refreshes": {
                 label: {
