@@ -42,6 +42,8 @@ CASES = {
     "dt_freshness": ("dt_freshness", None),
     "dt_engine_vs_full": ("dt_engine_vs_full", "baseline_full_ms_median"),
     "dt_adaptive_shares": ("dt_adaptive_shares", "baseline_full_ms"),
+    # Its own process per source size (a fresh JVM with a fixed heap each): not shared.
+    "dt_refresh_memory": ("dt_refresh_memory", "baseline_full_driver_peak_growth"),
     "dt_tpch": ("dt_tpch", "baseline_full_ms_median"),
     "cs_throughput": ("cs_throughput", "over_baseline"),
     "cs_latency": ("cs_latency", None),
