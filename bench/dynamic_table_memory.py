@@ -271,11 +271,13 @@ def _largest(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure_size(
-    rows: int, dimension_rows: int, change: int, rounds: int, warm_up: bool
-) -> dict[str, Any]:
+    rows: int, dimension_rows: int, change: int, rounds: int, warm_up: bool,
+    own_jvm: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """The child's work: one source size, its tables, a warm-up round (unless not
     ``warm_up``), ``rounds`` measured rounds and the live one, in this process on a Spark
-    session with the fixed heap."""
+    session with the fixed heap (not ``own_jvm``: the smoke run's, on the session this
+    process has, left running)."""
     spark = spark_session("local[2]", app_name="bench-dt-memory", **{
         "spark.driver.memory": DRIVER_MEMORY,
         "spark.driver.extraJavaOptions": f"-Xms{DRIVER_MEMORY}"})  # fmt: skip
@@ -317,7 +319,8 @@ def measure_size(
         }
     finally:
         bench.close()
-        spark.stop()
+        if own_jvm:
+            spark.stop()
 
 
 def _child(*arguments: int | bool) -> dict[str, Any]:
@@ -363,7 +366,11 @@ def run_refresh_memory(scale: float | None = None) -> dict[str, Any]:
     change = _rows(scale, CHANGE_ROWS, least=100)
     started = time.perf_counter()
     rounds = ROUNDS if scale >= 0.01 else SMOKE_ROUNDS
-    by_size = [_child(rows, dimension_rows, change, rounds, scale >= 0.01) for rows in sizes]
+    if scale >= 0.01:
+        by_size = [_child(rows, dimension_rows, change, rounds, True) for rows in sizes]
+    else:  # the smoke run checks the path, not the numbers: no JVM of its own
+        by_size = [measure_size(rows, dimension_rows, change, rounds, False, own_jvm=False)
+                   for rows in sizes]  # fmt: skip
     ratios = {label: {kind: _ratios(by_size, label, kind) for kind in MODES} for label in LABELS}
     growth = _by_size(by_size, "driver_peak_growth")
 

@@ -42,7 +42,8 @@ CASES = {
     "dt_freshness": ("dt_freshness", None),
     "dt_engine_vs_full": ("dt_engine_vs_full", "baseline_full_ms_median"),
     "dt_adaptive_shares": ("dt_adaptive_shares", "baseline_full_ms"),
-    # Its own process per source size (a fresh JVM with a fixed heap each): not shared.
+    # Its own process per source size (a fresh JVM with a fixed heap each), but not at
+    # smoke size (the shared session, below).
     "dt_refresh_memory": ("dt_refresh_memory", "baseline_full_driver_peak_growth"),
     "dt_tpch": ("dt_tpch", "baseline_full_ms_median"),
     "cs_throughput": ("cs_throughput", "over_baseline"),
@@ -63,7 +64,7 @@ def test_every_entry_has_a_case():
 SHARED_SPARK = (
     "stream_read_vs_scan", "append_only_growth", "consuming_insert", "plan_guard",
     "dt_no_data", "dt_incremental_vs_full", "dt_full_diff_vs_rewrite", "dt_engine_vs_full",
-    "dt_adaptive_shares", "dt_tpch",
+    "dt_adaptive_shares", "dt_tpch", "dt_refresh_memory",
 )  # fmt: skip
 _ON_SHARED_SPARK = (
     "import sys\n"
