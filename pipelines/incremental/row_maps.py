@@ -8,7 +8,8 @@ as the query-delta engine evaluates them (:class:`pipelines.incremental.delta.De
   its rows of the input row's values; ``json_tuple``: one row of the fields it reads.
 
 Both are row-wise: an input row's made rows depend on it alone, so an operator's delta
-is the operator applied to its input's delta, by Spark (the plan's own generator). A
+is the operator applied to its input's delta, by Spark (``posexplode`` of the plan's
+collection; the plan's own ``stack`` and ``json_tuple``). A
 made row's id is a hash of its input row's id and its position (the projection's, the
 element's, the stack row's), the same at every version while the input row holds the
 same values.
