@@ -62,7 +62,7 @@ REASONS = {
     "SET_OPERATION": "INTERSECT or EXCEPT",
     "LIMIT": "LIMIT or OFFSET",
     "ORDER_BY": "ORDER BY",
-    "GENERATOR": "explode, LATERAL VIEW, inline, stack",
+    "GENERATOR": "explode, LATERAL VIEW, inline, stack, json_tuple, a table function",
     "SAMPLE": "TABLESAMPLE",
     "CONSTANT_RELATION": "rows not read from a table (VALUES, SELECT without FROM, range)",
     "SUBQUERY_OUTSIDE_FROM": "a subquery outside FROM (EXISTS, IN (SELECT ...), scalar)",

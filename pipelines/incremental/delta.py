@@ -75,7 +75,7 @@ _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
 #: Operators no rule covers yet, by reason code.
 _REASONS = {
     "Sort": "ORDER_BY", "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "LIMIT",
-    "Tail": "LIMIT", "Sample": "SAMPLE", "Range": "CONSTANT_RELATION",
+    "Tail": "LIMIT", "Sample": "SAMPLE",
 }  # fmt: skip
 
 

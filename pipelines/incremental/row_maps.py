@@ -4,16 +4,20 @@ as the query-delta engine evaluates them (:class:`pipelines.incremental.delta.De
 - ``Expand`` (ROLLUP, CUBE, GROUPING SETS, several COUNT DISTINCTs): one row per
   projection;
 - ``Generate`` (``explode``, ``posexplode``, ``inline``, their ``_outer`` forms,
-  ``LATERAL VIEW``): one row per element of an array or entry of a map.
+  ``LATERAL VIEW``): one row per element of an array or entry of a map; ``stack``:
+  its rows of the input row's values; ``json_tuple``: one row of the fields it reads.
 
 Both are row-wise: an input row's made rows depend on it alone, so an operator's delta
-is the operator applied to its input's delta. A made row's id is a hash of its input
-row's id and its position (the projection's, the element's), the same at every version
-while the input row holds the same values.
+is the operator applied to its input's delta, by Spark (``posexplode`` of the plan's
+collection; the plan's own ``stack`` and ``json_tuple``). A
+made row's id is a hash of its input row's id and its position (the projection's, the
+element's, the stack row's), the same at every version while the input row holds the
+same values.
 
-- ``LocalRelation`` (``VALUES``, a literal table) and ``OneRowRelation`` (``SELECT``
-  without ``FROM``): rows that never change (their delta is empty), each with a hash of
-  its position in the relation as its id.
+- ``LocalRelation`` (``VALUES``, a literal table), ``OneRowRelation`` (``SELECT``
+  without ``FROM``) and ``Range`` (``range(...)``): rows that never change (their delta
+  is empty), each with a hash of its position in the relation as its id (a range's row:
+  of its value, each value once).
 """
 
 from __future__ import annotations
@@ -24,14 +28,16 @@ from pipelines.incremental.hidden import ID, KEY
 from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 __all__ = ["CONSTANT", "constant", "expand", "generate", "generates"]
 
 #: Leaves whose rows are constants of the plan.
-CONSTANT = frozenset({"LocalRelation", "OneRowRelation"})
-#: The generators :func:`generate` evaluates (Spark's class names).
-_GENERATORS = frozenset({"Explode", "PosExplode", "Inline"})
+CONSTANT = frozenset({"LocalRelation", "OneRowRelation", "Range"})
+#: The generators :func:`generate` evaluates (Spark's class names): of a collection,
+#: one row per element; of values, rows of the input row's values alone.
+_OF_COLLECTIONS = frozenset({"Explode", "PosExplode", "Inline"})
+_OF_VALUES = frozenset({"Stack", "JsonTuple"})
 _POS, _KEYS, _VALUES = f"{KEY}P", f"{KEY}MK", f"{KEY}V"
 
 
@@ -60,14 +66,33 @@ def expand(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) ->
 
 def generates(node: Node) -> bool:
     """Whether :func:`generate` evaluates the ``Generate`` node's generator (else its
-    pretty name is the reason for a FULL refresh: ``stack``, ``json_tuple``, a
-    table function, the repeated rows of INTERSECT ALL and EXCEPT ALL)."""
-    return str(node.jvm.generator().getClass().getSimpleName()) in _GENERATORS
+    pretty name is the reason for a FULL refresh: a table function other than
+    ``range`` and the generators, the repeated rows of INTERSECT ALL and EXCEPT ALL)."""
+    return str(node.jvm.generator().getClass().getSimpleName()) in _OF_COLLECTIONS | _OF_VALUES
 
 
 def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) -> DataFrame:
-    """Each row with one row per element of its collection (none for an empty or NULL
-    one, unless outer: then one with NULLs), numbered by ``posexplode``."""
+    """Each row with the rows its generator makes of it, each made row's id a hash of
+    the row's and of its position among them."""
+    from pyspark.sql import functions as F
+
+    kept = [reader.column(a) for a in reader.items(node.jvm.requiredChildOutput())]
+    kind = str(node.jvm.generator().getClass().getSimpleName())
+    of = _of_collection if kind in _OF_COLLECTIONS else _of_values
+    values, position, exploded = of(reader, node, rows, [*kept, F.col(ID), *extra])
+    made = reader.items(node.jvm.generatorOutput())
+    flat = exploded.select(*values, *kept, F.xxhash64(F.col(ID), position).alias(ID), *extra)
+    bound = reader.rebound(flat, made, [*kept, ID, *extra])
+    return bound.select(*[reader.column(a) for a in node.output], ID, *extra)
+
+
+_Made = tuple[list["Column"], "Column", "DataFrame"]
+
+
+def _of_collection(reader: PlanReader, node: Node, rows: DataFrame, kept: list[Any]) -> _Made:
+    """One row per element of the collection (none for an empty or NULL one, unless
+    outer: then one with NULLs), numbered by ``posexplode``: the made values, the
+    position and the rows (``kept`` then the generated columns)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructField, StructType, _parse_datatype_json_string
 
@@ -77,8 +102,7 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
     is_map = str(collection.dataType().getClass().getSimpleName()) == "MapType"
     explode = F.posexplode_outer if node.jvm.outer() else F.posexplode
     names = [_POS, _KEYS, _VALUES] if is_map else [_POS, _VALUES]
-    kept = [reader.column(a) for a in reader.items(node.jvm.requiredChildOutput())]
-    exploded = rows.select(*kept, ID, *extra, explode(reader.column(collection)).alias(*names))
+    exploded = rows.select(*kept, explode(reader.column(collection)).alias(*names))
     if kind == "Inline":  # an array of structs: one column per field, by position (two
         # fields may share a name): the struct cast to one of names of its own
         element = _parse_datatype_json_string(collection.dataType().elementType().json())
@@ -89,10 +113,44 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
         values = [structs.getField(f.name) for f in positional.fields]
     else:
         values = [F.col(n) for n in names[0 if kind == "PosExplode" else 1:]]
-    made = reader.items(node.jvm.generatorOutput())
-    flat = exploded.select(*values, *kept, F.xxhash64(F.col(ID), F.col(_POS)).alias(ID), *extra)
-    bound = reader.rebound(flat, made, [*kept, ID, *extra])
-    return bound.select(*[reader.column(a) for a in node.output], ID, *extra)
+    return values, F.col(_POS), exploded
+
+
+def _of_values(reader: PlanReader, node: Node, rows: DataFrame, kept: list[Any]) -> _Made:
+    """The plan's own generator applied by Spark to each row: ``stack``'s rows numbered
+    by a position it is given before each row's values, ``json_tuple``'s one row (NULLs
+    for a NULL or malformed text) numbered 0."""
+    from pyspark.sql import functions as F
+
+    generator = node.jvm.generator()
+    width = len(reader.items(node.jvm.generatorOutput()))
+    names = [f"{_VALUES}{i}" for i in range(width)]
+    position = F.lit(0)
+    if str(generator.getClass().getSimpleName()) == "Stack":
+        generator, names, position = _numbered(reader, generator), [_POS, *names], F.col(_POS)
+    if node.jvm.outer():
+        expressions: Any = reader.jvm.org.apache.spark.sql.catalyst.expressions
+        generator = expressions.GeneratorOuter(generator)
+    exploded = rows.select(*kept, reader.column(generator).alias(*names))
+    return [F.col(n) for n in names[-width:]], position, exploded
+
+
+def _numbered(reader: PlanReader, stack: Any) -> Any:
+    """``stack(n, v...)`` as ``stack(n, 0, row 0's values, 1, row 1's values, ...)``:
+    Spark's own stack, each row with its position first. A short last row (Spark fills
+    it with NULLs) is filled here with NULLs of its columns' types (the first row's)."""
+    expressions: Any = reader.jvm.org.apache.spark.sql.catalyst.expressions
+    literal = expressions.Literal
+    count, *values = reader.items(stack.children())
+    rows = int(count.eval(None))
+    width = -(-len(values) // rows)
+    types = [v.dataType() for v in values[:width]]
+    numbered = [count]
+    for row in range(rows):
+        have = values[row * width:(row + 1) * width]
+        nulls = [literal(None, kind) for kind in types[len(have):]]
+        numbered += [literal(row, count.dataType()), *have, *nulls]
+    return expressions.Stack(reader.jvm.PythonUtils.toSeq(numbered))
 
 
 def constant(reader: PlanReader, node: Node) -> DataFrame:
@@ -109,6 +167,9 @@ def constant(reader: PlanReader, node: Node) -> DataFrame:
     classic: Any = reader.jvm.org.apache.spark.sql.classic.Dataset
     frame = DataFrame(classic.ofRows(spark._jsparkSession, node.jvm.newInstance()), spark)
     columns = [frame[i] for i in range(len(frame.columns))]
+    if node.kind == "Range":  # its values are distinct, each its row's id
+        ranged = frame.select(*columns, F.xxhash64(F.lit("range"), columns[0]).alias(ID))
+        return reader.rebound(ranged, node.output, [ID])
     order = Window.orderBy(F.monotonically_increasing_id())  # the rows' order, scan by scan
     numbered = frame.select(*columns, (F.row_number().over(order) - 1).alias(_POS))
     return reader.rebound(numbered.select(*columns, ids), node.output, [ID])

@@ -295,11 +295,12 @@ def test_two_sessions_refresh_concurrently(wh, spark):
 
 
 REFUSED = {
-    "STACK": ("SELECT ID, E FROM RF LATERAL VIEW stack(2, K, V) X AS E", "GENERATOR:stack"),
+    "INTERSECT_ALL": ("SELECT K FROM RF INTERSECT ALL SELECT V FROM RF", "GENERATOR:replicaterows"),
     "WIN_NOPART": ("SELECT ID, row_number() OVER (ORDER BY ID) AS R FROM RF", "WINDOW_WITHOUT_PARTITION_BY"),
     "LIMIT": ("SELECT K, count(*) AS N FROM RF GROUP BY K LIMIT 1", "LIMIT"),
     "ORDER": ("SELECT K, count(*) AS N FROM RF GROUP BY K ORDER BY K", "ORDER_BY"),
-    "RANGE": ("SELECT RF.ID FROM RF JOIN range(2) v ON RF.K = v.id", "CONSTANT_RELATION"),
+    "TABLE_FUNCTION": ("SELECT RF.ID, w.keyword FROM RF CROSS JOIN sql_keywords() w",
+                       "GENERATOR:sql_keywords"),
     "UNCORR_GLOBAL": ("SELECT sum(V) * (SELECT avg(V) FROM RF) AS X FROM RF", "SUBQUERY_EXPRESSION"),
     "OR_EXISTS": ("SELECT ID FROM RF a WHERE a.V > 1 OR EXISTS (SELECT 1 FROM RF b WHERE b.K = a.ID)",
                   "SUBQUERY_EXPRESSION"),
