@@ -92,10 +92,7 @@ VALUES_ROWS = [
 VALUES_STEPS = [
     """INSERT INTO S VALUES (6, 'b', 6, 60, '{"b": "y", "a": 6}'), (7, 'c', 7, 70, '{"a": 7')""",
     """UPDATE S SET J = '{"a": 2, "b": "z"}', X = 2 WHERE ID = 2""",
-    "UPDATE S SET X = NULL WHERE ID = 1",
-    "UPDATE S SET J = NULL, Y = 0 WHERE ID = 3",
     "DELETE FROM S WHERE ID IN (4, 6)",
-    "UPDATE S SET K = 'z' WHERE ID = 5",
     """INSERT INTO S VALUES (8, 'a', 8, 80, '{"a": {"n": [1]}, "b": 8}')""",
 ]
 VALUES_QUERIES = {

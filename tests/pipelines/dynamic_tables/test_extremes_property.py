@@ -168,7 +168,7 @@ def _source(session: Session) -> tuple[int, Counter]:
 #: No shrinking: every example goes on from the warehouse the last one left, so a
 #: smaller example would not replay the failure (the failing operations are in the
 #: assertion's message).
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+@settings(max_examples=1, deadline=None, derandomize=True, database=None,
           phases=[Phase.explicit, Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(operations=st.lists(OPERATION, min_size=1, max_size=5))
