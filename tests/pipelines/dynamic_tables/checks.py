@@ -12,6 +12,7 @@ import re
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import orjson
 from deltalake import DeltaTable
@@ -164,3 +165,30 @@ def create_incremental(session: Session, tables: dict[str, str]) -> None:
     for name, query in tables.items():
         session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' "
                     f"REFRESH_MODE = INCREMENTAL AS {query}")  # fmt: skip
+
+
+def engine_warehouse(folder: Path, spark: Any, statements: list[str], tables: dict[str, str]) -> Session:
+    """A session over a new warehouse in ``folder`` on ``spark``: ``statements`` run (the
+    sources), then one INCREMENTAL dynamic table per name and query of ``tables``."""
+    session = Session(folder / "warehouse", spark=spark)
+    for statement in statements:
+        session.sql(statement)
+    create_incremental(session, tables)
+    return session
+
+
+def assert_every_step_refreshes_incrementally(
+    session: Session, steps: list[str], tables: dict[str, str], no_data: bool = False
+) -> None:  # fmt: skip
+    """Each table equals its query; then after each of ``steps``, each table's refresh is
+    INCREMENTAL (or NO_DATA where ``no_data``: none of its sources changed) and leaves
+    it equal to its query run fresh."""
+    for name, query in tables.items():
+        assert_same_as_query(session, name, query)
+    for step in steps:
+        session.sql(step)
+        for name, query in tables.items():
+            status = session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
+            assert "INCREMENTAL" in status or (no_data and "NO_DATA" in status), (
+                name, step, status)  # fmt: skip
+            assert_same_as_query(session, name, query)

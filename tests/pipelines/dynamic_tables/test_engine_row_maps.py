@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines import Session, SqlError
-from tests.pipelines.dynamic_tables.checks import assert_same_as_query, create_incremental
+from pipelines import SqlError
+from tests.pipelines.dynamic_tables.checks import (
+    assert_every_step_refreshes_incrementally,
+    create_incremental,
+    engine_warehouse,
+)
 
 #: A and M are JSON text: the queries read them as an array of ints and a map.
 SOURCE = "CREATE TABLE G (ID NUMBER, K VARCHAR, A VARCHAR, M VARCHAR)"
@@ -51,24 +55,18 @@ QUERIES = {
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    session = Session(tmp_path_factory.mktemp("row_maps") / "warehouse", spark=spark)
-    session.sql(SOURCE)
-    session.sql(VIEW)
-    session.sql(f"INSERT INTO G VALUES {', '.join(ROWS)}")
-    create_incremental(session, {f"D_{name}": query for name, query in QUERIES.items()})
+    session = engine_warehouse(
+        tmp_path_factory.mktemp("row_maps"), spark,
+        [SOURCE, VIEW, f"INSERT INTO G VALUES {', '.join(ROWS)}"],
+        {f"D_{name}": query for name, query in QUERIES.items()},
+    )  # fmt: skip
     yield session
     session.close()
 
 
 def test_every_refresh_is_incremental_and_exact(wh):
-    for name, query in QUERIES.items():
-        assert_same_as_query(wh, f"D_{name}", query)
-    for step in STEPS:
-        wh.sql(step)
-        for name, query in QUERIES.items():
-            status = wh.sql(f"ALTER DYNAMIC TABLE D_{name} REFRESH").collect()[0].status
-            assert "INCREMENTAL" in status, (name, step, status)
-            assert_same_as_query(wh, f"D_{name}", query)
+    assert_every_step_refreshes_incrementally(
+        wh, STEPS, {f"D_{name}": query for name, query in QUERIES.items()})  # fmt: skip
 
 
 def test_an_update_that_keeps_the_collection_changes_no_made_row(wh):
@@ -125,23 +123,18 @@ VALUES_QUERIES = {
 
 @pytest.fixture(scope="module")
 def vh(tmp_path_factory, spark):
-    session = Session(tmp_path_factory.mktemp("row_maps_values") / "warehouse", spark=spark)
-    session.sql(VALUES_SOURCE)
-    session.sql(f"INSERT INTO S VALUES {', '.join(VALUES_ROWS)}")
-    create_incremental(session, {f"D_{name}": query for name, query in VALUES_QUERIES.items()})
+    session = engine_warehouse(
+        tmp_path_factory.mktemp("row_maps_values"), spark,
+        [VALUES_SOURCE, f"INSERT INTO S VALUES {', '.join(VALUES_ROWS)}"],
+        {f"D_{name}": query for name, query in VALUES_QUERIES.items()},
+    )  # fmt: skip
     yield session
     session.close()
 
 
 def test_stack_json_tuple_and_range_refresh_incrementally_and_exactly(vh):
-    for name, query in VALUES_QUERIES.items():
-        assert_same_as_query(vh, f"D_{name}", query)
-    for step in VALUES_STEPS:
-        vh.sql(step)
-        for name, query in VALUES_QUERIES.items():
-            status = vh.sql(f"ALTER DYNAMIC TABLE D_{name} REFRESH").collect()[0].status
-            assert "INCREMENTAL" in status, (name, step, status)
-            assert_same_as_query(vh, f"D_{name}", query)
+    assert_every_step_refreshes_incrementally(
+        vh, VALUES_STEPS, {f"D_{name}": query for name, query in VALUES_QUERIES.items()})  # fmt: skip
 
 
 def test_an_update_of_a_column_not_read_changes_no_stacked_or_ranged_row(vh):

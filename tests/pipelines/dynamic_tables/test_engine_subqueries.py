@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines import Session, SqlError
+from pipelines import SqlError
 from tests.pipelines.dynamic_tables.checks import (
+    assert_every_step_refreshes_incrementally,
     assert_same_as_query,
     bag,
     create_incremental,
+    engine_warehouse,
     record_engine_refreshes,
     scanned,
 )
@@ -59,23 +61,15 @@ QUERIES = {
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    session = Session(tmp_path_factory.mktemp("subqueries") / "warehouse", spark=spark)
-    for statement in SOURCES:
-        session.sql(statement)
-    create_incremental(session, {f"Q_{name}": query for name, query in QUERIES.items()})
+    session = engine_warehouse(tmp_path_factory.mktemp("subqueries"), spark, SOURCES,
+                               {f"Q_{name}": query for name, query in QUERIES.items()})
     yield session
     session.close()
 
 
 def test_every_refresh_is_incremental_and_exact(wh):
-    for name, query in QUERIES.items():
-        assert_same_as_query(wh, f"Q_{name}", query)
-    for step in STEPS:
-        wh.sql(step)
-        for name, query in QUERIES.items():
-            status = wh.sql(f"ALTER DYNAMIC TABLE Q_{name} REFRESH").collect()[0].status
-            assert "INCREMENTAL" in status or "NO_DATA" in status, (name, step, status)
-            assert_same_as_query(wh, f"Q_{name}", query)
+    assert_every_step_refreshes_incrementally(
+        wh, STEPS, {f"Q_{name}": query for name, query in QUERIES.items()}, no_data=True)
 
 
 def test_a_value_that_holds_reads_only_the_change(wh, monkeypatch):

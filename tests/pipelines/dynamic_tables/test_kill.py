@@ -193,6 +193,22 @@ def kills(tmp_path_factory, spark):
 _REFRESHES = ("refresh_", "overwrite_", "join_", "aggregate_")
 
 
+def recorded_once(session, info, decided: bool):
+    """The killed refresh's record after recovery: applied once (``decided``) or not at
+    all, its claim released, its history row, one commit of each refresh; D's catalog
+    record and history."""
+    dt = session.catalog.get_dynamic_table(info.id)
+    assert dt.claimed_by is None and dt.refresh_seq == (2 if decided else 1)
+    history = session.catalog.list_refreshes(info.id)
+    assert [(r.trigger, r.state, r.reason) for r in history] == [
+        ("MANUAL", "SUCCEEDED" if decided else "FAILED", "" if decided else "INTERRUPTED"),
+        ("INITIAL", "SUCCEEDED", ""),
+    ]
+    commits = refresh_commits(info.uri)
+    assert len(commits) == len(set(commits)) == (2 if decided else 1)
+    return dt, history
+
+
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(_REFRESHES)])
 def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, name):
     scenario = kills[name]
@@ -207,18 +223,10 @@ def test_a_killed_refresh_is_applied_once_or_not_at_all(kills, session_factory, 
     expected = fresh if decided else scenario.before
     assert content(session, "D") == expected
     info = session.require_table("D")
-    dt = session.catalog.get_dynamic_table(info.id)
-    assert dt.claimed_by is None and dt.refresh_seq == (2 if decided else 1)
-    history = session.catalog.list_refreshes(info.id)
-    assert [(r.trigger, r.state, r.reason) for r in history] == [
-        ("MANUAL", "SUCCEEDED" if decided else "FAILED", "" if decided else "INTERRUPTED"),
-        ("INITIAL", "SUCCEEDED", ""),
-    ]
+    dt, history = recorded_once(session, info, decided)
     if decided:
         assert dt.data_timestamp_us == history[0].data_timestamp_us
         assert history[0].table_version == DeltaTable(info.uri).version()
-    commits = refresh_commits(info.uri)
-    assert len(commits) == len(set(commits)) == (2 if decided else 1)
     if name.startswith("overwrite_") and decided:  # one overwrite: every row replaced once
         assert history[0].action == "FULL" and history[0].rows_deleted == len(scenario.before)
         assert DeltaTable(info.uri).history(1)[0]["operation"] == "WRITE"
@@ -255,18 +263,10 @@ def test_a_killed_refresh_that_recomputes_lost_extremes(kills, session_factory, 
     assert bag(session, "SELECT * FROM D") == expected
     assert hidden_state(session, "D") == (fresh_state(session) if decided else scenario.state)
     info = session.require_table("D")
-    dt = session.catalog.get_dynamic_table(info.id)
-    assert dt.claimed_by is None and dt.refresh_seq == (2 if decided else 1)
-    history = session.catalog.list_refreshes(info.id)
-    assert [(r.trigger, r.state, r.reason) for r in history] == [
-        ("MANUAL", "SUCCEEDED" if decided else "FAILED", "" if decided else "INTERRUPTED"),
-        ("INITIAL", "SUCCEEDED", ""),
-    ]
+    _, history = recorded_once(session, info, decided)
     if decided:
         assert history[0].action == "INCREMENTAL"
         assert history[0].table_version == DeltaTable(info.uri).version()
-    commits = refresh_commits(info.uri)
-    assert len(commits) == len(set(commits)) == (2 if decided else 1)
     # The next refresh (c's new MIN deleted, the NULL group's MAX moved, a new group) is
     # INCREMENTAL, exact, and leaves the state a fresh table has.
     for statement in ("DELETE FROM E WHERE ID = 9", "UPDATE E SET X = 100 WHERE ID = 7",
