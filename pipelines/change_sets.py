@@ -191,11 +191,14 @@ def arrow_key(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 def keyed(dtype: DataType) -> bool:
     """Whether :func:`spark_key` changes a column of this Spark type: it is or holds a
-    float or a VARIANT. Other columns Spark compares and groups by the rule already."""
+    float, a VARIANT or a string of a collation. Other columns Spark compares and groups
+    by the rule already."""
     from pyspark.sql import types as T
 
     if isinstance(dtype, T.FloatType | T.DoubleType | T.VariantType):
         return True
+    if isinstance(dtype, T.StringType):
+        return dtype.collation != "UTF8_BINARY"  # 'a' is 'A' under UTF8_LCASE
     if isinstance(dtype, T.ArrayType):
         return keyed(dtype.elementType)
     if isinstance(dtype, T.MapType):
@@ -207,7 +210,8 @@ def keyed(dtype: DataType) -> bool:
 
 def spark_key(column: Column, dtype: DataType) -> Column:
     """``column`` (of Spark type ``dtype``) as Spark must compare (``<=>``) or group it to
-    follow the one rule: every float or VARIANT inside it as its text, the rest as it is.
+    follow the one rule: every float or VARIANT inside it as its text, every string of a
+    collation in the binary one, the rest as it is.
 
     Spark's ``<=>`` and grouping already take NULL for NULL and NaN for NaN, but also
     -0.0 for 0.0; the text of a float is ``-0.0``, ``NaN``, or digits that read back as
@@ -223,6 +227,8 @@ def spark_key(column: Column, dtype: DataType) -> Column:
         return column
     if isinstance(dtype, T.FloatType | T.DoubleType | T.VariantType):
         return column.cast("string")
+    if isinstance(dtype, T.StringType):  # compared as written, not by its collation
+        return F.collate(column, "UTF8_BINARY")
     if isinstance(dtype, T.ArrayType):
         element = dtype.elementType
         return F.transform(column, lambda value: spark_key(value, element))

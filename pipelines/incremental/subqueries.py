@@ -202,8 +202,33 @@ _COMPARED = "values-compared"
 
 
 def _same(deltas: Deltas, node: Node) -> bool:
-    """Whether every subquery of ``node`` has one value at both versions."""
+    """Whether every subquery of ``node`` has one value at both versions (a value that
+    cannot be compared exactly counts as changed: the operator is evaluated whole)."""
+    from pyspark.sql.types import _parse_datatype_json_string
+
     if _unchanged(deltas, node):
         return True
+    kinds = [_parse_datatype_json_string(plan.output[0].dataType().json())
+             for _, plan in deltas.subqueries(node)]  # fmt: skip
+    if not all(_comparable(kind) for kind in kinds):
+        return False
     row = _compared(deltas, node).select(f"{KEY}SAME").head()
     return row is not None and bool(row[0])
+
+
+def _comparable(kind: Any) -> bool:
+    """Whether Spark's ``<=>`` over :func:`~pipelines.change_sets.spark_key` tells two
+    values of type ``kind`` apart exactly: not for maps and calendar intervals (Spark
+    does not compare them) nor strings of a collation (``'a'`` is ``'A'`` under
+    ``UTF8_LCASE``, though a projection of it shows which), inside anything too."""
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.MapType | T.CalendarIntervalType):
+        return False
+    if isinstance(kind, T.StringType):
+        return kind.collation == "UTF8_BINARY"
+    if isinstance(kind, T.ArrayType):
+        return _comparable(kind.elementType)
+    if isinstance(kind, T.StructType):
+        return all(_comparable(f.dataType) for f in kind.fields)
+    return True
