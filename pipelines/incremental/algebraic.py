@@ -163,7 +163,6 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
     from pyspark.sql.types import _parse_datatype_json_string
 
-
     reader = deltas.reader
     keys = list(found.keys)
     names = [f"{KEY}{i}" for i in range(len(keys))]

@@ -29,9 +29,11 @@ import pipelines.incremental.subqueries as subqueries_module
 from pipelines import Session, SqlError
 from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
+    assert_every_step_refreshes_incrementally,
     assert_same_as_query,
     bag,
     create_incremental,
+    engine_warehouse,
     once,
     refresh_modes,
     refresh_status,
@@ -52,22 +54,9 @@ SOURCES = [
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    session = Session(tmp_path_factory.mktemp("subquery_attack") / "warehouse", spark=spark)
-    for statement in SOURCES:
-        session.sql(statement)
+    session = engine_warehouse(tmp_path_factory.mktemp("subquery_attack"), spark, SOURCES, {})
     yield session
     session.close()
-
-
-def _refresh_all_and_check(session, queries, steps):
-    for name, query in queries.items():
-        assert_same_as_query(session, name, query)
-    for step in steps:
-        session.sql(step)
-        for name, query in queries.items():
-            status = refresh_status(session, name)
-            assert "INCREMENTAL" in status or "NO_DATA" in status, (name, step, status)
-            assert_same_as_query(session, name, query)
 
 
 # What held ------------------------------------------------------------------------------
@@ -84,9 +73,9 @@ FLOAT_VALUES = {
 
 def test_float_values_flipping_sign_of_zero_and_nan(wh):
     create_incremental(wh, FLOAT_VALUES)
-    _refresh_all_and_check(wh, FLOAT_VALUES, [
+    assert_every_step_refreshes_incrementally(wh, [
         "UPDATE Z SET W = 0.0", "UPDATE Z SET W = 'NaN'", "UPDATE Z SET W = -0.0",
-    ])  # fmt: skip
+    ], FLOAT_VALUES, no_data=True)  # fmt: skip
 
 
 #: Subqueries in an IN list, in full and anti join conditions, above a window, nested,
@@ -108,11 +97,11 @@ SHAPES = {
 
 def test_subqueries_in_many_positions(wh):
     create_incremental(wh, SHAPES)
-    _refresh_all_and_check(wh, SHAPES, [
+    assert_every_step_refreshes_incrementally(wh, [
         "INSERT INTO B VALUES (3, 100.0)",  # moves every value over B
         "UPDATE A SET V = 50.0 WHERE ID = 1",  # the values over B hold
         "DELETE FROM B",  # no row: NULL (count 0)
-    ])  # fmt: skip
+    ], SHAPES, no_data=True)  # fmt: skip
 
 
 def test_a_subquery_over_a_dynamic_table_chain(wh):
