@@ -11,7 +11,8 @@ import os
 import re
 import sys
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -88,13 +89,15 @@ def spark_session(
 def read_delta(
     spark: SparkSession, table_uri: str, version: int | None = None,
     loaded: DeltaTable | None = None, state: bool = False,
+    files: Sequence[dict[str, Any]] | None = None,
 ) -> DataFrame:
     """A DataFrame over one version of a Delta table (the newest by default): its
     columns and the row id, and with ``state`` the aggregation state a dynamic table
     keeps in hidden columns too (only its refresh reads those).
 
     ``loaded``: a handle on this table the caller already holds; used when it is at
-    ``version`` (given), which saves loading the log again.
+    ``version`` (given), which saves loading the log again. ``files``: only these of
+    the version's data files (``live_files``' add actions) are read.
     """
     if loaded is not None and version is not None and loaded.version() == version:
         table = loaded
@@ -103,13 +106,14 @@ def read_delta(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     schema = pa.schema(table.schema())
-    files = live_paths(table_uri, table)
+    paths = (live_paths(table_uri, table) if files is None
+             else [os.path.join(table_uri, f["path"]) for f in files])  # fmt: skip
     # The log's schema, given: Spark reads no file's footer to infer one (0.15 s a read).
     spark_schema = from_arrow_schema(schema)
-    if not files:
+    if not paths:
         frame = spark.createDataFrame([], spark_schema)
     else:
-        frame = spark.read.schema(spark_schema).parquet(*files)
+        frame = spark.read.schema(spark_schema).parquet(*paths)
     hidden = [] if state else state_columns(schema)
     return frame.drop(*hidden) if hidden else frame
 

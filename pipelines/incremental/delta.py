@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
-from pipelines.incremental import algebraic, row_maps, subqueries
+from pipelines.incremental import algebraic, pruning, row_maps, subqueries
 from pipelines.incremental.group_ids import GROUP_ID_RULE, group_id, grouping
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
@@ -104,6 +104,16 @@ class Source:
     def unchanged(self) -> bool:
         """Whether the old and new versions are known to be one (no change to read)."""
         return False
+
+    def prunable(self, version: str) -> bool:
+        """Whether reading only some of the rows at ``version`` can pay off (:mod:`.pruning`)."""
+        return False
+
+    def pruned(self, version: str, position: int | None, values: list[Any]) -> DataFrame | None:
+        """The rows at ``version`` of only the files whose statistics of the column at
+        ``position`` (None: the row id) admit one of the sorted ``values``; None when
+        that leaves no file out."""
+        return None
 
 
 def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool]) -> list[str]:
@@ -170,11 +180,12 @@ class Deltas:
         columns of ``state``), which :meth:`net` reads instead of computing them again
         where it can; ``state``: the root aggregation's state the table keeps
         (:mod:`.algebraic`), maintained from the change alone."""
-        self.reader, self.root, self._source, self._kept = reader, root, source, kept
+        self.reader, self.root, self.source, self._kept = reader, root, source, kept
         self.layout = state
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
         self._subqueries: dict[int, list[tuple[Any, Node]]] = {}
+        self.pruning_values: dict[tuple[int, str], list[Any] | None] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
     def state(self, node: Node, version: str) -> DataFrame:
@@ -198,7 +209,7 @@ class Deltas:
             children = [*node.children, *(plan for _, plan in self.subqueries(node))]
             self._still[id(node)] = (all(self.unchanged(c) for c in children) if children
                                      else node.kind in row_maps.CONSTANT
-                                     or self._source(node).unchanged())  # fmt: skip
+                                     or self.source(node).unchanged())  # fmt: skip
         return self._still[id(node)]
 
     def split(self, node: Node) -> bool:
@@ -230,10 +241,13 @@ class Deltas:
         if node.kind in row_maps.CONSTANT:
             return row_maps.constant(self.reader, node)
         if not node.children:
-            source = self._source(node)
+            source = self.source(node)
             frame = source.old() if version == "old" else source.new()
             return self.reader.rebound(frame, node.output, [ID])
-        inputs = [self.state(child, version) for child in node.children]
+        return self.evaluated(node, [self.state(c, version) for c in node.children], version)
+
+    def evaluated(self, node: Node, inputs: list[DataFrame], version: str) -> DataFrame:
+        """``node`` evaluated over its children's rows at ``version``, ``inputs``."""
         if node.kind == "Aggregate":
             return self._aggregate(node, inputs[0], version)
         if node.kind == "Window":
@@ -248,7 +262,7 @@ class Deltas:
         if self.unchanged(node):  # Spark folds the false filter: nothing is read
             return self.state(node, "new").where(F.lit(False)).withColumn(SIGN, F.lit(1))
         if not node.children:
-            changes = self._source(node).changes()
+            changes = self.source(node).changes()
             return self.reader.rebound(changes, node.output, [ID, SIGN])
         if self.subqueries(node) and subqueries.changed(self, node):
             return subqueries.recomputed(self, node)  # (else: the rules, with one value)
@@ -258,9 +272,11 @@ class Deltas:
             left, right = node.children
             terms = []  # a side that did not change adds no term
             if not self.unchanged(left):
-                terms.append(self._join(node, self.delta(left), self.state(right, "new"), [SIGN]))
+                right_rows = self._matching(node, 1, "new", self.delta(left))
+                terms.append(self._join(node, self.delta(left), right_rows, [SIGN]))
             if not self.unchanged(right):
-                terms.append(self._join(node, self.state(left, "old"), self.delta(right), [SIGN]))
+                left_rows = self._matching(node, 0, "old", self.delta(right))
+                terms.append(self._join(node, left_rows, self.delta(right), [SIGN]))
             return functools.reduce(lambda a, b: a.union(b), terms)
         if node.kind == "Join":
             return self._recomputed_join(node)
@@ -270,9 +286,8 @@ class Deltas:
         touched = self._touched_keys(keys, self.delta(child)) if keys else None
         parts = []
         for version, sign in (("new", 1), ("old", -1)):
-            rows = self.state(child, version)
-            if touched is not None:
-                rows = self.restricted(rows, keys, touched)
+            rows = (self.state(child, version) if touched is None
+                    else self.restricted(self._keyed(child, version, keys, touched), keys, touched))
             evaluated = (self._aggregate(node, rows, version) if node.kind == "Aggregate"
                          else self._window(node, rows))  # fmt: skip
             parts.append(evaluated.withColumn(SIGN, F.lit(sign)))
@@ -358,10 +373,12 @@ class Deltas:
         for version, sign in (("new", 1), ("old", -1)):
             l_rows, r_rows = self.state(left, version), self.state(right, version)
             if kind != "FullOuter":
-                if touched_left is not None:
-                    l_rows = l_rows.join(touched_left, on=ID, how="left_semi")
+                if touched_left is not None:  # (and the other side's rows they can meet)
+                    l_rows = self._by_ids(left, version, touched_left)
+                    r_rows = self._matching(node, 1, version, l_rows)
                 if touched_right is not None:
-                    r_rows = r_rows.join(touched_right, on=ID, how="left_semi")
+                    r_rows = self._by_ids(right, version, touched_right)
+                    l_rows = self._matching(node, 0, version, r_rows)
                 joined = self._join(node, l_rows, r_rows, [], version)
             else:
                 joined = self._full_touched(node, (l_rows, r_rows), touched_left,
@@ -375,11 +392,11 @@ class Deltas:
         (:meth:`split`), are all that can differ; the kept side is not read again."""
         from pyspark.sql import functions as F
 
-        kept, other = node.children if left_kept else node.children[::-1]
+        kept = node.children[0] if left_kept else node.children[1]
         parts = []
         for version, sign in (("new", 1), ("old", -1)):
             rows = self.delta(kept).where(F.col(SIGN) == sign).drop(SIGN)
-            others = self.state(other, version)
+            others = self._matching(node, int(left_kept), version, rows)
             pair = (rows, others) if left_kept else (others, rows)
             parts.append(self._join(node, *pair, [], version).withColumn(SIGN, F.lit(sign)))
         return parts[0].union(parts[1])
@@ -395,7 +412,9 @@ class Deltas:
         changed = self.delta(kept).select(ID)
         if self.unchanged(other):  # no row of the other side can match anew
             return self.materialised(changed.distinct())
-        both = self.state(kept, "old").union(self.state(kept, "new"))
+        side = 0 if kept is node.children[0] else 1
+        both = self._matching(node, side, "old", self.delta(other)).union(
+            self._matching(node, side, "new", self.delta(other)))  # fmt: skip
         if self.subqueries(node):  # (one value at both versions here)
             both = subqueries.attached(self, node, both, "new")
         changed_other = self.delta(other).drop(SIGN).withColumnRenamed(ID, _KEY)
@@ -464,6 +483,24 @@ class Deltas:
         if hashed:  # hashed before the round trip, over the values' own types
             touched = touched.withColumn(ID, group_id(keys, self.reader, names))
         return self.materialised(touched)
+
+    # Reading less (:mod:`.pruning`)
+    def _matching(self, node: Node, side: int, version: str, other: DataFrame) -> DataFrame:
+        """The rows at ``version`` of the join's child ``side`` (0: left) that can meet a
+        row of ``other`` (rows of the other child): by the condition's equalities."""
+        pairs = pruning.equi_keys(self.reader, node)
+        return pruning.narrowed(self, node.children[side], version, [
+            (pair[side], other, self.reader.column(pair[1 - side])) for pair in pairs])
+
+    def _keyed(self, node: Node, version: str, keys: list[Any], touched: DataFrame) -> DataFrame:
+        """``node``'s rows at ``version`` that can hold a ``touched`` key (:meth:`restricted`)."""
+        return pruning.narrowed(self, node, version, [(key, touched, f"{_KEY}{i}")
+                                                      for i, key in enumerate(keys)])  # fmt: skip
+
+    def _by_ids(self, node: Node, version: str, ids: DataFrame) -> DataFrame:
+        """``node``'s rows at ``version`` of the ids ``ids`` holds."""
+        rows = pruning.narrowed(self, node, version, [(None, ids, ID)])
+        return rows.join(ids, on=ID, how="left_semi")
 
     def restricted(self, rows: DataFrame, keys: list[Any], touched: DataFrame) -> DataFrame:
         """``rows`` whose ``keys`` take a value of ``touched`` (:meth:`_touched_keys`;
@@ -536,7 +573,8 @@ class Deltas:
         kept = kept.toDF(*names)
         if keys:
             touched = self._touched_keys(keys, self.delta(node.children[0]), hashed=True)
-            rows = self.restricted(rows, keys, touched)
+            rows = self.restricted(self._keyed(node.children[0], "new", keys, touched), keys,
+                                   touched)  # fmt: skip
             kept = kept.join(touched.select(ID), on=ID, how="left_semi")
         new = self._aggregate(node, rows)
         for above in reversed(chain):

@@ -8,12 +8,15 @@ change feed (:mod:`pipelines.streams.changes`) and the engine, below the SQL lay
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from deltalake import DeltaTable
+
 from flush.spark_tables import read_delta
-from flush.tables import ROW_ID_COLUMN
+from flush.tables import ROW_ID_COLUMN, live_files
 from pipelines.change_sets import STREAM_ACTION, STREAM_ROW_ID, ChangeMode
+from pipelines.incremental import pruning
 from pipelines.incremental.delta import ID, SIGN, Source
 from pipelines.streams.changes import read_changes
 
@@ -39,6 +42,8 @@ class TableSource(Source):
     to: int
     append_only: bool = False
     _changes: DataFrame | None = None
+    _handles: dict[int, DeltaTable] = field(default_factory=dict)
+    _files_at: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
 
     def _columns(self, frame: DataFrame, extra: Sequence[Any]) -> DataFrame:
         from pyspark.sql import functions as F
@@ -46,9 +51,36 @@ class TableSource(Source):
         names = ["`" + n.replace("`", "``") + "`" for n in self.info.schema.names]
         return frame.select(*[F.col(n) for n in names], *extra)
 
-    def _at(self, version: int) -> DataFrame:
-        frame = read_delta(self.spark, self.info.uri, version)
+    def _at(self, version: int, files: list[dict[str, Any]] | None = None) -> DataFrame:
+        frame = read_delta(self.spark, self.info.uri, version, loaded=self._handles.get(version),
+                           files=files)  # fmt: skip
         return self._columns(frame, [ROW_ID_COLUMN]).withColumnRenamed(ROW_ID_COLUMN, ID)
+
+    def _files(self, version: str) -> tuple[int, list[dict[str, Any]]] | None:
+        """The data files at ``version`` ("old", "new") and its number; None where the
+        rows are not those of one version (the new rows of an append-only source)."""
+        if self.append_only and version == "new":
+            return None
+        at = self.to if version == "new" else self.after
+        assert at is not None
+        if at not in self._files_at:
+            self._handles[at] = DeltaTable(self.info.uri, version=at)
+            self._files_at[at] = live_files(self._handles[at])
+        return at, self._files_at[at]
+
+    def prunable(self, version: str) -> bool:
+        found = self._files(version)
+        return found is not None and len(found[1]) > 1 and sum(
+            f["size_bytes"] for f in found[1]) >= pruning.PRUNE_FROM_BYTES  # fmt: skip
+
+    def pruned(self, version: str, position: int | None, values: list[Any]) -> DataFrame | None:
+        found = self._files(version)
+        if found is None:
+            return None
+        at, files = found
+        column = ROW_ID_COLUMN if position is None else self.info.schema.names[position]
+        kept = pruning.kept_files(files, column, values)
+        return None if len(kept) == len(files) else self._at(at, kept)
 
     def old(self) -> DataFrame:
         assert self.after is not None
