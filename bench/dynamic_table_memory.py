@@ -58,7 +58,9 @@ whole, so the join's grows with T).
 
 Scale: ``--scale`` (or ``BENCH_DYNAMIC_TABLES_SCALE``, ``BENCH_QUICK=1``) multiplies the
 sizes, C's rows and the change (floors: 10,000 and 40,000 rows of T, 1,000 of C, 100
-rows changed); below scale 0.01 (the smoke run) one measured round and no warm-up.
+rows changed); below scale 0.01 (the smoke run, which checks the path, not the numbers)
+one size only (the first, its ratios taken against itself), no warm-up, and one round,
+the live one, standing for the measured rounds too.
 Times are reported, not judged: memory is the point. Progress goes to stderr.
 """
 
@@ -104,7 +106,7 @@ LABELS = ("group_by_sums", "join")
 KINDS = ("INCREMENTAL", "FULL")
 MODES = ("incremental", "full")
 ROUNDS = 2  # measured, after one warm-up round
-SMOKE_ROUNDS = 1  # below scale 0.01, and no warm-up
+SMOKE_ROUNDS = 0  # below scale 0.01: no warm-up, the live round stands for the measured
 DRIVER_MEMORY = "2g"
 RATIO_MAX = 1.3
 LIVE_SAMPLE_S = 0.25
@@ -275,9 +277,10 @@ def measure_size(
     own_jvm: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """The child's work: one source size, its tables, a warm-up round (unless not
-    ``warm_up``), ``rounds`` measured rounds and the live one, in this process on a Spark
-    session with the fixed heap (not ``own_jvm``: the smoke run's, on the session this
-    process has, left running)."""
+    ``warm_up``), ``rounds`` measured rounds and the live one (with no measured round, the
+    smoke run's, the live round stands for them too), in this process on a Spark session
+    with the fixed heap (not ``own_jvm``: the smoke run's, on the session this process
+    has, left running)."""
     spark = spark_session("local[2]", app_name="bench-dt-memory", **{
         "spark.driver.memory": DRIVER_MEMORY,
         "spark.driver.extraJavaOptions": f"-Xms{DRIVER_MEMORY}"})  # fmt: skip
@@ -297,6 +300,7 @@ def measure_size(
             _round(bench, tables, 0, change, jvm_pid)  # warm-up
         runs = [_round(bench, tables, n, change, jvm_pid) for n in range(1, rounds + 1)]
         live = _round(bench, tables, rounds + 1, change, jvm_pid, live=True)
+        runs = runs or [live]
         for label in LABELS:
             table, query = queries[label]["table"], queries[label]["query"]
             sums = _checksums(session, queries[label]["sums"],
@@ -335,7 +339,9 @@ def _child(*arguments: int | bool) -> dict[str, Any]:
 
 
 def _ratios(by_size: list[dict[str, Any]], label: str, kind: str) -> dict[str, Any]:
-    small, large = (size["refreshes"][label][kind] for size in by_size)
+    """Each number of the larger size over the smaller's (the smoke run's one size: over
+    itself)."""
+    small, large = (by_size[i]["refreshes"][label][kind] for i in (0, -1))
     small, large = ({**r, **{k: r["live_round"][k] for k in LIVE_KEYS}} for r in (small, large))
     keys = ("driver_peak_growth", "driver_peak_absolute", "jvm_heap_peak", "python_rss_growth",
             "arrow_pool_peak", "jvm_rss_growth", *LIVE_KEYS)
@@ -368,9 +374,10 @@ def run_refresh_memory(scale: float | None = None) -> dict[str, Any]:
     rounds = ROUNDS if scale >= 0.01 else SMOKE_ROUNDS
     if scale >= 0.01:
         by_size = [_child(rows, dimension_rows, change, rounds, True) for rows in sizes]
-    else:  # the smoke run checks the path, not the numbers: no JVM of its own
-        by_size = [measure_size(rows, dimension_rows, change, rounds, False, own_jvm=False)
-                   for rows in sizes]  # fmt: skip
+    else:  # the smoke run checks the path, not the numbers: no JVM of its own, one size
+        sizes = sizes[:1]
+        by_size = [measure_size(sizes[0], dimension_rows, change, rounds, False,
+                                own_jvm=False)]  # fmt: skip
     ratios = {label: {kind: _ratios(by_size, label, kind) for kind in MODES} for label in LABELS}
     growth = _by_size(by_size, "driver_peak_growth")
 

@@ -178,15 +178,18 @@ def engine_warehouse(folder: Path, spark: Any, statements: list[str], tables: di
 
 
 def assert_every_step_refreshes_incrementally(
-    session: Session, steps: list[str], tables: dict[str, str], no_data: bool = False
+    session: Session, steps: list[str] | list[str | list[str]], tables: dict[str, str],
+    no_data: bool = False,
 ) -> None:  # fmt: skip
-    """Each table equals its query; then after each of ``steps``, each table's refresh is
-    INCREMENTAL (or NO_DATA where ``no_data``: none of its sources changed) and leaves
-    it equal to its query run fresh."""
+    """Each table equals its query; then after each of ``steps`` (a statement, or a list
+    of statements run one after another, one change for the refreshes), each table's
+    refresh is INCREMENTAL (or NO_DATA where ``no_data``: none of its sources changed)
+    and leaves it equal to its query run fresh."""
     for name, query in tables.items():
         assert_same_as_query(session, name, query)
     for step in steps:
-        session.sql(step)
+        for statement in [step] if isinstance(step, str) else step:
+            session.sql(statement)
         for name, query in tables.items():
             status = session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
             assert "INCREMENTAL" in status or (no_data and "NO_DATA" in status), (

@@ -26,14 +26,16 @@ SOURCE = ("CREATE TABLE A (ID NUMBER, K VARCHAR, V INT, D NUMBER(10, 2), B BIGIN
 ROWS = ("(1, 'a', 1, 1.50, 9223372036854775000, 0.00000001), (2, 'a', NULL, NULL, 700, NULL), "
         "(3, 'b', 3, 2.25, NULL, 1.23456789), (4, NULL, 4, -1.00, 1, -0.00000005), "
         "(5, 'c', NULL, 0.00, 2, 99999999999.99999999)")  # fmt: skip
-#: Each step is followed by a refresh of every table.
-STEPS = [
+#: Each step is followed by a refresh of every table. (Cut for time from 8 steps: cases of
+#: other rows share a step.)
+STEPS: list[str | list[str]] = [
     "INSERT INTO A VALUES (6, 'b', 6, 0.01, 6, 0.00000003), (7, 'd', NULL, NULL, NULL, NULL)",
-    "UPDATE A SET K = 'b' WHERE ID = 1",  # a row moves to another group
-    "UPDATE A SET V = NULL, D = NULL WHERE ID = 3",  # sums lose a value, counts a row
-    "DELETE FROM A WHERE K = 'c'",  # a group is gone
+    # 1: a row moves to another group; 3: sums lose a value, counts a row
+    "UPDATE A SET K = CASE ID WHEN 1 THEN 'b' ELSE K END, V = CASE ID WHEN 3 THEN NULL "
+    "ELSE V END, D = CASE ID WHEN 3 THEN NULL ELSE D END WHERE ID IN (1, 3)",
+    ["DELETE FROM A WHERE K = 'c'",  # a group is gone
+     "UPDATE A SET V = 0 WHERE ID = 7"],  # a row the sum of V counts now, worth 0
     "INSERT INTO A VALUES (8, 'c', 80, 8.00, 8, 0.00000001)",  # the group comes back
-    "UPDATE A SET V = 0 WHERE ID = 7",  # a row the sum of V counts now, worth 0
     "DELETE FROM A WHERE ID <> 7",  # every group but one gone
     "DELETE FROM A",  # the scalar aggregates stay, at zero rows
 ]
@@ -94,7 +96,9 @@ def test_every_refresh_is_incremental_and_exact(wh, built):
     for name, query in KEPT.items():
         assert_same_as_query(wh, f"G_{name}", query)
     for step in STEPS:
-        wh.sql(step)
+        for statement in [step] if isinstance(step, str) else step:
+            wh.sql(statement)
+        inserts_only = isinstance(step, str) and step.startswith("INSERT")
         built.clear()
         for name, query in KEPT.items():
             status = wh.sql(f"ALTER DYNAMIC TABLE G_{name} REFRESH").collect()[0].status
@@ -102,7 +106,7 @@ def test_every_refresh_is_incremental_and_exact(wh, built):
             assert_same_as_query(wh, f"G_{name}", query)
         assert len(built) == len(KEPT) and all(d.layout is not None for d in built), step
         for name, deltas in zip(KEPT, built, strict=True):  # the state path reads A's
-            if name not in EXTREMES or step.startswith("INSERT"):  # changes, not its rows
+            if name not in EXTREMES or inserts_only:  # changes, not its rows
                 assert not scanned(wh, deltas, "A"), (name, step)
 
 

@@ -28,12 +28,13 @@ SOURCES = [
        (5, NULL, -0.0, 'd', DATE'2020-01-01')""",
     "INSERT INTO B VALUES (1, 10), (2, 20), (NULL, 5)",
 ]
-#: Each step is followed by a refresh of every table.
-STEPS = [
+#: Each step is followed by a refresh of every table. (Cut for time from 5 steps: the NaN
+#: of A shares a step with the change of B that keeps every value over B.)
+STEPS: list[str | list[str]] = [
     "INSERT INTO A VALUES (6, 1, 100.0, 'e', DATE'2021-06-01')",  # moves avg and sum
-    "UPDATE B SET W = W + 1 WHERE K = 1",  # every subquery over B keeps its value
+    ["UPDATE B SET W = W + 1 WHERE K = 1",  # every subquery over B keeps its value
+     "UPDATE A SET V = 'NaN' WHERE ID = 2"],  # a NaN average
     "INSERT INTO B VALUES (3, 1)",  # moves max(K), min(W) and count(*), keeps max(W)
-    "UPDATE A SET V = 'NaN' WHERE ID = 2",  # a NaN average
     "DELETE FROM B",  # no row: every subquery over B is NULL (count(*) is 0)
 ]
 
