@@ -48,11 +48,11 @@ QUERIES = {
     "exists": "SELECT K, R FROM C WHERE EXISTS (SELECT 1 FROM T WHERE T.K = C.K AND T.V > 50)",
     "left": "SELECT T.ID, C.R FROM T LEFT JOIN C ON T.K = C.K",
 }
-STEPS = [
-    "INSERT INTO T VALUES (1000, 70, 5), (1001, 71, 60), (1002, 15, 61), (1003, NULL, 3)",
-    "DELETE FROM T WHERE K BETWEEN 40 AND 42",
-    "UPDATE T SET K = 5 WHERE ID = 505",  # a row moves to another key range
-    "INSERT INTO C VALUES (70, 'r0'), (15, 'r2')",
+#: One side changed, both (an inner join's two terms), the other side alone.
+STEPS: list[str | list[str]] = [
+    ["INSERT INTO T VALUES (1000, 70, 5), (1001, 71, 60), (1002, 15, 61), (1003, NULL, 3)",
+     "UPDATE T SET K = 5 WHERE ID = 505"],  # a row moves to another key range
+    ["DELETE FROM T WHERE K BETWEEN 40 AND 42", "INSERT INTO C VALUES (70, 'r0'), (15, 'r2')"],
     "UPDATE C SET R = 'r3' WHERE K = 25 OR K = 34",
 ]
 #: Each table, and the source of which it reads fewer files after a change to T's keys 20
@@ -85,9 +85,10 @@ def _files_read(session, deltas, table: str) -> int:
     return len({p for p in map(local, deltas.net().inputFiles()) if p.startswith(folder)})
 
 
-def _refreshed(session, monkeypatch) -> dict[str, int]:
+def _refreshed(session, monkeypatch, exact: bool) -> dict[str, int]:
     """Each table of :data:`CONFINED` refreshed after an update of T's keys 20 and 21
-    (INCREMENTAL, exact): how many files of its table it read."""
+    (INCREMENTAL; compared with its query where ``exact``): how many files of its table
+    it read."""
     seen = record_engine_refreshes(monkeypatch)
     session.sql("UPDATE T SET V = V + 60 WHERE K IN (20, 21)")  # (past EXISTS's V > 50)
     read = {}
@@ -97,7 +98,8 @@ def _refreshed(session, monkeypatch) -> dict[str, int]:
             continue
         status = session.sql(f"ALTER DYNAMIC TABLE P_{name} REFRESH").collect()[0].status
         assert "INCREMENTAL" in status, (name, status)
-        assert_same_as_query(session, f"P_{name}", QUERIES[name])
+        if exact:
+            assert_same_as_query(session, f"P_{name}", QUERIES[name])
         read[name] = _files_read(session, seen[-1], table)
     return read
 
@@ -109,7 +111,7 @@ def test_a_change_in_one_key_range_reads_that_ranges_files(wh, monkeypatch):
     is of the files the net change's plan reads: what a rule collected before, e.g.
     EXISTS's touched rows of C, is not in it.)"""
     monkeypatch.setattr(pruning, "PRUNE_FROM_BYTES", 0)
-    pruned = _refreshed(wh, monkeypatch)
+    pruned = _refreshed(wh, monkeypatch, exact=True)
     monkeypatch.setattr(pruning, "PRUNE_FROM_BYTES", 1 << 60)
-    whole = _refreshed(wh, monkeypatch)
+    whole = _refreshed(wh, monkeypatch, exact=False)
     assert all(pruned[name] < whole[name] for name in CONFINED), str((pruned, whole))
