@@ -311,6 +311,17 @@ class AsyncChannel:
             return False
         return True
 
+    async def wait_until_sent(self, timeout: float | None = None) -> None:
+        """Return once every row inserted so far was received by the server, which has it
+        in memory (not yet committed: :meth:`wait_for_commit` says when it is).
+
+        Raises:
+            CommitTimeoutError: not all sent within ``timeout`` seconds (300 by default).
+            ChannelInvalidatedError: the handle was replaced; its unsent rows are gone.
+        """
+        await self._sent_target(None, time.monotonic() + (timeout if timeout is not None
+                                                           else 300.0))  # fmt: skip
+
     async def wait_for_commit(
         self, offset_token: str | None = None, timeout: float | None = None
     ) -> str | None:

@@ -144,6 +144,10 @@ class Channel:
     def insert_batch(self, data: Any, end_offset_token: str | None = None) -> None:
         self._submit(self._channel.prepare_batch(data), end_offset_token)
 
+    def wait_until_sent(self, timeout: float | None = None) -> None:
+        self._drain()
+        self._loop.run(self._channel.wait_until_sent(timeout))
+
     def wait_for_commit(
         self, offset_token: str | None = None, timeout: float | None = None
     ) -> str | None:

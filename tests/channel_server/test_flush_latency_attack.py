@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import time
 from collections import Counter
 
 import aiohttp
@@ -670,8 +669,7 @@ def test_an_answer_from_memory_names_a_committed_token_at_or_after_the_wait(serv
     channel = client.open_channel(REQUEST)
     assert insert_and_wait(channel, 0) == "0"
     channel.insert_rows([{"ID": 1}], end_offset_token="1")
-    channel._drain()  # handed to the sender; then received by the server (not committed):
-    channel._loop.run(channel._channel._sent_target(None, time.monotonic() + 30))
+    channel.wait_until_sent(timeout=30)  # received by the server, not committed:
     assert raw_wait(server.url, channel.generation, 2)["offset_token"] == "1"
     assert channel.get_latest_committed_offset_token() == "1"
     assert channel.wait_for_commit("0", timeout=30) == "0"  # the answer it had: committed
