@@ -57,7 +57,7 @@ from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.group_ids import group_id, grouping
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader, typed_as
-from pipelines.incremental.subqueries import scalars
+from pipelines.incremental.subqueries import expressions as subquery_expressions
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -116,7 +116,7 @@ def layout(reader: PlanReader, root: Node) -> Layout | None:
     while node.kind == "Project":
         chain.append(node)
         node = node.children[0]
-    if node.kind != "Aggregate" or any(scalars(reader, n) for n in [*chain, node]):
+    if node.kind != "Aggregate" or any(subquery_expressions(reader, n) for n in [*chain, node]):
         return None  # (a subquery's value can change every group's row)
     functions: list[Any] = []
     for output in reader.items(node.jvm.aggregateExpressions()):

@@ -140,7 +140,7 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
                 found.add("UNSUPPORTED:Union")
         elif node.kind not in _ROW_WISE | {"Aggregate", "Window"}:
             found.add(f"UNSUPPORTED:{node.kind}")
-        if subqueries.scalars(reader, node):
+        if subqueries.expressions(reader, node):
             if not subqueries.evaluable(reader, node):
                 found.add("SUBQUERY_EXPRESSION")
             for plan in reader.items(node.jvm.subqueries()):  # plans of their own
@@ -195,11 +195,11 @@ class Deltas:
         return self.memoised(node, "delta", lambda: self._delta(node))
 
     def subqueries(self, node: Node) -> list[tuple[Any, Node]]:
-        """The scalar subqueries in ``node``'s expressions, each with its plan (one
+        """The subquery expressions in ``node``'s expressions, each with its plan (one
         :class:`Node` tree per refresh: the evaluations of its operators are memoised)."""
         if id(node) not in self._subqueries:
             self._subqueries[id(node)] = [(s, self.reader.tree(s.plan()))
-                                          for s in subqueries.scalars(self.reader, node)]
+                                          for s in subqueries.expressions(self.reader, node)]
         return self._subqueries[id(node)]
 
     def unchanged(self, node: Node) -> bool:

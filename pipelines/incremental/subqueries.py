@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
     from pipelines.incremental.delta import Deltas
 
-__all__ = ["attached", "changed", "column", "evaluable", "evaluated", "names", "recomputed",
-           "scalars"]  # fmt: skip
+__all__ = ["attached", "changed", "column", "evaluable", "evaluated", "expressions", "names",
+           "recomputed"]  # fmt: skip
 
 #: The operators whose scalar subqueries the engine evaluates (an aggregate's: with
 #: grouping keys, not in them).
@@ -42,7 +42,7 @@ _TOO_MANY = ("[SCALAR_SUBQUERY_TOO_MANY_ROWS] More than one row returned by a su
              "used as an expression.")  # fmt: skip
 
 
-def scalars(reader: PlanReader, node: Node) -> list[Any]:
+def expressions(reader: PlanReader, node: Node) -> list[Any]:
     """The subquery expressions in ``node``'s own expressions (not in its children's),
     each once by its id; none (no JVM walk) for an operator without subqueries."""
     if node.jvm.subqueries().isEmpty():
@@ -58,7 +58,7 @@ def evaluable(reader: PlanReader, node: Node) -> bool:
     a join's or a grouped aggregate's outside its keys (an aggregate without keys has a
     row even without input, which grouping by the value would lose), every one a scalar
     subquery without outer references (their plans are checked as plans of their own)."""
-    found = scalars(reader, node)
+    found = expressions(reader, node)
     if node.kind == "Aggregate":
         keys = reader.items(node.jvm.groupingExpressions())
         in_keys: dict[int, Any] = {}
