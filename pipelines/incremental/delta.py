@@ -13,9 +13,10 @@ whose deltas are known:
 - inner and cross join: ``dA ⋈ B_new + A_old ⋈ dB`` (the two-term delta rule); a joined
   row's id is a hash of its two sources' ids, so a changed row on either side shows as a
   deletion and an insertion of one id, an update;
-- semi, anti and outer joins: the rows of the kept side that changed, or that the
-  condition matches with a changed row of the other side, are recomputed at both
-  versions (the condition as written: NOT IN's NULL rule holds, a NULL matches all);
+- semi, anti, outer and existence joins (:mod:`.existence`): the rows of the kept side
+  that changed, or that the condition matches with a changed row of the other side, are
+  recomputed at both versions (the condition as written: NOT IN's NULL rule holds, a
+  NULL matches all);
 - aggregation (GROUP BY, DISTINCT, scalar aggregates): the groups whose input changed
   are aggregated again at both versions: every aggregate stays exact (MIN, MAX, COUNT
   DISTINCT, float sums) and a group's row id is a hash of its key, kept while it exists;
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
-from pipelines.incremental import algebraic, pruning, row_maps, subqueries
+from pipelines.incremental import algebraic, existence, pruning, row_maps, subqueries
 from pipelines.incremental.group_ids import GROUP_ID_RULE, group_id, grouping
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
@@ -68,7 +69,7 @@ __all__ = [
 #: projection, a ``Generate`` (explode, inline) to one per element (:mod:`.row_maps`).
 _ROW_WISE = frozenset({"Project", "Filter", "Expand", "Generate"})
 _JOINS = frozenset({"Inner", "Cross", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
-                    "LeftAnti"})  # fmt: skip
+                    "LeftAnti", existence.EXISTENCE})  # fmt: skip
 _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
               "RightOuter": "right_outer", "FullOuter": "full_outer",
               "LeftSemi": "left_semi", "LeftAnti": "left_anti"}  # fmt: skip
@@ -131,7 +132,7 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
         elif node.kind == "Join":
             kind = _join_type(node)
             if kind not in _JOINS:
-                found.add(f"UNSUPPORTED:{kind.split('(')[0]}")
+                found.add(f"UNSUPPORTED:{kind}")
         elif node.kind == "Window":
             if not reader.items(node.jvm.partitionSpec()):
                 found.add("WINDOW_WITHOUT_PARTITION_BY")
@@ -144,7 +145,8 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
             if not subqueries.evaluable(reader, node):
                 found.add("SUBQUERY_EXPRESSION")
             for plan in reader.items(node.jvm.subqueries()):  # plans of their own
-                found.update(unsupported(reader, reader.tree(plan), is_source))
+                found.update(unsupported(reader, existence.subquery_plan(reader, plan),
+                                         is_source))  # fmt: skip
         for attribute in node.output:
             if spark_fold(str(attribute.name())).startswith("_ingest_"):  # Spark's rule
                 found.add("RESERVED_NAME")
@@ -165,7 +167,8 @@ def renews_group_ids(plan: Node, rule: int | None) -> bool:
 
 
 def _join_type(node: Node) -> str:
-    return str(node.jvm.joinType().toString())
+    """Spark's name of the join's type (an existence join's without its attribute)."""
+    return str(node.jvm.joinType().toString()).split("(")[0]
 
 
 class Deltas:
@@ -198,7 +201,7 @@ class Deltas:
         """The subquery expressions in ``node``'s expressions, each with its plan (one
         :class:`Node` tree per refresh: the evaluations of its operators are memoised)."""
         if id(node) not in self._subqueries:
-            self._subqueries[id(node)] = [(s, self.reader.tree(s.plan()))
+            self._subqueries[id(node)] = [(s, existence.subquery_plan(self.reader, s.plan()))
                                           for s in subqueries.expressions(self.reader, node)]
         return self._subqueries[id(node)]
 
@@ -361,7 +364,8 @@ class Deltas:
 
         kind = _join_type(node)
         left, right = node.children
-        keep_left = kind in ("LeftSemi", "LeftAnti", "LeftOuter", "FullOuter")
+        keep_left = kind in ("LeftSemi", "LeftAnti", "LeftOuter", "FullOuter",
+                             existence.EXISTENCE)  # fmt: skip
         keep_right = kind in ("RightOuter", "FullOuter")
         if kind != "FullOuter":
             kept, other = (left, right) if keep_left else (right, left)
@@ -460,6 +464,9 @@ class Deltas:
         on = subqueries.column(self, node, condition) if condition is not None else F.lit(True)
         if self.subqueries(node):
             left = subqueries.attached(self, node, left, version)
+        if kind == existence.EXISTENCE:
+            return existence.marked(self.reader, node, left.withColumnRenamed(ID, _LEFT),
+                                    right.withColumnRenamed(ID, _RIGHT), on)  # fmt: skip
         joined = left.withColumnRenamed(ID, _LEFT).join(
             right.withColumnRenamed(ID, _RIGHT), on=on, how=_SPARK_HOW[kind]
         )

@@ -23,6 +23,7 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from pipelines.change_sets import spark_key
+from pipelines.incremental import existence
 from pipelines.incremental.hidden import ID, KEY, SIGN
 from pipelines.incremental.plan import Node, PlanReader
 
@@ -168,6 +169,8 @@ def _computed(deltas: Deltas, node: Node, version: str) -> DataFrame:
     frames = []
     for subquery, plan in deltas.subqueries(node):
         rows = deltas.state(plan, version)
+        if existence.limited_to_one(deltas.reader, subquery.plan()):
+            rows = rows.limit(1)  # the LIMIT 1 of an EXISTS: every row holds one value
         value = deltas.reader.column(plan.output[0])
         too_many = F.count(F.lit(1)) > 1
         frames.append(rows.agg(F.when(too_many, F.raise_error(F.lit(_TOO_MANY)))
