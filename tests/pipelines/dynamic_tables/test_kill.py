@@ -7,7 +7,10 @@ scenarios a FULL refresh of a table nothing follows, which overwrites it) or a C
 (the initial refresh) and is killed at one failpoint; the ``join_`` scenarios refresh a
 join incrementally through the query-delta engine; the ``extremes_`` scenarios refresh a
 MIN/MAX aggregation whose change took one group's MIN and another group's MAX (so those
-two groups are aggregated again from their rows) and inserted into a third. A new session on the warehouse (whose opening
+two groups are aggregated again from their rows) and inserted into a third; the
+``subquery_`` scenarios refresh a filter by an uncorrelated scalar subquery (``V > (SELECT
+avg(V) ...)``) whose change moves the subquery's value, so the filter is evaluated whole
+at both versions (some untouched rows leave). A new session on the warehouse (whose opening
 recovers) must then find the refresh applied once or not at all: the table holds the
 query's result at the data timestamp recorded (the new one if the commit was decided,
 the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
@@ -20,6 +23,7 @@ The children start together in the module fixture (a JVM each); helpers come fro
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.tables import state_columns
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import rows
-from tests.pipelines.dynamic_tables.checks import bag
+from tests.pipelines.dynamic_tables.checks import assert_consistent, assert_same_as_query, bag
 from tests.pipelines.transactions.test_consumption_crash import (
     KILL_POINTS,
     Child,
@@ -76,6 +80,35 @@ delta.Deltas.restricted = recording
 session.sql("ALTER DYNAMIC TABLE D REFRESH")
 report(outcome="refreshed")
 """
+#: A filter by an uncorrelated scalar subquery over its own table.
+SUBQUERY_QUERY = "SELECT ID, V FROM Q WHERE V > (SELECT avg(V) FROM Q)"
+SUBQUERY_ROWS = "(1, 1), (2, 4), (3, 6), (4, 8), (5, 10)"  # avg 5.8: ids 3, 4, 5
+#: The change the killed refresh applies: avg 5.8 -> 8.5, so id 1 (updated) enters, id 5
+#: (deleted) leaves and so do ids 3 and 4, which the change did not touch.
+SUBQUERY_CHANGE = ("UPDATE Q SET V = 16 WHERE ID = 1", "DELETE FROM Q WHERE ID = 5")
+#: The refresh of SUBQUERY_CHANGE, reporting what subqueries.changed said of each operator
+#: holding a subquery, and each operator subqueries.recomputed evaluated whole.
+SUBQUERY_REFRESH = """
+import pipelines.incremental.subqueries as subqueries
+
+changed, recomputed = subqueries.changed, subqueries.recomputed
+
+
+def recording_changed(deltas, node):
+    found = changed(deltas, node)
+    report(changed=[node.kind, found])
+    return found
+
+
+def recording_recomputed(deltas, node):
+    report(recomputed=node.kind)
+    return recomputed(deltas, node)
+
+
+subqueries.changed, subqueries.recomputed = recording_changed, recording_recomputed
+session.sql("ALTER DYNAMIC TABLE D REFRESH")
+report(outcome="refreshed")
+"""
 CREATE = f"""
 session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
 report(outcome="created")
@@ -90,6 +123,8 @@ SCENARIOS = {
     **{f"aggregate_{point}": (REFRESH, point) for point in
        ("pipeline_after_validate", "pipeline_after_decide")},
     **{f"extremes_{point}": (EXTREMES_REFRESH, point) for point in
+       ("pipeline_after_validate", "pipeline_after_decide")},
+    **{f"subquery_{point}": (SUBQUERY_REFRESH, point) for point in
        ("pipeline_after_validate", "pipeline_after_decide")},
     "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
     "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
@@ -118,6 +153,19 @@ def setup_extremes(session: Session) -> None:
                 f"AS {EXTREMES_QUERY}")  # fmt: skip
     for statement in EXTREMES_CHANGE:
         session.sql(statement)
+
+
+def setup_subquery(session: Session) -> Counter:
+    """Q and D over SUBQUERY_QUERY, then SUBQUERY_CHANGE; returns D's rows before it."""
+    session.sql("CREATE TABLE Q (ID NUMBER, V NUMBER(10, 0))")  # V a bigint: 6 > 5.8
+    session.sql(f"INSERT INTO Q VALUES {SUBQUERY_ROWS}")
+    session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = INCREMENTAL "
+                f"AS {SUBQUERY_QUERY}")  # fmt: skip
+    before = bag(session, "SELECT * FROM D")
+    assert before == bag(session, SUBQUERY_QUERY)
+    for statement in SUBQUERY_CHANGE:
+        session.sql(statement)
+    return before
 
 
 def hidden_state(session: Session, name: str) -> dict:
@@ -161,7 +209,7 @@ _DEFINITIONS = {"join": JOIN_DEFINITION, "aggregate": AGGREGATE_DEFINITION}
 class Scenario:
     warehouse: Path
     child: Child
-    before: object  # D's content before the child ran ([] for CREATE; a bag for extremes_)
+    before: object  # D's content before the child ran ([] for CREATE; a bag: extremes_, subquery_)
     state: dict | None = None  # extremes_: D's hidden state before the child ran
 
 
@@ -176,6 +224,8 @@ def kills(tmp_path_factory, spark):
                 if name.startswith("extremes_"):
                     setup_extremes(session)
                     before, state = bag(session, "SELECT * FROM D"), hidden_state(session, "D")
+                elif name.startswith("subquery_"):
+                    before = setup_subquery(session)
                 else:
                     setup_warehouse(session, create=body is CREATE,
                                     full=name.startswith("overwrite_"),
@@ -277,6 +327,43 @@ def test_a_killed_refresh_that_recomputes_lost_extremes(kills, session_factory, 
     assert bag(session, "SELECT * FROM D") == bag(session, EXTREMES_QUERY)
     assert hidden_state(session, "D") == fresh_state(session)
     assert len(set(refresh_commits(info.uri))) == len(refresh_commits(info.uri))
+
+
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("subquery_")])
+def test_a_killed_refresh_that_evaluates_a_filter_whose_subquery_moved(
+    kills, session_factory, name
+):  # fmt: skip
+    scenario = kills[name]
+    scenario.child.wait()
+    assert scenario.child.proc.returncode == -9, scenario.child.describe()
+    # The killed refresh found the subquery's value changed and evaluated the filter whole.
+    results = scenario.child.results()
+    assert {tuple(r["changed"]) for r in results if "changed" in r} == {("Filter", True)}, (
+        scenario.child.describe())  # fmt: skip
+    assert {r["recomputed"] for r in results if "recomputed" in r} == {"Filter"}
+    decided = KILL_POINTS[SCENARIOS[name][1]]
+    assert len(pending_of(scenario.warehouse)) == 1
+    session = session_factory(scenario.warehouse)  # opening it recovers
+    assert pending_of(scenario.warehouse) == []
+    new = bag(session, SUBQUERY_QUERY)  # untouched ids 3 and 4 left, updated id 1 entered
+    assert {r[0] for r in scenario.before} == {"#3", "#4", "#5"} and {r[0] for r in new} == {"#1"}
+    assert bag(session, "SELECT * FROM D") == (new if decided else scenario.before)
+    info = session.require_table("D")
+    dt, history = recorded_once(session, info, decided)
+    if decided:
+        assert history[0].action == "INCREMENTAL"
+        assert dt.data_timestamp_us == history[0].data_timestamp_us
+        assert history[0].table_version == DeltaTable(info.uri).version()
+    # The next refreshes are INCREMENTAL and exact: one moves the average back (8.5 ->
+    # 5.67: ids 3 and 4 return), one keeps it (34 / 6) while id 3 leaves by its own change.
+    for change in (("INSERT INTO Q VALUES (6, 0), (7, 0)",),
+                   ("UPDATE Q SET V = 5 WHERE ID = 3", "UPDATE Q SET V = 9 WHERE ID = 4")):
+        for statement in change:
+            session.sql(statement)
+        session.sql("ALTER DYNAMIC TABLE D REFRESH")
+        assert session.catalog.list_refreshes(info.id)[0].action == "INCREMENTAL"
+        assert_same_as_query(session, "D", SUBQUERY_QUERY)
+    assert_consistent(session, "D")
 
 
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith("create_")])
