@@ -189,6 +189,7 @@ class Deltas:
         self._still: dict[int, bool] = {}
         self._subqueries: dict[int, list[tuple[Any, Node]]] = {}
         self.pruning_values: dict[tuple[int, str], list[Any] | None] = {}
+        self._binders: dict[tuple[int, tuple[str, ...]], list[Column]] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
     def state(self, node: Node, version: str) -> DataFrame:
@@ -229,6 +230,14 @@ class Deltas:
             return all(self.split(c) for c in node.children)
         return True
 
+    def leaf_rows(self, node: Node, frame: DataFrame, keep: list[str]) -> DataFrame:
+        """A source's ``frame`` as the leaf ``node``'s rows (its attributes, then ``keep``):
+        :meth:`PlanReader.rebound`, with the binding columns made once per refresh."""
+        names = tuple(n for n in frame.columns if n not in keep)
+        if (id(node), names) not in self._binders:
+            self._binders[(id(node), names)] = self.reader.binders(names, node.output)
+        return frame.select(*self._binders[(id(node), names)], *keep)
+
     def made(self, node: Node, what: str) -> DataFrame | None:
         """The frame :meth:`memoised` made for ``node`` and ``what`` (None: not yet)."""
         return self._memo.get((id(node), what))
@@ -246,7 +255,7 @@ class Deltas:
         if not node.children:
             source = self.source(node)
             frame = source.old() if version == "old" else source.new()
-            return self.reader.rebound(frame, node.output, [ID])
+            return self.leaf_rows(node, frame, [ID])
         return self.evaluated(node, [self.state(c, version) for c in node.children], version)
 
     def evaluated(self, node: Node, inputs: list[DataFrame], version: str) -> DataFrame:
@@ -266,7 +275,7 @@ class Deltas:
             return self.state(node, "new").where(F.lit(False)).withColumn(SIGN, F.lit(1))
         if not node.children:
             changes = self.source(node).changes()
-            return self.reader.rebound(changes, node.output, [ID, SIGN])
+            return self.leaf_rows(node, changes, [ID, SIGN])
         if self.subqueries(node) and subqueries.changed(self, node):
             return subqueries.recomputed(self, node)  # (else: the rules, with one value)
         if node.kind in _ROW_WISE or node.kind == "Union":

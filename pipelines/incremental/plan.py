@@ -127,6 +127,20 @@ class PlanReader:
         aliases = [self._alias(c, a) for c, a in zip(children, attributes, strict=True)]
         return frame.select(*[self.column(e) for e in aliases], *keep)
 
+    def binders(self, names: Sequence[str], attributes: Sequence[Any]) -> list[Column]:
+        """Columns that read a frame's columns ``names``, by position, as ``attributes``
+        (same names and ids, cast to their types): :meth:`rebound`'s for any frame with
+        those column names, made once (a leaf is read at two versions and as a change)."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import _parse_datatype_json_string
+
+        binders = []
+        for attribute, name in zip(attributes, names, strict=False):
+            kind = _parse_datatype_json_string(attribute.dataType().json())
+            cast = self._utils.expression(F.col(quoted(name)).cast(kind)._jc)  # (unresolved)
+            binders.append(self.column(self._alias(cast, attribute)))
+        return binders
+
     def aliased(self, expression: Any, attribute: Any) -> Column:
         """``expression`` as a Column named and identified as ``attribute`` (an
         operator's unnamed output expression, e.g. one of an ``Expand``'s projections)."""

@@ -84,7 +84,7 @@ def narrowed(
         read = None if values is None else source.pruned(version, found.position, values)
         if read is None:
             break
-        rows, below = deltas.reader.rebound(read, found.leaf.output, [ID]), found.leaf
+        rows, below = deltas.leaf_rows(found.leaf, read, [ID]), found.leaf
         for above in reversed(found.path[:-1]):
             inputs = [rows if c is below else deltas.state(c, version) for c in above.children]
             rows, below = deltas.evaluated(above, inputs, version), above
