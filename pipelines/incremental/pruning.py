@@ -50,6 +50,8 @@ _PRUNABLE = frozenset({"ByteType", "ShortType", "IntegerType", "LongType", "Deci
                        "DateType"})  # fmt: skip
 #: A binary float holds 53 bits: its rounding of a decimal is below 2⁻⁵² of it.
 _RELATIVE_SLACK = Decimal("1e-14")
+#: The limits a writer's 64-bit bounds of a DECIMAL saturate at (see :func:`_bounds`).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -217,19 +219,23 @@ def kept_files(
             kept.append(f)
             continue
         low, high = _bounds(low, high)
-        at = bisect.bisect_left(values, low)
-        if at < len(values) and values[at] <= high:
+        at = 0 if low is None else bisect.bisect_left(values, low)
+        if at < len(values) and (high is None or values[at] <= high):
             kept.append(f)
     return kept
 
 
 def _bounds(low: Any, high: Any) -> tuple[Any, Any]:
-    """A file's statistics as the values compare with them: a DATE may come as a
-    datetime; a DECIMAL's, which a writer may have put in the log as a binary float,
-    widened by more than such a float's rounding."""
+    """A file's statistics as the values compare with them (None: no bound on that
+    side): a DATE may come as a datetime; a DECIMAL's, which a writer may have put in
+    the log as a binary float, widened by more than such a float's rounding; and an
+    integral DECIMAL's bound at a 64-bit integer's limit says nothing past it (delta-rs'
+    merge, which SQL updates and deletes run, writes a DECIMAL(38,0) bound past the
+    limits as the limit: a file of keys over 2⁶³ gets 2⁶³ - 1 as its maximum)."""
     if isinstance(low, datetime.datetime):
         low, high = low.date(), high.date()
     if isinstance(low, Decimal):
         slack = (abs(low) + abs(high)) * _RELATIVE_SLACK
-        low, high = low - slack, high + slack
+        low = None if low <= _INT64_MIN else low - slack
+        high = None if high >= _INT64_MAX else high + slack
     return low, high

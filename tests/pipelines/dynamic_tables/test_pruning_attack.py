@@ -4,7 +4,8 @@ over sources of several files, one commit each: NULL keys of a GROUP BY or a win
 (NULL matches NULL there, and a file's bounds leave NULLs out), keys that move from one
 file's range to another's under an outer join whose both sides change, a self join, a
 NOT IN, keys at a file's bounds of DECIMAL, BIGINT near 2^63, DECIMAL(38,0) past 2^53
-and DATE, and a compaction between refreshes. Every refresh must stay INCREMENTAL and
+and DATE (and DECIMAL(38,0) keys past 2^63 whose files a SQL update rewrote: delta-rs'
+merge writes their bounds as 2^63 - 1), and a compaction between refreshes. Every refresh must stay INCREMENTAL and
 equal to its query run fresh."""
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ SOURCES = [
     _ins("B2", [f"({2**63 - 2}, 'r')"]),
     _ins("H", [f"({i}, {HUGE + i})" for i in range(3)]),
     _ins("H", [f"({i}, {HUGE + 1000 + i})" for i in range(3, 6)]),
+    _ins("H", [f"({i}, {-HUGE - i})" for i in range(6, 9)]),
     _ins("H2", [f"({HUGE + 1}, 'x')"]),
     _ins("H2", [f"({HUGE + 2000}, 'y')"]),
     _ins("DT", ["(1, DATE '1969-12-31')", "(2, DATE '1970-01-01')"]),
@@ -89,8 +91,13 @@ STEPS = [
     # keys move from one file's range to another's; both sides of each join change
     ["UPDATE T SET K = 15 WHERE ID = -97", "INSERT INTO C VALUES (101, 'x'), (200, 'y'), (NULL, 'm')",
      "UPDATE D SET K = 0.00 WHERE ID = 7", f"UPDATE B SET K = {BIG + 1} WHERE ID = 7",
-     f"UPDATE H SET K = {HUGE + 2} WHERE ID = 4", "UPDATE DT SET D = DATE '2024-03-01' WHERE ID = 1"],
-    [_compact_t, "UPDATE T SET V = V + 1 WHERE K IS NULL OR K = 1", "DELETE FROM C WHERE K BETWEEN 0 AND 9"],
+     f"UPDATE H SET K = {HUGE + 2} WHERE ID = 4", f"UPDATE H SET K = {-HUGE} WHERE ID = 8",
+     "UPDATE DT SET D = DATE '2024-03-01' WHERE ID = 1"],
+    # H's keys past 2^63 that the update rewrote: the merge's bounds of their file are
+    # 2^63 - 1 (and -2^63 for those below -2^63)
+    [_compact_t, "UPDATE T SET V = V + 1 WHERE K IS NULL OR K = 1",
+     "DELETE FROM C WHERE K BETWEEN 0 AND 9",
+     f"INSERT INTO H2 VALUES ({HUGE + 1003}, 'k'), ({-HUGE - 7}, 'n')"],
 ]
 
 
@@ -129,3 +136,17 @@ def test_a_file_holding_a_null_is_kept_for_a_null_key():
     assert [f["path"] for f in pruning.kept_files(files, "K", [], nulls=True)] == ["b", "c"]
     assert [f["path"] for f in pruning.kept_files(files, "K", [Decimal(3)], nulls=True)] == [
         "a", "b", "c"]  # fmt: skip
+
+
+def test_an_integral_decimal_bound_at_a_64_bit_limit_bounds_nothing_past_it():
+    """delta-rs' merge writes a DECIMAL(38,0) bound past 2^63 as 2^63 - 1 (and below
+    -2^63 as -2^63): such a bound is no bound on its side."""
+    huge = Decimal(10**30)
+    files = [
+        {"path": "up", "min.K": Decimal(2**63 - 1), "max.K": Decimal(2**63 - 1)},
+        {"path": "down", "min.K": Decimal(-(2**63)), "max.K": Decimal(-(2**63))},
+        {"path": "small", "min.K": Decimal(1), "max.K": Decimal(5)},
+    ]
+    assert [f["path"] for f in pruning.kept_files(files, "K", [huge])] == ["up"]
+    assert [f["path"] for f in pruning.kept_files(files, "K", [-huge])] == ["down"]
+    assert [f["path"] for f in pruning.kept_files(files, "K", [Decimal(3)])] == ["small"]
