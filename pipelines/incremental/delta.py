@@ -110,10 +110,12 @@ class Source:
         """Whether reading only some of the rows at ``version`` can pay off (:mod:`.pruning`)."""
         return False
 
-    def pruned(self, version: str, position: int | None, values: list[Any]) -> DataFrame | None:
+    def pruned(
+        self, version: str, position: int | None, values: list[Any], nulls: bool = False
+    ) -> DataFrame | None:  # fmt: skip
         """The rows at ``version`` of only the files whose statistics of the column at
-        ``position`` (None: the row id) admit one of the sorted ``values``; None when
-        that leaves no file out."""
+        ``position`` (None: the row id) admit one of the sorted ``values`` (or, with
+        ``nulls``, may hold a NULL of it); None when that leaves no file out."""
         return None
 
 
@@ -188,7 +190,7 @@ class Deltas:
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
         self._subqueries: dict[int, list[tuple[Any, Node]]] = {}
-        self.pruning_values: dict[tuple[int, str], list[Any] | None] = {}
+        self.pruning_values: dict[tuple[int, str], tuple[DataFrame, list[Any] | None, bool]] = {}
         self._binders: dict[tuple[int, tuple[str, ...]], list[Column]] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
@@ -510,8 +512,8 @@ class Deltas:
 
     def _keyed(self, node: Node, version: str, keys: list[Any], touched: DataFrame) -> DataFrame:
         """``node``'s rows at ``version`` that can hold a ``touched`` key (:meth:`restricted`)."""
-        return pruning.narrowed(self, node, version, [(key, touched, f"{_KEY}{i}")
-                                                      for i, key in enumerate(keys)])  # fmt: skip
+        return pruning.narrowed(self, node, version, [  # (NULL matches NULL there)
+            (key, touched, f"{_KEY}{i}") for i, key in enumerate(keys)], nulls_match=True)
 
     def _by_ids(self, node: Node, version: str, ids: DataFrame) -> DataFrame:
         """``node``'s rows at ``version`` of the ids ``ids`` holds."""

@@ -11,6 +11,8 @@ row whose key takes none of the values can only make result rows whose key takes
 of them, which the rule drops anyway. So the source's data files whose statistics
 (min and max of the column, from the Delta log) exclude every value are not read; Spark
 still evaluates the join or the restriction on what is read, and the answer is the same.
+A group's or partition's key matches NULL to NULL, and a file's bounds leave NULLs out:
+when the touched keys hold a NULL, the files that may hold one are read too.
 
 What it costs: the values are collected by a Spark job (small: a change, or keys already
 computed), so sources smaller than :data:`PRUNE_FROM_BYTES` are read whole. Integer,
@@ -48,6 +50,8 @@ _PRUNABLE = frozenset({"ByteType", "ShortType", "IntegerType", "LongType", "Deci
                        "DateType"})  # fmt: skip
 #: A binary float holds 53 bits: its rounding of a decimal is below 2⁻⁵² of it.
 _RELATIVE_SLACK = Decimal("1e-14")
+#: The limits a writer's 64-bit bounds of a DECIMAL saturate at (see :func:`_bounds`).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,17 @@ class Origin:
 
 
 def narrowed(
-    deltas: Deltas, node: Node, version: str, options: list[tuple[Any, DataFrame, Column | str]]
+    deltas: Deltas, node: Node, version: str, options: list[tuple[Any, DataFrame, Column | str]],
+    nulls_match: bool = False,
 ) -> DataFrame:  # fmt: skip
     """``node``'s rows at ``version`` for a rule that keeps only those whose column
     (None: the row id) takes a value of a column of a frame, for the first option
     (column, frame, its column) whose column comes from a source: that source's files
-    whose statistics exclude every value are not read. Else ``deltas.state``'s rows."""
+    whose statistics exclude every value are not read. Else ``deltas.state``'s rows.
+
+    ``nulls_match``: the rule keeps a row whose column is NULL when the frame's column
+    holds a NULL (a GROUP BY's or a window's NULL key): a file that may hold a NULL of
+    the column is then read too, whatever its bounds (they leave NULLs out)."""
     from pipelines.incremental.hidden import ID
 
     if not any(deltas.source(leaf).prunable(version) for leaf in _sources(node)):
@@ -79,9 +88,11 @@ def narrowed(
             continue
         key = (id(frame), str(column))
         if key not in deltas.pruning_values:  # (the same values for both versions)
-            deltas.pruning_values[key] = values_of(frame.select(column))
-        values = deltas.pruning_values[key]
-        read = None if values is None else source.pruned(version, found.position, values)
+            # The frame is kept with its values: while it lives, no other frame has its id.
+            deltas.pruning_values[key] = (frame, *values_of(frame.select(column)))
+        _, values, has_null = deltas.pruning_values[key]
+        read = None if values is None else source.pruned(
+            version, found.position, values, nulls=nulls_match and has_null)  # fmt: skip
         if read is None:
             break
         rows, below = deltas.leaf_rows(found.leaf, read, [ID]), found.leaf
@@ -183,40 +194,48 @@ def _references(reader: PlanReader, expression: Any) -> set[int]:
     return {a.exprId().id() for a in reader.items(expression.references().toSeq())}
 
 
-def values_of(frame: DataFrame) -> list[Any] | None:
-    """The distinct non-NULL values of ``frame``'s one column, sorted (one Spark job);
-    None past :data:`MAX_VALUES` of them."""
-    column = frame.columns[0]
-    found = frame.where(frame[column].isNotNull()).distinct().limit(MAX_VALUES + 1)
-    values = found.toArrow().column(0).to_pylist()
-    return None if len(values) > MAX_VALUES else sorted(values)
+def values_of(frame: DataFrame) -> tuple[list[Any] | None, bool]:
+    """The distinct non-NULL values of ``frame``'s one column, sorted (one Spark job),
+    None past :data:`MAX_VALUES` of them; and whether the column holds a NULL."""
+    found = frame.distinct().limit(MAX_VALUES + 2)
+    every = found.toArrow().column(0).to_pylist()
+    values = [v for v in every if v is not None]
+    return (None if len(values) > MAX_VALUES else sorted(values)), len(values) < len(every)
 
 
 def kept_files(
-    files: Sequence[dict[str, Any]], column: str, values: Sequence[Any]
+    files: Sequence[dict[str, Any]], column: str, values: Sequence[Any], nulls: bool = False
 ) -> list[dict[str, Any]]:
     """The add actions (``live_files``) among ``files`` whose statistics of ``column``
-    admit one of the sorted ``values``: a file without them is kept."""
+    admit one of the sorted ``values`` (or, with ``nulls``, a NULL: a file whose null
+    count of the column is not 0): a file without them is kept."""
     kept = []
     for f in files:
+        if nulls and f.get(f"null_count.{column}") != 0:
+            kept.append(f)
+            continue
         low, high = f.get(f"min.{column}"), f.get(f"max.{column}")
         if low is None or high is None:
             kept.append(f)
             continue
         low, high = _bounds(low, high)
-        at = bisect.bisect_left(values, low)
-        if at < len(values) and values[at] <= high:
+        at = 0 if low is None else bisect.bisect_left(values, low)
+        if at < len(values) and (high is None or values[at] <= high):
             kept.append(f)
     return kept
 
 
 def _bounds(low: Any, high: Any) -> tuple[Any, Any]:
-    """A file's statistics as the values compare with them: a DATE may come as a
-    datetime; a DECIMAL's, which a writer may have put in the log as a binary float,
-    widened by more than such a float's rounding."""
+    """A file's statistics as the values compare with them (None: no bound on that
+    side): a DATE may come as a datetime; a DECIMAL's, which a writer may have put in
+    the log as a binary float, widened by more than such a float's rounding; and an
+    integral DECIMAL's bound at a 64-bit integer's limit says nothing past it (delta-rs'
+    merge, which SQL updates and deletes run, writes a DECIMAL(38,0) bound past the
+    limits as the limit: a file of keys over 2⁶³ gets 2⁶³ - 1 as its maximum)."""
     if isinstance(low, datetime.datetime):
         low, high = low.date(), high.date()
     if isinstance(low, Decimal):
         slack = (abs(low) + abs(high)) * _RELATIVE_SLACK
-        low, high = low - slack, high + slack
+        low = None if low <= _INT64_MIN else low - slack
+        high = None if high >= _INT64_MAX else high + slack
     return low, high

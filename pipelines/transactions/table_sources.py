@@ -73,13 +73,15 @@ class TableSource(Source):
         return found is not None and len(found[1]) > 1 and sum(
             f["size_bytes"] for f in found[1]) >= pruning.PRUNE_FROM_BYTES  # fmt: skip
 
-    def pruned(self, version: str, position: int | None, values: list[Any]) -> DataFrame | None:
+    def pruned(
+        self, version: str, position: int | None, values: list[Any], nulls: bool = False
+    ) -> DataFrame | None:  # fmt: skip
         found = self._files(version)
         if found is None:
             return None
         at, files = found
         column = ROW_ID_COLUMN if position is None else self.info.schema.names[position]
-        kept = pruning.kept_files(files, column, values)
+        kept = pruning.kept_files(files, column, values, nulls)
         return None if len(kept) == len(files) else self._at(at, kept)
 
     def old(self) -> DataFrame:
