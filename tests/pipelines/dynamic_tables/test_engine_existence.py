@@ -60,16 +60,17 @@ QUERIES = {
                   "FROM T GROUP BY 1"),
 }
 
-#: Each step is followed by a refresh of every table.
-STEPS = [
+#: Each step (its statements one change) is followed by a refresh of every table: S
+#: alone, T alone, S alone, both, S emptied.
+STEPS: list[str | list[str]] = [
     "INSERT INTO S VALUES (2, 30)",  # a new match for T's key 2
-    "INSERT INTO T VALUES (6, 2, 3), (7, NULL, 50), (8, 9, NULL)",
-    "UPDATE S SET K = 9 WHERE K = 4",  # a key moves: 4 loses its match, 9 gains one
-    "UPDATE T SET K = 1 WHERE ID = 5",
-    "UPDATE S SET W = W + 100 WHERE K = 1",  # moves the non-equi condition only
-    "UPDATE T SET V = V WHERE ID = 1",  # changes nothing any query reads
-    "INSERT INTO S VALUES (NULL, 0)",  # a NULL key: NOT IN is never true now
-    "DELETE FROM T WHERE ID IN (2, 3)",
+    ["INSERT INTO T VALUES (6, 2, 3), (7, NULL, 50), (8, 9, NULL)",
+     "UPDATE T SET K = 1 WHERE ID = 5",
+     "UPDATE T SET V = V WHERE ID = 1"],  # (changes nothing any query reads)
+    ["UPDATE S SET K = 9 WHERE K = 4",  # a key moves: 4 loses its match, 9 gains one
+     "UPDATE S SET W = W + 100 WHERE K = 1"],  # moves the non-equi condition only
+    ["INSERT INTO S VALUES (NULL, 0)",  # a NULL key: NOT IN is never true now
+     "DELETE FROM T WHERE ID IN (2, 3)"],
     "DELETE FROM S",  # no row: every EXISTS false, every NOT IN true
 ]
 
