@@ -53,7 +53,7 @@ from pipelines.incremental.hidden import ID, SIGN
 from pipelines.incremental.hidden import KEY as _KEY
 from pipelines.incremental.hidden import LEFT as _LEFT
 from pipelines.incremental.hidden import RIGHT as _RIGHT
-from pipelines.incremental.plan import Node, PlanReader, typed_as
+from pipelines.incremental.plan import Node, PlanReader, join_type, typed_as
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -132,7 +132,7 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
             if not row_maps.generates(node):
                 found.add(f"GENERATOR:{node.jvm.generator().prettyName()}")
         elif node.kind == "Join":
-            kind = _join_type(node)
+            kind = join_type(node)
             if kind not in _JOINS:
                 found.add(f"UNSUPPORTED:{kind}")
         elif node.kind == "Window":
@@ -166,11 +166,6 @@ def renews_group_ids(plan: Node, rule: int | None) -> bool:
     grouped = any(n.kind == "Aggregate" and n.jvm.groupingExpressions().nonEmpty()
                   for n in _walk(plan))  # fmt: skip
     return grouped and (rule or 1) < GROUP_ID_RULE
-
-
-def _join_type(node: Node) -> str:
-    """Spark's name of the join's type (an existence join's without its attribute)."""
-    return str(node.jvm.joinType().toString()).split("(")[0]
 
 
 class Deltas:
@@ -225,7 +220,7 @@ class Deltas:
         that form but the two-term join of two changed sides."""
         if self.unchanged(node) or not node.children:
             return True
-        if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
+        if node.kind == "Join" and join_type(node) in ("Inner", "Cross"):
             return any(self.unchanged(c) for c in node.children) and all(
                 self.split(c) for c in node.children)  # fmt: skip
         if node.kind in _ROW_WISE or node.kind == "Union":
@@ -282,7 +277,7 @@ class Deltas:
             return subqueries.recomputed(self, node)  # (else: the rules, with one value)
         if node.kind in _ROW_WISE or node.kind == "Union":
             return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
-        if node.kind == "Join" and _join_type(node) in ("Inner", "Cross"):
+        if node.kind == "Join" and join_type(node) in ("Inner", "Cross"):
             left, right = node.children
             terms = []  # a side that did not change adds no term
             if not self.unchanged(left):
@@ -373,7 +368,7 @@ class Deltas:
         changed, recomputed at both versions."""
         from pyspark.sql import functions as F
 
-        kind = _join_type(node)
+        kind = join_type(node)
         left, right = node.children
         keep_left = kind in ("LeftSemi", "LeftAnti", "LeftOuter", "FullOuter",
                              existence.EXISTENCE)  # fmt: skip
@@ -470,7 +465,7 @@ class Deltas:
         read their values at ``version`` (joined to the left side)."""
         from pyspark.sql import functions as F
 
-        kind = _join_type(node)
+        kind = join_type(node)
         condition = self.reader.option(node.jvm.condition())
         on = subqueries.column(self, node, condition) if condition is not None else F.lit(True)
         if self.subqueries(node):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["Node", "PlanReader", "planning_confs", "quoted"]
+__all__ = ["Node", "PlanReader", "join_type", "planning_confs", "quoted"]
 
 #: Settings while the plan is made: no subquery over the data planted by the optimizer,
 #: no window top-k node (a filter over ranks stays a Filter over a Window).
@@ -74,6 +74,12 @@ class Node:
     def output(self) -> list[Any]:
         """The attributes the operator outputs (JVM ``Attribute``s, with their ids)."""
         return _items(self.jvm.output())
+
+
+def join_type(node: Node) -> str:
+    """Spark's name of a ``Join`` node's type (an existence join's without its attribute:
+    ``ExistenceJoin``, not ``ExistenceJoin(exists#n)``)."""
+    return str(node.jvm.joinType().toString()).split("(")[0]
 
 
 class PlanReader:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from pipelines.incremental.plan import Node, PlanReader
+from pipelines.incremental.plan import Node, PlanReader, join_type
 from pipelines.incremental.row_maps import CONSTANT
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def _through(reader: PlanReader, node: Node, wanted: int | None) -> tuple[Node, 
         return None
     if kind != "Join":
         return None
-    join = str(node.jvm.joinType().toString())
+    join = join_type(node)
     if join in ("LeftSemi", "LeftAnti"):
         return node.children[0], wanted
     if join not in ("Inner", "Cross") or wanted is None:  # (a joined row's id is a hash)

@@ -52,6 +52,10 @@ class TableSource(Source):
         return frame.select(*[F.col(n) for n in names], *extra)
 
     def _at(self, version: int, files: list[dict[str, Any]] | None = None) -> DataFrame:
+        """The rows at ``version`` (of ``files`` only; by default all, from the listing
+        :meth:`_files` made, if it made one, rather than listing them again)."""
+        if files is None:
+            files = self._files_at.get(version)
         frame = read_delta(self.spark, self.info.uri, version, loaded=self._handles.get(version),
                            files=files)  # fmt: skip
         return self._columns(frame, [ROW_ID_COLUMN]).withColumnRenamed(ROW_ID_COLUMN, ID)
