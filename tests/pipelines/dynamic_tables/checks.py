@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,22 @@ def engine_warehouse(folder: Path, spark: Any, statements: list[str], tables: di
         session.sql(statement)
     create_incremental(session, tables)
     return session
+
+
+def pruning_warehouse(
+    folder: Path, spark: Any, statements: list[str], tables: dict[str, str]
+) -> Iterator[Session]:  # fmt: skip
+    """:func:`engine_warehouse`, yielded (closed after) with the engine's source-file
+    pruning forced on for every source, however small (a module fixture's body)."""
+    import pytest
+
+    from pipelines.incremental import pruning
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pruning, "PRUNE_FROM_BYTES", 0)
+        session = engine_warehouse(folder, spark, statements, tables)
+        yield session
+        session.close()
 
 
 def assert_every_step_refreshes_incrementally(

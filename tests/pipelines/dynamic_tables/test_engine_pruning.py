@@ -19,7 +19,7 @@ from pipelines.incremental import pruning
 from tests.pipelines.dynamic_tables.checks import (
     assert_every_step_refreshes_incrementally,
     assert_same_as_query,
-    engine_warehouse,
+    pruning_warehouse,
     record_engine_refreshes,
 )
 
@@ -63,12 +63,8 @@ CONFINED = {"join": "C", "float_sums": "T", "window": "T", "left": "C", "exists"
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pruning, "PRUNE_FROM_BYTES", 0)
-        session = engine_warehouse(tmp_path_factory.mktemp("pruning"), spark, SOURCES,
-                                   {f"P_{name}": query for name, query in QUERIES.items()})  # fmt: skip
-        yield session
-        session.close()
+    yield from pruning_warehouse(tmp_path_factory.mktemp("pruning"), spark, SOURCES,
+                                 {f"P_{name}": query for name, query in QUERIES.items()})  # fmt: skip
 
 
 def test_every_refresh_is_incremental_and_exact(wh):

@@ -16,7 +16,7 @@ import pytest
 
 from flush.compaction import compact_table
 from pipelines.incremental import pruning
-from tests.pipelines.dynamic_tables.checks import assert_same_as_query, bag, engine_warehouse
+from tests.pipelines.dynamic_tables.checks import assert_same_as_query, bag, pruning_warehouse
 
 BIG = 2**60
 HUGE = 10**30
@@ -97,12 +97,8 @@ STEPS = [
 
 @pytest.fixture(scope="module")
 def wh(tmp_path_factory, spark):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pruning, "PRUNE_FROM_BYTES", 0)
-        session = engine_warehouse(tmp_path_factory.mktemp("pruning_attack"), spark, SOURCES,
-                                   {f"PA_{name}": query for name, query in QUERIES.items()})  # fmt: skip
-        yield session
-        session.close()
+    yield from pruning_warehouse(tmp_path_factory.mktemp("pruning_attack"), spark, SOURCES,
+                                 {f"PA_{name}": query for name, query in QUERIES.items()})  # fmt: skip
 
 
 def test_every_refresh_is_incremental_and_exact(wh):
