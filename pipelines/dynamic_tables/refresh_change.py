@@ -60,7 +60,8 @@ from pipelines.dynamic_tables.rewrite import RewriteError, rewrite
 from pipelines.errors import SqlError, StreamStaleError
 from pipelines.incremental import algebraic
 from pipelines.incremental.algebraic import Layout
-from pipelines.incremental.delta import GROUP_ID_RULE, SIGN, Deltas, renews_group_ids
+from pipelines.incremental.coverage import renews_group_ids
+from pipelines.incremental.delta import GROUP_ID_RULE, SIGN, Deltas
 from pipelines.sql.binding import Binder
 from pipelines.streams.changes import read_changes
 from pipelines.transactions.transaction import Transaction

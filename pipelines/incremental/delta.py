@@ -27,8 +27,8 @@ reads the sources at the two versions and their changes; what it collects is the
 consolidated delta of the query (:meth:`Deltas.net`), which grows with the change. An
 aggregation of counts, sums, averages, minima and maxima at the root reads less:
 its table keeps each group's state in hidden columns, and its change is computed from
-the input's change and that state alone (:mod:`.algebraic`). Operators the rules do not
-cover raise :class:`Unsupported`, whose code names the reason for a FULL refresh.
+the input's change and that state alone (:mod:`.algebraic`). Which plans the rules
+cover, and the reason codes of those they do not, is :mod:`.coverage`.
 
 Row ids are 64-bit hashes (``xxhash64``) of the ids and keys they derive from: two rows
 of one table share an id with probability about n²/2⁶⁵ (1 in 300,000 for ten million
@@ -42,9 +42,9 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ingest_sdk.schema import spark_fold
 from pipelines.change_sets import keyed, spark_key
 from pipelines.incremental import algebraic, existence, pruning, row_maps, subqueries
+from pipelines.incremental.coverage import ROW_WISE
 from pipelines.incremental.group_ids import GROUP_ID_RULE, group_id, grouping
 from pipelines.incremental.hidden import COUNT as _COUNT
 from pipelines.incremental.hidden import HIT_LEFT as _HIT_LEFT
@@ -58,34 +58,11 @@ from pipelines.incremental.plan import Node, PlanReader, join_type, typed_as
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-__all__ = [
-    "GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "Unsupported", "group_id", "grouping",
-    "renews_group_ids", "unsupported",
-]  # fmt: skip
-
-
-#: Operators that map each row alone (a leaf of the walk is a source); an ``Expand``
-#: (ROLLUP, CUBE, GROUPING SETS, several COUNT DISTINCTs) maps it to one row per
-#: projection, a ``Generate`` (explode, inline) to one per element (:mod:`.row_maps`).
-_ROW_WISE = frozenset({"Project", "Filter", "Expand", "Generate"})
-_JOINS = frozenset({"Inner", "Cross", "LeftOuter", "RightOuter", "FullOuter", "LeftSemi",
-                    "LeftAnti", existence.EXISTENCE})  # fmt: skip
 _SPARK_HOW = {"Inner": "inner", "Cross": "cross", "LeftOuter": "left_outer",
               "RightOuter": "right_outer", "FullOuter": "full_outer",
               "LeftSemi": "left_semi", "LeftAnti": "left_anti"}  # fmt: skip
-#: Operators no rule covers yet, by reason code.
-_REASONS = {
-    "Sort": "ORDER_BY", "GlobalLimit": "LIMIT", "LocalLimit": "LIMIT", "Offset": "LIMIT",
-    "Tail": "LIMIT", "Sample": "SAMPLE",
-}  # fmt: skip
 
-
-class Unsupported(ValueError):
-    """The plan holds an operator no delta rule covers; ``code`` names it."""
-
-    def __init__(self, code: str, detail: str = "") -> None:
-        super().__init__(f"{code}{': ' + detail if detail else ''}")
-        self.code = code
+__all__ = ["GROUP_ID_RULE", "ID", "SIGN", "Deltas", "Source", "group_id", "grouping"]
 
 
 class Source:
@@ -117,55 +94,6 @@ class Source:
         ``position`` (None: the row id) admit one of the sorted ``values`` (or, with
         ``nulls``, may hold a NULL of it); None when that leaves no file out."""
         return None
-
-
-def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool]) -> list[str]:
-    """The reason codes that keep the engine from the plan (empty: it covers it)."""
-    found: set[str] = set()
-    for node in _walk(root):
-        if node.kind in _REASONS:
-            found.add(_REASONS[node.kind])
-        elif not node.children:
-            if not is_source(node) and node.kind not in row_maps.CONSTANT:
-                found.add(f"UNSUPPORTED:{node.kind}")
-        elif node.kind == "Generate":
-            if not row_maps.generates(node):
-                found.add(f"GENERATOR:{node.jvm.generator().prettyName()}")
-        elif node.kind == "Join":
-            kind = join_type(node)
-            if kind not in _JOINS:
-                found.add(f"UNSUPPORTED:{kind}")
-        elif node.kind == "Window":
-            if not reader.items(node.jvm.partitionSpec()):
-                found.add("WINDOW_WITHOUT_PARTITION_BY")
-        elif node.kind == "Union":
-            if node.jvm.byName() or node.jvm.allowMissingCol():
-                found.add("UNSUPPORTED:Union")
-        elif node.kind not in _ROW_WISE | {"Aggregate", "Window"}:
-            found.add(f"UNSUPPORTED:{node.kind}")
-        if subqueries.expressions(reader, node):
-            if not subqueries.evaluable(reader, node):
-                found.add("SUBQUERY_EXPRESSION")
-            for plan in reader.items(node.jvm.subqueries()):  # plans of their own
-                found.update(unsupported(reader, existence.subquery_plan(reader, plan),
-                                         is_source))  # fmt: skip
-        for attribute in node.output:
-            if spark_fold(str(attribute.name())).startswith("_ingest_"):  # Spark's rule
-                found.add("RESERVED_NAME")
-    return sorted(found)
-
-
-def _walk(node: Node) -> list[Node]:
-    return [node, *(n for child in node.children for n in _walk(child))]
-
-
-def renews_group_ids(plan: Node, rule: int | None) -> bool:
-    """Whether a table maintained under group id ``rule`` (None: written before rules
-    were recorded, 1) holds ids the current rule gives otherwise: a plan grouping by
-    keys, under an older rule."""
-    grouped = any(n.kind == "Aggregate" and n.jvm.groupingExpressions().nonEmpty()
-                  for n in _walk(plan))  # fmt: skip
-    return grouped and (rule or 1) < GROUP_ID_RULE
 
 
 class Deltas:
@@ -223,7 +151,7 @@ class Deltas:
         if node.kind == "Join" and join_type(node) in ("Inner", "Cross"):
             return any(self.unchanged(c) for c in node.children) and all(
                 self.split(c) for c in node.children)  # fmt: skip
-        if node.kind in _ROW_WISE or node.kind == "Union":
+        if node.kind in ROW_WISE or node.kind == "Union":
             return all(self.split(c) for c in node.children)
         return True
 
@@ -275,7 +203,7 @@ class Deltas:
             return self.leaf_rows(node, changes, [ID, SIGN])
         if self.subqueries(node) and subqueries.changed(self, node):
             return subqueries.recomputed(self, node)  # (else: the rules, with one value)
-        if node.kind in _ROW_WISE or node.kind == "Union":
+        if node.kind in ROW_WISE or node.kind == "Union":
             return self._row_wise(node, [self.delta(c) for c in node.children], [SIGN])
         if node.kind == "Join" and join_type(node) in ("Inner", "Cross"):
             left, right = node.children

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from pipelines.incremental import algebraic
 from pipelines.incremental.algebraic import Layout
-from pipelines.incremental.delta import Deltas, Source, unsupported
+from pipelines.incremental.coverage import unsupported
+from pipelines.incremental.delta import Deltas, Source
 from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
