@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 NAME = "dt_tpch"
 SPEEDUP_TARGET = 10.0  # median of FULL over INCREMENTAL
 ORDERS_PER_SF = 1500  # what RF1 inserts and RF2 deletes, per scale factor
-#: Below scale 0.01 (the smoke run) only these run: a semi join under a GROUP BY, a scalar
-#: aggregate, an uncorrelated scalar subquery; all 22 take minutes even at SF 0.001.
-SMOKE_QUERIES = ("q4", "q6", "q22")
+#: Below scale 0.01 (the smoke run, which checks that the run goes through its steps)
+#: only these run: a semi join under a GROUP BY; all 22 take minutes even at SF 0.001.
+SMOKE_QUERIES = ("q4",)
 SMOKE_SCALE_BELOW = 0.01
 COMMIT_ROWS = 1_000_000  # rows per ingest commit while loading
 CHECKSUM = "SELECT count(*), sum(CAST(xxhash64({}) AS DECIMAL(38, 0))) FROM {}"

@@ -299,8 +299,8 @@ class Server:
         """Stop it as an operator would (SIGTERM); kill it if it hangs. Its exit code."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
+            try:  # (it stops its Spark worker's JVM: over 30 s on two loaded cores)
+                self.process.wait(120)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(30)
