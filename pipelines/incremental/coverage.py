@@ -38,7 +38,7 @@ def unsupported(reader: PlanReader, root: Node, is_source: Callable[[Node], bool
             if not is_source(node) and node.kind not in row_maps.CONSTANT:
                 found.add(f"UNSUPPORTED:{node.kind}")
         elif node.kind == "Generate":
-            if not row_maps.generates(node):
+            if not row_maps.generates(reader, node):
                 found.add(f"GENERATOR:{node.jvm.generator().prettyName()}")
         elif node.kind == "Join":
             kind = join_type(node)

@@ -5,7 +5,9 @@ as the query-delta engine evaluates them (:class:`pipelines.incremental.delta.De
   projection;
 - ``Generate`` (``explode``, ``posexplode``, ``inline``, their ``_outer`` forms,
   ``LATERAL VIEW``): one row per element of an array or entry of a map; ``stack``:
-  its rows of the input row's values; ``json_tuple``: one row of the fields it reads.
+  its rows of the input row's values; ``json_tuple``: one row of the fields it reads;
+  ``replicaterows`` (what Spark plans for INTERSECT ALL and EXCEPT ALL, over the count
+  of each distinct row): its values as many times as its count says.
 
 Both are row-wise: an input row's made rows depend on it alone, so an operator's delta
 is the operator applied to its input's delta, by Spark (``posexplode`` of the plan's
@@ -38,6 +40,7 @@ CONSTANT = frozenset({"LocalRelation", "OneRowRelation", "Range"})
 #: one row per element; of values, rows of the input row's values alone.
 _OF_COLLECTIONS = frozenset({"Explode", "PosExplode", "Inline"})
 _OF_VALUES = frozenset({"Stack", "JsonTuple"})
+_OF_COUNTS = frozenset({"ReplicateRows"})
 _POS, _KEYS, _VALUES = f"{KEY}P", f"{KEY}MK", f"{KEY}V"
 
 
@@ -64,11 +67,14 @@ def expand(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) ->
     return bound.select(*[reader.column(a) for a in node.output], ID, *extra)
 
 
-def generates(node: Node) -> bool:
+def generates(reader: PlanReader, node: Node) -> bool:
     """Whether :func:`generate` evaluates the ``Generate`` node's generator (else its
     pretty name is the reason for a FULL refresh: a table function other than
-    ``range`` and the generators, the repeated rows of INTERSECT ALL and EXCEPT ALL)."""
-    return str(node.jvm.generator().getClass().getSimpleName()) in _OF_COLLECTIONS | _OF_VALUES
+    ``range`` and the generators)."""
+    kind = str(node.jvm.generator().getClass().getSimpleName())
+    if kind in _OF_COUNTS:
+        return _copies_its_input(reader, node)
+    return kind in _OF_COLLECTIONS | _OF_VALUES
 
 
 def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) -> DataFrame:
@@ -76,8 +82,10 @@ def generate(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) 
     the row's and of its position among them."""
     from pyspark.sql import functions as F
 
-    kept = [reader.column(a) for a in reader.items(node.jvm.requiredChildOutput())]
     kind = str(node.jvm.generator().getClass().getSimpleName())
+    if kind in _OF_COUNTS:
+        return _replicated(reader, node, rows, extra)
+    kept = [reader.column(a) for a in reader.items(node.jvm.requiredChildOutput())]
     of = _of_collection if kind in _OF_COLLECTIONS else _of_values
     values, position, exploded = of(reader, node, rows, [*kept, F.col(ID), *extra])
     made = reader.items(node.jvm.generatorOutput())
@@ -133,6 +141,35 @@ def _of_values(reader: PlanReader, node: Node, rows: DataFrame, kept: list[Any])
         generator = expressions.GeneratorOuter(generator)
     exploded = rows.select(*kept, reader.column(generator).alias(*names))
     return [F.col(n) for n in names[-width:]], position, exploded
+
+
+def _replicated(reader: PlanReader, node: Node, rows: DataFrame, extra: list[str]) -> DataFrame:
+    """``replicaterows(n, v...)``: each row ``n`` times (none for ``n`` <= 0), numbered 0
+    to n - 1 by ``posexplode``. Its output is its input's own attributes (Spark reuses
+    their ids: :func:`generates` checks), so a copy keeps the row's columns as they are.
+    The row is a group's (its id kept while the group lives): a count going from 3 to 2
+    deletes copy 2 alone."""
+    from pyspark.sql import functions as F
+
+    count = reader.items(node.jvm.generator().children())[0]
+    times = F.greatest(reader.column(count), F.lit(0)).cast("int")
+    copies = F.posexplode(F.array_repeat(F.lit(True), times)).alias(_POS, _KEYS)
+    inputs = [reader.column(a) for a in node.children[0].output]
+    exploded = rows.select(*inputs, F.col(ID), *extra, copies)
+    made = F.xxhash64(F.col(ID), F.col(_POS)).alias(ID)
+    return exploded.select(*[reader.column(a) for a in node.output], made, *extra)
+
+
+def _copies_its_input(reader: PlanReader, node: Node) -> bool:
+    """Whether a ``replicaterows`` node's values are its input's attributes, and its
+    output those attributes again (as Spark plans INTERSECT ALL and EXCEPT ALL)."""
+    def ids(expressions: Any) -> list[int | None]:
+        return [e.exprId().id() if e.getClass().getSimpleName() == "AttributeReference"
+                else None for e in expressions]  # fmt: skip
+
+    values = ids(reader.items(node.jvm.generator().children())[1:])
+    made = ids(reader.items(node.jvm.generatorOutput()))
+    return None not in values and values == made
 
 
 def _numbered(reader: PlanReader, stack: Any) -> Any:

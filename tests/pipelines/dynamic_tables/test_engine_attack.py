@@ -295,7 +295,6 @@ def test_two_sessions_refresh_concurrently(wh, spark):
 
 
 REFUSED = {
-    "INTERSECT_ALL": ("SELECT K FROM RF INTERSECT ALL SELECT V FROM RF", "GENERATOR:replicaterows"),
     "WIN_NOPART": ("SELECT ID, row_number() OVER (ORDER BY ID) AS R FROM RF", "WINDOW_WITHOUT_PARTITION_BY"),
     "LIMIT": ("SELECT K, count(*) AS N FROM RF GROUP BY K LIMIT 1", "LIMIT"),
     "ORDER": ("SELECT K, count(*) AS N FROM RF GROUP BY K ORDER BY K", "ORDER_BY"),

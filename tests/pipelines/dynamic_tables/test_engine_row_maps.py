@@ -162,8 +162,6 @@ def test_a_range_alone_is_no_dynamic_table(vh):
 
 
 @pytest.mark.parametrize(("query", "reason"), [
-    ("SELECT K FROM GV INTERSECT ALL SELECT K FROM GV WHERE ID > 1", "GENERATOR:replicaterows"),
-    ("SELECT K FROM GV EXCEPT ALL SELECT * FROM VALUES ('a')", "GENERATOR:replicaterows"),
     ("SELECT GV.ID, w.keyword FROM GV CROSS JOIN sql_keywords() w", "GENERATOR:sql_keywords"),
 ])  # fmt: skip
 def test_generators_and_relations_it_does_not_cover_are_refused_by_name(wh, query, reason):

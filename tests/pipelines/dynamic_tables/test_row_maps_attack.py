@@ -162,7 +162,6 @@ def test_hostile_definitions_refresh_incrementally_and_exactly(wh):
     ("SELECT ID, T FROM GV CROSS JOIN (SELECT current_timestamp() AS T)", "TIME_DEPENDENT"),
     ("SELECT ID, E FROM GV LATERAL VIEW explode(shuffle(A)) t AS E", "NON_DETERMINISTIC"),
     ("SELECT ID, c.NAME FROM GV CROSS JOIN collations() c", "GENERATOR:collations"),
-    ("SELECT K FROM GV EXCEPT ALL SELECT * FROM VALUES ('a')", "GENERATOR:replicaterows"),
     ("SELECT GV.ID, E, w.keyword FROM GV CROSS JOIN sql_keywords() w "
      "LATERAL VIEW explode(A) t AS E", "GENERATOR:sql_keywords"),
     ("SELECT ID, `_ingest_kp`, E FROM GV LATERAL VIEW posexplode(A) t AS `_ingest_kp`, E",

@@ -418,7 +418,6 @@ def test_hostile_quoted_names(session):
         ("SELECT k, current_date() AS t FROM a", "TIME_DEPENDENT"),
         ("SELECT k, v FROM a WHERE v < unix_timestamp()", "TIME_DEPENDENT"),
         ("SELECT k, v FROM a TABLESAMPLE (50 PERCENT)", ""),
-        ("SELECT k FROM a INTERSECT ALL SELECT v FROM a", "GENERATOR:replicaterows"),
         ("SELECT a.k, w.keyword FROM a CROSS JOIN sql_keywords() w", "GENERATOR:sql_keywords"),
     ],
 )
