@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
+from ingest_sdk.change_stream_positions import rfc3339, to_micros
 from ingest_sdk.channel import AsyncChannel
 from ingest_sdk.durations import parse_max_client_lag
 from ingest_sdk.errors import ConfigurationError, TransportError
@@ -65,21 +66,17 @@ class OpenChannelRequest:
 DEFAULT_LIMITS = ClientLimits()
 
 
-def _timestamp(name: str, value: datetime | str | None) -> str | None:
+def _timestamp(name: str, value: datetime | str | float | None) -> str | None:
+    """A timestamp parameter: RFC 3339 text as given (the service checks it), a datetime
+    (naive: UTC) or a number of seconds since the epoch, as RFC 3339 text."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, datetime):
-        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    raise ConfigurationError(
-        f"{name} must be a datetime (naive: UTC) or RFC 3339 text such as "
-        f"'2026-01-31T12:00:00Z', got {type(value).__name__}"
-    )
+    return rfc3339(to_micros(value, name))
 
 
 def change_stream_params(
-    start_timestamp: datetime | str,
-    end_timestamp: datetime | str | None = None,
+    start_timestamp: datetime | str | float,
+    end_timestamp: datetime | str | float | None = None,
     partition_token: str | None = None,
     heartbeat_milliseconds: int = 10_000,
 ) -> dict[str, str]:
@@ -231,9 +228,9 @@ class AsyncStreamingIngestClient:
     def read_change_stream(
         self,
         name: str,
-        start_timestamp: datetime | str,
+        start_timestamp: datetime | str | float,
         *,
-        end_timestamp: datetime | str | None = None,
+        end_timestamp: datetime | str | float | None = None,
         partition_token: str | None = None,
         heartbeat_milliseconds: int = 10_000,
     ) -> AsyncGenerator[dict[str, Any], None]:
@@ -249,7 +246,8 @@ class AsyncStreamingIngestClient:
         reached; until then it waits for records, a heartbeat arriving about every
         ``heartbeat_milliseconds`` when nothing changes.
 
-        Timestamps are datetimes (naive ones are UTC) or RFC 3339 text. Opening the read
+        Timestamps are datetimes (naive ones are UTC), RFC 3339 text, or numbers of
+        seconds since the epoch (1769860800 is 2026-01-31T12:00:00Z). Opening the read
         is retried as other calls are; once records came, nothing is retried. Close the
         iterator to end a read early (``contextlib.aclosing``, or ``break`` and let it
         go): that ends the read in the service too.

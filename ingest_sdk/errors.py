@@ -11,6 +11,7 @@
     ├── ChannelClosedError           the handle was closed by its owner
     ├── CommitTimeoutError           wait_for_commit ran out of time
     ├── TransportError (retriable)   the server could not be reached
+    │   └── ServiceUnreachableError  refused before the service ever answered (not retried)
     └── ServiceError                 the server answered with an error (status, code)
         ├── InvalidRequestError      400: a malformed request
         ├── AuthenticationError      401: missing or wrong token
@@ -190,6 +191,15 @@ class TransportError(IngestError):
     """The server could not be reached or the connection broke mid-request."""
 
     retriable = True
+
+
+class ServiceUnreachableError(TransportError):
+    """The connection was refused before the service ever answered this client: nothing
+    listens at the URL (a wrong port, a service not started). Not retried: waiting out
+    the retry deadline would only hide the mistake. Once the service has answered, a
+    refused connection is a restart and is retried (:class:`TransportError`)."""
+
+    retriable = False
 
 
 class ServiceError(IngestError):

@@ -247,9 +247,9 @@ class StreamingIngestClient:
     def read_change_stream(
         self,
         name: str,
-        start_timestamp: datetime | str,
+        start_timestamp: datetime | str | float,
         *,
-        end_timestamp: datetime | str | None = None,
+        end_timestamp: datetime | str | float | None = None,
         partition_token: str | None = None,
         heartbeat_milliseconds: int = 10_000,
     ) -> Iterator[dict[str, Any]]:

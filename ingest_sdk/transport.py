@@ -31,6 +31,7 @@ from ingest_sdk.errors import (
     IngestError,
     ServerError,
     ServiceError,
+    ServiceUnreachableError,
     TransportError,
 )
 from ingest_sdk.wire import dumps, loads
@@ -64,6 +65,13 @@ MAX_LINE_BYTES = 1 << 30
 
 def _is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, IngestError) and exc.retriable
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refused connection (nothing listens at the address)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return isinstance(exc.os_error, ConnectionRefusedError)
+    return isinstance(exc, ConnectionRefusedError)
 
 
 class _Wait:
@@ -112,6 +120,10 @@ class Transport:
         self.url = url.rstrip("/")
         self.retry = retry
         self.timeouts = timeouts
+        #: Whether the service has answered this transport once (any status). Before
+        #: that, a refused connection is a wrong URL or a service not started: it fails
+        #: at once. After, it is a restart: retried up to the deadline.
+        self.answered = False
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = aiohttp.ClientSession(
             headers=headers,
@@ -146,14 +158,31 @@ class Transport:
                 params=params,
                 timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.timeouts.connect),
             ) as response:
+                self.answered = True
                 body = await response.read()
                 if response.status >= 400:
                     raise error_from_answer(response.status, body)
                 return loads(body) if body else None
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
-            raise TransportError(
-                f"{method} {path} to {self.url} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            failure = self._failure(method, path, exc)
+            raise failure from failure.__cause__
+
+    def _failure(self, method: str, path: str, exc: BaseException) -> TransportError:
+        """The error for a request that got no answer: :class:`ServiceUnreachableError`
+        for a refused connection before the service ever answered, else the retriable
+        :class:`TransportError`."""
+        if not self.answered and _refused(exc):
+            # No cause: the message says it all, without aiohttp's frames.
+            return ServiceUnreachableError(
+                f"cannot connect to {self.url} ({method} {path}): connection refused, and no "
+                "service has answered this client there yet; check that the service is "
+                "running and that the URL's host and port are the ones it listens on"
+            )
+        failure = TransportError(
+            f"{method} {path} to {self.url} failed: {type(exc).__name__}: {exc}"
+        )
+        failure.__cause__ = exc
+        return failure
 
     async def request(
         self,
@@ -236,6 +265,7 @@ class Transport:
         )
         try:
             response = await self._session.get(self.url + path, params=params, timeout=timeout)
+            self.answered = True
             if response.status < 400:
                 return response
             try:
@@ -243,9 +273,8 @@ class Transport:
             finally:
                 response.release()
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
-            raise TransportError(
-                f"GET {path} to {self.url} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            failure = self._failure("GET", path, exc)
+            raise failure from failure.__cause__
         raise error_from_answer(response.status, body)
 
 

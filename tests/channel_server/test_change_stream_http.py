@@ -339,8 +339,14 @@ async def test_every_mistake_is_a_4xx_naming_the_fix(server, session, http, clie
         next(client.read_change_stream("CS", start, heartbeat_milliseconds=999))
     with pytest.raises(ConfigurationError, match="heartbeat_milliseconds must be an int"):
         client.read_change_stream("CS", start, heartbeat_milliseconds="1000")
-    with pytest.raises(ConfigurationError, match="must be a datetime"):
-        client.read_change_stream("CS", 1_700_000_000)
+    with pytest.raises(ConfigurationError, match="must be a timestamp: RFC 3339 text"):
+        client.read_change_stream("CS", b"2026-01-31")
+    with pytest.raises(ConfigurationError, match="seconds since 1970"):
+        client.read_change_stream("CS", 1_700_000_000_000)  # milliseconds: refused
+    # A number is seconds since the epoch: 1_700_000_000 (2023-11-14T22:13:20Z) precedes
+    # the stream, and the service says so.
+    with pytest.raises(InvalidRequestError, match="before"):
+        next(client.read_change_stream("CS", 1_700_000_000))
 
 
 async def test_reads_past_the_limit_get_429(server_factory, spark, monkeypatch):
