@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 
 from flush.tables import state_columns
 from pipelines import Session
+from tests.pipelines.dynamic_tables.batched import bags
 from tests.pipelines.dynamic_tables.checks import assert_same_as_query, bag, refresh_status
 
 SOURCES = [
@@ -30,7 +31,8 @@ ROWS = [
     "INSERT INTO R VALUES ('a', 10), ('b', 20), ('b', 21), (NULL, 30), ('z', 40)",
 ]
 #: Each step (statements run together) is followed by a refresh of every table. (Cut for
-#: time from 4 steps: the insert of row 5 shares the next step.)
+#: time from 4 steps: the insert of row 5 shares the next step; the duplicates share the
+#: step of the deletes and updates, which reach them too.)
 STEPS = [
     [
         # tiny decimals: one more 1e-8 in 'a' (scale 8 > 6)
@@ -44,9 +46,10 @@ STEPS = [
     ],  # a row moves group
     [
         "DELETE FROM R WHERE K = 'b'",  # join groups vanish; left join rows NULL-extend
-        "INSERT INTO A SELECT ID, K, V, D, B, E, TS, DT, BO FROM A",
-    ],  # duplicate every row
-    ["DELETE FROM A WHERE ID IN (2, 4)", "UPDATE A SET V = V + 1, E = -E"],
+        "INSERT INTO A SELECT ID, K, V, D, B, E, TS, DT, BO FROM A",  # duplicate every row
+        "DELETE FROM A WHERE ID IN (2, 4)",
+        "UPDATE A SET V = V + 1, E = -E",
+    ],
     # (also passed: DELETE FROM A, every group gone and the scalars at 0 and NULL, then
     # one row back: test_algebraic.py keeps those steps)
 ]
@@ -104,20 +107,40 @@ def _state(session: Session, name: str) -> list[str]:
     return state_columns(pa.schema(DeltaTable(session.require_table(name).uri).schema()))
 
 
-def _run(session: Session, name: str, query: str, log: list) -> None:
+def _refresh(session: Session, name: str, log: list) -> bool:
+    """Whether the refresh went through (its failure, or an action that is not
+    INCREMENTAL or NO_DATA, recorded in ``log``)."""
     try:
         status = refresh_status(session, name)
     except Exception as exc:  # recorded: the test of the table reports it
         log.append(("refresh failed", type(exc).__name__, str(exc)[:300]))
-        return
+        return False
     if "INCREMENTAL" not in status and "NO_DATA" not in status:
         log.append(("not incremental", status))
+    return True
+
+
+def _compare(session: Session, names: list[str], logs: dict[str, list], what: str) -> None:
+    """Each table of ``names`` against its query run fresh, all in one Spark job (one by
+    one if that fails, to tell which); a difference recorded in its log as ``what``."""
+    queries = {**TABLES, **CHAINED}
+    tables = {f"G_{n}": queries[n][0] for n in names}
     try:
-        assert_same_as_query(session, name, query)
-    except AssertionError as exc:
-        log.append(("wrong rows", str(exc)[:600]))
-    except Exception as exc:
-        log.append(("compare failed", type(exc).__name__, str(exc)[:300]))
+        found = bags(session, tables)
+    except Exception:
+        for name in names:
+            try:
+                assert_same_as_query(session, f"G_{name}", queries[name][0])
+            except AssertionError as exc:
+                logs[name].append((what, str(exc)[:600]))
+            except Exception as exc:
+                logs[name].append((what, "compare failed", type(exc).__name__, str(exc)[:300]))
+        return
+    for name in names:
+        content, fresh = found[f"G_{name}"]
+        if content != fresh:
+            logs[name].append((what, f"only in G_{name}: {list((content - fresh).items())[:5]}; "
+                                     f"only in the query: {list((fresh - content).items())[:5]}"))
 
 
 @pytest.fixture(scope="module")
@@ -137,21 +160,18 @@ def wh(tmp_path_factory, spark):
     session.sql("CREATE STREAM S_scalar ON TABLE G_scalar")
     before = {n: bag(session, f"SELECT * FROM G_{n}") for n in ("join", "scalar")}
     logs: dict[str, list] = {name: [] for name in {**TABLES, **CHAINED}}
-    for name, (query, _) in {**TABLES, **CHAINED}.items():
-        if name not in created:
-            try:
-                assert_same_as_query(session, f"G_{name}", query)
-            except AssertionError as exc:
-                logs[name].append(("initial wrong", str(exc)[:400]))
-    for step in STEPS:
+    _compare(session, [n for n in logs if n not in created], logs, "initial wrong")
+    for index, step in enumerate(STEPS):
         for statement in step:
             session.sql(statement)
-        for name, (query, _) in {**TABLES, **CHAINED}.items():
+        what = f"step {index}: {step[0][:60]}"
+        refreshed = []
+        for name in {**TABLES, **CHAINED}:
             if name not in created:
-                before_len = len(logs[name])
-                _run(session, f"G_{name}", query, logs[name])
-                if len(logs[name]) > before_len:
-                    logs[name][-1] = (f"step {STEPS.index(step)}: {step[0][:60]}", *logs[name][-1])
+                if _refresh(session, f"G_{name}", log := []):
+                    refreshed.append(name)
+                logs[name] += [(what, *entry) for entry in log]
+        _compare(session, refreshed, logs, what)
     session.results = (created, logs, before)  # type: ignore[attr-defined]
     yield session
     session.close()

@@ -10,11 +10,8 @@ from __future__ import annotations
 import pytest
 
 from pipelines import SqlError
-from tests.pipelines.dynamic_tables.checks import (
-    assert_every_step_refreshes_incrementally,
-    create_incremental,
-    engine_warehouse,
-)
+from tests.pipelines.dynamic_tables.batched import assert_every_step_refreshes_incrementally
+from tests.pipelines.dynamic_tables.checks import create_incremental, engine_warehouse
 
 #: A and M are JSON text: the queries read them as an array of ints and a map.
 SOURCE = "CREATE TABLE G (ID NUMBER, K VARCHAR, A VARCHAR, M VARCHAR)"
@@ -26,16 +23,17 @@ ROWS = [
     "(3, 'a', NULL, NULL)",
     """(4, NULL, '[null, 5]', '{"z": null}')""",
 ]
-#: Each step is followed by a refresh. The cases of a step touch rows of their own (one
-#: refresh each for an insert, an update and a delete; cut from six steps for time).
+#: Each step is followed by a refresh. The cases of a step touch rows of their own
+#: (inserts, deletes and updates in each; cut from six steps, then three, for time).
 STEPS: list[str | list[str]] = [
-    """INSERT INTO G VALUES (5, 'c', '[7]', '{"x": 7}'), (6, 'b', '[3, 3]', '{}')""",
-    # 1: one element moves, one is new; 5: to NULL; 2 and 3: from empty and NULL
-    "UPDATE G SET A = CASE ID WHEN 1 THEN '[9, 1, 2]' WHEN 5 THEN NULL ELSE '[4]' END, "
-    """M = CASE ID WHEN 1 THEN M WHEN 5 THEN NULL ELSE '{"w": 4}' END """
-    "WHERE ID IN (1, 2, 3, 5)",
-    ["DELETE FROM G WHERE ID IN (4, 6)",
+    ["""INSERT INTO G VALUES (5, 'c', '[7]', '{"x": 7}'), (6, 'b', '[3, 3]', '{}')""",
+     "DELETE FROM G WHERE ID = 4",  # a NULL key, a NULL element
      "UPDATE G SET K = 'z' WHERE ID = 1"],  # the collection as it was
+    # 1: one element moves, one is new; 5: to NULL; 2 and 3: from empty and NULL
+    ["UPDATE G SET A = CASE ID WHEN 1 THEN '[9, 1, 2]' WHEN 5 THEN NULL ELSE '[4]' END, "
+     """M = CASE ID WHEN 1 THEN M WHEN 5 THEN NULL ELSE '{"w": 4}' END """
+     "WHERE ID IN (1, 2, 3, 5)",
+     "DELETE FROM G WHERE ID = 6"],  # repeated elements
 ]
 
 QUERIES = {
@@ -89,11 +87,12 @@ VALUES_ROWS = [
     "(4, NULL, NULL, NULL, NULL)",
     "(5, 'c', 5, 50, '[1, 2]')",  # JSON, not an object
 ]
-VALUES_STEPS = [  # 8: a field that is an object
-    """INSERT INTO S VALUES (6, 'b', 6, 60, '{"b": "y", "a": 6}'), (7, 'c', 7, 70, '{"a": 7'), """
-    """(8, 'a', 8, 80, '{"a": {"n": [1]}, "b": 8}')""",
-    """UPDATE S SET J = '{"a": 2, "b": "z"}', X = 2 WHERE ID = 2""",
-    "DELETE FROM S WHERE ID IN (4, 6)",
+VALUES_STEPS = [  # 8: a field that is an object (inserts, updates and deletes in two steps)
+    ["""INSERT INTO S VALUES (6, 'b', 6, 60, '{"b": "y", "a": 6}'), (7, 'c', 7, 70, '{"a": 7'), """
+     """(8, 'a', 8, 80, '{"a": {"n": [1]}, "b": 8}')""",
+     "DELETE FROM S WHERE ID = 4"],
+    ["""UPDATE S SET J = '{"a": 2, "b": "z"}', X = 2 WHERE ID = 2""",
+     "DELETE FROM S WHERE ID = 6"],
 ]
 VALUES_QUERIES = {
     "stack": "SELECT ID, P, V FROM S LATERAL VIEW stack(3, 'x', X, 'y', Y, 'xy', X + Y) t AS P, V",
