@@ -48,7 +48,11 @@ statement's status row; ``dt_no_data`` also times the statement.
 Scale: ``--scale`` (``python -m bench.dynamic_tables --scale 0.01``) or
 ``BENCH_DYNAMIC_TABLES_SCALE`` multiplies row counts, refresh counts, rounds' update
 sizes, the extra commits, the freshness window and the long query's length;
-``BENCH_QUICK=1`` means scale 0.01. Progress goes to stderr.
+``BENCH_QUICK=1`` means scale 0.01. Below scale 0.01 (the smoke run, which checks the
+steps, not the numbers) ``dt_no_data`` makes 3 refreshes per pass, 2 statements and 5
+extra commits, 2 and 3 one timed round without a warm-up (``warm_up_round`` null), and
+``dt_freshness`` sizes its long query from a single run if that run takes its 0.5 s (not
+two, the first cold). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from bench.ingest import _percentile, _Server
-from bench.pipelines import _Bench, _ms, _rows, _timed, cli
+from bench.pipelines import _Bench, _ms, _rows, _smoke, _timed, cli
 from flush import TableWriter
 from flush.commit_clock import clock
 
@@ -87,10 +91,14 @@ MILLION = 1_000_000
 NO_DATA_REFRESHES = 50
 NO_DATA_STATEMENTS = 20  # each also runs the status row's job: fewer, they cost more
 NO_DATA_EXTRA_COMMITS = 500
+#: A smoke run's (below scale 0.01: the steps, not the numbers) refreshes, statements and
+#: extra commits; at scale 0.01 and above, the floors are 10, 5 and 20.
+SMOKE_NO_DATA = (3, 2, 5)
 NO_DATA_MAX_MS = 50.0
 INCREMENTAL_SPEEDUP_MIN = 5.0
 ROUNDS = 3  # after one warm-up round
 DIFF_ROUNDS = 2  # a FULL refresh by value of 1M rows takes about a minute on 2 loaded cores
+SMOKE_ROUNDS = 1  # below scale 0.01 (rounds of benchmarks 2 and 3): no warm-up round
 FRESHNESS_SECONDS = 120.0
 FRESHNESS_LAG = "5 seconds"
 FRESHNESS_P99_MAX_S = 5.0
@@ -355,6 +363,8 @@ def run_no_data(scale: float | None = None) -> dict[str, Any]:
     runs = _rows(scale, NO_DATA_REFRESHES, least=10)
     statements = _rows(scale, NO_DATA_STATEMENTS, least=5)
     extra_commits = _rows(scale, NO_DATA_EXTRA_COMMITS, least=20)
+    if _smoke(scale):
+        runs, statements, extra_commits = SMOKE_NO_DATA
     bench = _Bench("dt-no-data")
     session = bench.session
     try:
@@ -454,6 +464,8 @@ def _expected(rows: int, residue: int) -> int:
 def run_incremental_vs_full(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
     rows = _rows(scale, MILLION, least=10_000)
+    smoke = _smoke(scale)  # one timed round, no warm-up (warm_up_round null)
+    rounds = SMOKE_ROUNDS if smoke else ROUNDS
     bench = _Bench("dt-incremental")
     session = bench.session
     try:
@@ -469,7 +481,8 @@ def run_incremental_vs_full(scale: float | None = None) -> dict[str, Any]:
         uris = {kind: session.require_table(name).uri for kind, name in names.items()}
         runs: list[dict[str, Any]] = []
         phases: dict[str, Any] = {}
-        for number in range(ROUNDS + 1):  # a warm-up, then the timed rounds
+        warm_up: dict[str, Any] | None = None
+        for number in range(int(smoke), rounds + 1):  # a warm-up (not if smoke), the rounds
             residue = number + 1
             _progress(f"dt_incremental_vs_full: round {number}{' (warm-up)' if not number else ''}"
                       f": UPDATE of 1% (ID % 100 = {residue}), then both refreshes")  # fmt: skip
@@ -544,6 +557,8 @@ def run_incremental_vs_full(scale: float | None = None) -> dict[str, Any]:
 def run_full_diff_vs_rewrite(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
     rows = _rows(scale, MILLION, least=10_000)
+    smoke = _smoke(scale)  # one timed round per phase, no warm-up
+    rounds = SMOKE_ROUNDS if smoke else DIFF_ROUNDS
     bench = _Bench("dt-full-diff")
     session = bench.session
     try:
@@ -565,10 +580,12 @@ def run_full_diff_vs_rewrite(scale: float | None = None) -> dict[str, Any]:
         session.sql(CTAS).collect()
         rewrite_uri = session.require_table("X").uri
         rewrite_written = _log_writes(rewrite_uri, 0, bench.version("X"))
-        overwrites = _full_rounds(session, bench, info, rows, first_residue=1)
+        overwrites = _full_rounds(session, bench, info, rows, (rounds, not smoke),
+                                  first_residue=1)  # fmt: skip
         overwrite_phases = _LAST_PHASES.copy()
         session.sql("CREATE STREAM W_FOLLOWER ON TABLE W").collect()
-        runs = _full_rounds(session, bench, info, rows, first_residue=DIFF_ROUNDS + 2)
+        runs = _full_rounds(session, bench, info, rows, (rounds, not smoke),
+                            first_residue=rounds + 2)  # fmt: skip
         sums = _checksums(session, "SELECT COUNT(*), SUM(AMOUNT), SUM(RN) FROM {}",
                           ["W", f"({WINDOW_QUERY})"])  # fmt: skip
         same = sums[0] == sums[1]
@@ -640,13 +657,15 @@ _LAST_PHASES: dict[str, float] = {}
 
 
 def _full_rounds(
-    session: Session, bench: _Bench, info: TableInfo, rows: int, first_residue: int
-) -> list[dict[str, Any]]:
-    """A warm-up, then ``DIFF_ROUNDS`` timed rounds: an UPDATE of 1% of ``T``, W's FULL
-    refresh, a follower's read of W's changes across that refresh, then the baseline
-    (CTAS of the query) on the same source versions."""
+    session: Session, bench: _Bench, info: TableInfo, rows: int, rounds: tuple[int, bool],
+    first_residue: int,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """A warm-up (if ``rounds[1]``; not in a smoke run), then ``rounds[0]`` timed rounds:
+    an UPDATE of 1% of ``T``, W's FULL refresh, a follower's read of W's changes across
+    that refresh, then the baseline (CTAS of the query) on the same source versions."""
     runs = []
-    for number in range(DIFF_ROUNDS + 1):
+    timed, warm_up = rounds
+    for number in range(int(not warm_up), timed + 1):
         residue = first_residue + number
         _progress(f"dt_full_diff_vs_rewrite: round {number}{' (warm-up)' if not number else ''}"
                   f": UPDATE of 1% (ID % 100 = {residue}), then the FULL refresh")  # fmt: skip
@@ -876,14 +895,15 @@ def _phase(
     return found
 
 
-def _calibrate(service: _Service, seconds: float) -> tuple[int, list[float]]:
-    """Rows of the long query's left side for about ``seconds`` (cost is linear in it)."""
+def _calibrate(service: _Service, seconds: float, least_runs: int = 2) -> tuple[int, list[float]]:
+    """Rows of the long query's left side for about ``seconds`` (cost is linear in it):
+    at least ``least_runs`` runs (the first is cold; a smoke run's one is enough)."""
     rows, runs = max(1000, round(20_000 * min(1.0, seconds / HEAVY_QUERY_S))), []
-    for _ in range(6):  # the first run is cold; grow until a run takes 3 s (or `seconds`)
+    for _ in range(6):  # grow until a run takes 3 s (or `seconds`)
         took, _ = _timed(functools.partial(service.client.sql, _heavy_query(rows, None),
                                            timeout=900))  # fmt: skip
         runs.append(round(took, 2))
-        if took >= min(3.0, seconds) and len(runs) > 1:
+        if took >= min(3.0, seconds) and len(runs) >= least_runs:
             break
         rows *= 4 if took < 0.75 else 2
     return max(1000, round(rows * seconds / took)), runs
@@ -916,7 +936,7 @@ def run_freshness(scale: float | None = None) -> dict[str, Any]:
             f"CREATE DYNAMIC TABLE C3 {lag} AS SELECT ID, A3, V FROM C2 WHERE A3 > 0",
         ], ["C1", "C2", "C3"], seconds)  # fmt: skip
         _progress(f"dt_freshness: sizing the long query to about {heavy_s:g} s")
-        heavy_rows, calibration = _calibrate(service, heavy_s)
+        heavy_rows, calibration = _calibrate(service, heavy_s, 1 if _smoke(scale) else 2)
         loaded: dict[str, Any] = {}
         for shape, partitions in (("default_partitions", None), ("partitions_200", 200)):
             statement = _heavy_query(heavy_rows, partitions)

@@ -13,9 +13,10 @@ time goes: the median of each flush phase (``ingest_flush_phase_seconds``) over 
 and the rest, on the producers' side.
 
 ``scale`` (``python -m bench ingest --scale S``) multiplies the floor's rows (1M, at
-least 1,000), the peer's batches (100, at least 2), the producers (8, at least 2) and
-each run's batches per producer (3,000, 100 and 120 for each paced run; at least 2, 1
-and 2).
+least 1,000), the peer's batches (100, at least 2), the producers (8, at least 2; one
+below scale 0.01, the smoke run, which checks the steps and not the numbers: each
+producer is a process of its own, started for each of the five runs) and each run's
+batches per producer (3,000, 100 and 120 for each paced run; at least 2, 1 and 2).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable, write_deltalake
 
 from bench.conversion import SCHEMA, make_rows
-from bench.pipelines import _rows
+from bench.pipelines import _rows, _smoke
 from ingest_sdk import OpenChannelRequest, StreamingIngestClient, convert_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -293,7 +294,7 @@ def paced_run(server: _Server, producers: int, batches: int, lag: float) -> dict
 
 def _service_runs(server: _Server, scale: float) -> dict[str, Any]:
     """The saturated dict and Arrow runs, then the paced runs, on one server process."""
-    producers = _rows(scale, 8, least=2)
+    producers = 1 if _smoke(scale) else _rows(scale, 8, least=2)
     small_batches, big_batches = _rows(scale, 3000, least=2), _rows(scale, 100, least=1)
     results: dict[str, Any] = {
         "this_system_dict_rows_100": this_system(

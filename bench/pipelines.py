@@ -23,15 +23,16 @@ ingest commits (``flush.TableWriter.commit_flush``, row ids reserved in the cata
    the statement to its commit, in a warm session. Baseline: the same INSERT from a
    plain table of 10,000 rows. Target: under 2 s.
 
-Every time is the median of 3 runs after one warm-up. ``phases_*`` fields break one
-extra (untimed) run down by where its time went: delta-rs' change data feed read,
-Spark evaluating the query into Arrow, the ingest conversion checks, staging the
-Parquet file, the Delta commit, and the catalog's commit records.
+Every time is the median of 3 runs after one warm-up (below scale 0.01, the smoke run,
+which checks the steps and not the numbers: one run after the warm-up). ``phases_*``
+fields break one extra (untimed) run down by where its time went: delta-rs' change data
+feed read, Spark evaluating the query into Arrow, the ingest conversion checks, staging
+the Parquet file, the Delta commit, and the catalog's commit records.
 
 Scale: ``--scale`` (``python -m bench.pipelines --scale 0.01``) or
 ``BENCH_PIPELINES_SCALE`` multiplies every row count (table sizes, update share stays
 1%, change counts); ``BENCH_QUICK=1`` means scale 0.01. Below scale 1 the growth
-benchmark makes 25 commits instead of 100. Progress goes to stderr.
+benchmark makes 25 commits instead of 100 (below 0.01, 5). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
 
 MILLION = 1_000_000
 REPEATS = 3
+SMOKE_BELOW = 0.01  # a scale under it is a smoke run: every step once, numbers meaningless
+SMOKE_REPEATS = 1
 STREAM_READ_SHARE_MAX = 0.10
 GROWTH_RATIO_MAX = 1.5
 CONSUMING_INSERT_MAX_S = 2.0
@@ -81,6 +84,16 @@ def _progress(message: str) -> None:
 
 def _rows(scale: float, full: int, least: int = 100) -> int:
     return max(least, round(full * scale))
+
+
+def _smoke(scale: float) -> bool:
+    """Whether ``scale`` is a smoke run's (``--scale 0.001`` in the test suite)."""
+    return scale < SMOKE_BELOW
+
+
+def _repeats(scale: float) -> int:
+    """Timed runs after the warm-up: :data:`REPEATS`, one in a smoke run."""
+    return SMOKE_REPEATS if _smoke(scale) else REPEATS
 
 
 def _timed(action: Callable[[], Any]) -> tuple[float, Any]:
@@ -228,8 +241,10 @@ def _phases(session: Session) -> Iterator[dict[str, float]]:
 # -- 1. stream read against a full scan -------------------------------------------------------
 
 
-def _stream_case(bench: _Bench, stream: str, scan_s: float, floor_s: float) -> dict[str, Any]:
-    seconds, times, data = _median(lambda: bench.arrow(f"SELECT * FROM {stream}"))
+def _stream_case(
+    bench: _Bench, stream: str, scan_s: float, floor_s: float, repeats: int
+) -> dict[str, Any]:
+    seconds, times, data = _median(lambda: bench.arrow(f"SELECT * FROM {stream}"), repeats)
     with _phases(bench.session) as phases:
         bench.arrow(f"SELECT * FROM {stream}")
     return {
@@ -249,6 +264,7 @@ def run_stream_read(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
     rows = _rows(scale, MILLION, least=1000)
     changed = rows // 100
+    repeats = _repeats(scale)
     bench = _Bench("stream-read")
     try:
         bench.create_table("T")
@@ -263,11 +279,11 @@ def run_stream_read(scale: float | None = None) -> dict[str, Any]:
         # Each stream is read while it holds exactly its own update (1% of the rows); the
         # scan baseline is timed first, on the table after the update.
         _progress("stream_read_vs_scan: full scans (baseline)")
-        scan_s, scan_times, scanned = _median(lambda: bench.arrow("SELECT * FROM T"))
+        scan_s, scan_times, scanned = _median(lambda: bench.arrow("SELECT * FROM T"), repeats)
         assert scanned.num_rows == rows, scanned.num_rows
-        floor_s, _, _ = _median(lambda: bench.arrow("SELECT 1 AS one"))
+        floor_s, _, _ = _median(lambda: bench.arrow("SELECT 1 AS one"), repeats)
         _progress("stream_read_vs_scan: reading the stream of the scattered update")
-        scattered = _stream_case(bench, "S_SCATTERED", scan_s, floor_s)
+        scattered = _stream_case(bench, "S_SCATTERED", scan_s, floor_s, repeats)
         assert scattered["stream_rows"] == 2 * changed, scattered["stream_rows"]
         bench.session.sql("CREATE STREAM S_CONTIGUOUS ON TABLE T")
         _progress(f"stream_read_vs_scan: UPDATE {changed:,} contiguous rows (ID < {changed})")
@@ -275,7 +291,7 @@ def run_stream_read(scale: float | None = None) -> dict[str, Any]:
             result = bench.session.sql(f"UPDATE T SET v = 'y' WHERE id < {changed}").collect()
         assert result[0][0] == changed, result
         _progress("stream_read_vs_scan: reading the stream of the contiguous update")
-        contiguous = _stream_case(bench, "S_CONTIGUOUS", scan_s, floor_s)
+        contiguous = _stream_case(bench, "S_CONTIGUOUS", scan_s, floor_s, repeats)
         assert contiguous["stream_rows"] == 2 * changed, contiguous["stream_rows"]
         with _phases(bench.session) as scan_phases:
             bench.arrow("SELECT * FROM T")
@@ -317,7 +333,8 @@ def run_stream_read(scale: float | None = None) -> dict[str, Any]:
 
 def run_append_only_growth(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
-    commits = 100 if scale >= 1 else 25
+    commits = 100 if scale >= 1 else 5 if _smoke(scale) else 25
+    repeats = _repeats(scale)
     commit_rows = _rows(scale, 1000, least=100)
     bench = _Bench("append-only")
     try:
@@ -336,7 +353,7 @@ def run_append_only_growth(scale: float | None = None) -> dict[str, Any]:
             appends_s = time.perf_counter() - started
             _progress(f"append_only_growth: {name}: reading the stream")
             read_stream, scan = f"SELECT * FROM S{millions}M", f"SELECT * FROM {name}"
-            seconds, times, data = _median(functools.partial(bench.arrow, read_stream))
+            seconds, times, data = _median(functools.partial(bench.arrow, read_stream), repeats)
             assert data.num_rows == commits * commit_rows, data.num_rows
             with _phases(bench.session) as phases:
                 bench.arrow(read_stream)
@@ -378,6 +395,7 @@ def run_consuming_insert(scale: float | None = None) -> dict[str, Any]:
     scale = default_scale() if scale is None else scale
     changes = _rows(scale, 10_000, least=100)
     base_rows = _rows(scale, MILLION, least=1000)
+    repeats = _repeats(scale)
     bench = _Bench("consuming-insert")
     session = bench.session
     try:
@@ -397,9 +415,9 @@ def run_consuming_insert(scale: float | None = None) -> dict[str, Any]:
             assert inserted == changes, inserted
             return seconds
 
-        _progress(f"consuming_insert: {REPEATS} + 1 rounds of {changes:,} changes")
+        _progress(f"consuming_insert: {repeats} + 1 rounds of {changes:,} changes")
         one_round()  # warm-up
-        times = [one_round() for _ in range(REPEATS)]
+        times = [one_round() for _ in range(repeats)]
         bench.ingest("SRC", changes)
         with _phases(session) as phases:
             session.sql(consume)
@@ -407,9 +425,9 @@ def run_consuming_insert(scale: float | None = None) -> dict[str, Any]:
         assert stream.offset_version == bench.version("SRC"), "the stream did not move"
         assert len(bench.arrow("SELECT * FROM CS")) == 0
         consumed_rows = bench.arrow("SELECT id FROM DST").num_rows
-        assert consumed_rows == (REPEATS + 2) * changes, consumed_rows
+        assert consumed_rows == (repeats + 2) * changes, consumed_rows
         _progress("consuming_insert: baseline, the same INSERT from a plain table")
-        plain_s, plain_times, _ = _median(lambda: session.sql(plain))
+        plain_s, plain_times, _ = _median(lambda: session.sql(plain), repeats)
         with _phases(session) as plain_phases:
             session.sql(plain)
         seconds = statistics.median(times)
@@ -441,16 +459,21 @@ def run_consuming_insert(scale: float | None = None) -> dict[str, Any]:
 #: The plan guard may add at most this share of the statement floor (SELECT 1 through a
 #: session, measured in the same run) to every statement.
 GUARD_MAX_SHARE_OF_FLOOR = 0.10
+GUARD_RUNS, GUARD_WARM_UP = 40, 10  # interleaved pairs, and the first ones left out
+SMOKE_GUARD_RUNS, SMOKE_GUARD_WARM_UP = 3, 1
 
 
 def run_plan_guard(scale: float | None = None) -> dict[str, Any]:
     """What the SQL boundary costs a statement: Spark's parse and analysis of a query over
     one of the binder's views, through the guard (two plans walked as JSON) and through
     plain ``spark.sql`` (what statements paid before the guard), interleaved; the
-    difference against the statement floor (``SELECT 1`` through a session)."""
+    difference against the statement floor (``SELECT 1`` through a session). 40 pairs,
+    the first 10 left out as warm-up (a smoke run: 3, the first left out)."""
     from pipelines.sql.plan_guard import guarded_frame
 
     scale = default_scale() if scale is None else scale
+    runs, warm_up = (SMOKE_GUARD_RUNS, SMOKE_GUARD_WARM_UP) if _smoke(scale) else (
+        GUARD_RUNS, GUARD_WARM_UP)  # fmt: skip
     bench = _Bench("plan-guard")
     try:
         bench.create_table("G")
@@ -461,12 +484,12 @@ def run_plan_guard(scale: float | None = None) -> dict[str, Any]:
         view = bench.session.views[-1]
         bound = query.replace("FROM G", f"FROM {view} AS G")
         guarded_runs, plain_runs = [], []
-        for _ in range(40):  # interleaved, so both see the same machine and JIT state
+        for _ in range(runs):  # interleaved, so both see the same machine and JIT state
             guarded_runs.append(_timed(lambda: guarded_frame(bench.spark, bound, [view]).schema)[0])
             plain_runs.append(_timed(lambda: bench.spark.sql(bound).schema)[0])
-        guarded_runs, plain_runs = guarded_runs[10:], plain_runs[10:]  # warm-up left out
+        guarded_runs, plain_runs = guarded_runs[warm_up:], plain_runs[warm_up:]
         guarded_s, plain_s = statistics.median(guarded_runs), statistics.median(plain_runs)
-        floor_s, _, _ = _median(lambda: bench.arrow("SELECT 1 AS one"))
+        floor_s, _, _ = _median(lambda: bench.arrow("SELECT 1 AS one"), _repeats(scale))
         overhead_s = guarded_s - plain_s
         return {
             "benchmark": "pipelines_plan_guard",
