@@ -149,3 +149,38 @@ def test_the_transaction_matcher_agrees_with_the_statement_classifier(statement)
         kind = None
     expected = kind if kind in ("begin", "commit", "rollback") else None
     assert transaction_kind(statement) == expected
+
+
+def test_the_prompt_reads_on_while_a_quote_or_body_is_open(monkeypatch, capsys):
+    """A terminal's lines: a statement runs at its ``;`` or a blank line, but not while
+    a quote or ``$$`` body is open; a trailing comment is no statement."""
+    import argparse
+
+    import pipelines.__main__ as cli
+
+    lines = iter(
+        ["SELECT 'a;", "b'; -- note", "SELECT 2", "", "SELECT $$ x", "", "y $$;", "SELECT 3"]
+    )
+
+    def typed(_prompt: str = "") -> str:
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    ran: list[str] = []
+
+    class Runner:
+        where = "here"
+
+        def rows(self, statement: str, limit: int):
+            ran.append(statement)
+            return ["A"], [(1,)]
+
+        def close(self) -> None: ...
+
+    monkeypatch.setattr("builtins.input", typed)
+    args = argparse.Namespace(max_rows=10, format="csv", verbose=False)
+    assert cli.prompt(Runner(), args) == 0
+    assert ran == ["SELECT 'a;\nb'", "SELECT 2", "SELECT $$ x\n\ny $$", "SELECT 3"]
+    assert capsys.readouterr().out == "A\n1\n" * 4
