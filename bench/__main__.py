@@ -24,6 +24,7 @@ from bench import (
     pipelines,
     tpch,
 )
+from bench.cli import run as run_cli
 from bench.pipelines import cli
 from ingest_sdk.process_exit import run_entry_point
 
@@ -47,6 +48,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "dt_tpch": tpch.run_tpch,
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
+    "cli": run_cli,
 }
 
 

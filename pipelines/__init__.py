@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from pipelines.change_sets import ChangeMode
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -34,7 +33,9 @@ from pipelines.errors import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pipelines.change_sets import ChangeMode
     from pipelines.session import Session
+    from pipelines.spark_sources.source_options import source_errors
 
 __all__ = [
     "ChangeMode",
@@ -50,16 +51,23 @@ __all__ = [
     "source_errors",
 ]
 
-from pipelines.spark_sources.source_options import source_errors
-
 
 def __getattr__(name: str) -> object:
-    """``Session`` is imported on first use: the CLI's ``--url`` mode and the service's
-    HTTP side import this package without needing the session (and its imports)."""
+    """``Session``, ``ChangeMode`` and ``source_errors`` are imported on first use: the
+    CLI's ``--url`` mode and the service's HTTP side import this package without needing
+    them (and their imports: the catalog, Delta, Arrow, the SDK)."""
     if name == "Session":
         from pipelines.session import Session
 
         return Session
+    if name == "ChangeMode":
+        from pipelines.change_sets import ChangeMode
+
+        return ChangeMode
+    if name == "source_errors":
+        from pipelines.spark_sources.source_options import source_errors
+
+        return source_errors
     raise AttributeError(f"module 'pipelines' has no attribute {name!r}")
 
 

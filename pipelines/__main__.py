@@ -6,7 +6,9 @@ mistake prints its code and message and exits 1 (the prompt carries on). Stateme
 in a session on the warehouse (``--warehouse``, default ``$INGEST_WAREHOUSE`` or
 ``./warehouse``), which must already hold one (``--create`` makes one); or, with
 ``--url``, in the running service (``POST /v1/sql``), which answers without starting
-Spark here.
+Spark here (and this command imports neither Spark nor Arrow: it answers at once).
+Input is cut into statements at ``;`` outside comments, quotes and ``$$`` bodies
+(:mod:`pipelines.cli.split`); a script piped in is checked whole before any of it runs.
 
 ``tail`` reads every partition of a change stream, parents before children
 (:class:`ingest_sdk.ChangeStreamReader` with a throwaway checkpoint), and prints each
@@ -19,26 +21,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import os
-import secrets
 import signal
 import sys
 import tempfile
 import threading
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 
-from ingest_sdk.process_exit import run_entry_point
+from pipelines.cli.output import Rows, Runner, print_rows, report
+from pipelines.cli.split import SplitError, split, split_all
 from pipelines.errors import ObjectNotFoundError, SqlError, evaluation_errors
-from pipelines.spark_sources.source_options import CATALOG_FILE, is_warehouse
-from pipelines.sql.statements import classify, qualified, split_name
 
 if TYPE_CHECKING:
     from catalog import Catalog
@@ -49,14 +47,13 @@ if TYPE_CHECKING:
 PROMPT = "sql> "
 MAX_ROWS = 10_000
 DEFAULT_DATABASE, DEFAULT_SCHEMA = "DB", "PUBLIC"
-#: Rows the service answers at most (``max_rows`` of ``POST /v1/sql``).
-SERVICE_MAX_ROWS = 1_000_000
-#: Seconds to wait for the service's answer: its own statement timeout (300 s) and some.
-SERVICE_WAIT = 330.0
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _QUIT = ("quit", "exit", r"\q")
-
-Rows = tuple[list[str], list[tuple[Any, ...]]]
+#: A warehouse's catalog file (``source_options.CATALOG_FILE``, not imported: that module
+#: imports the catalog and the SDK, which ``--help`` and ``--url`` do without).
+CATALOG_FILE = "catalog.sqlite"
+#: Said once on stderr when statements run in a Spark session started here.
+LOCAL_NOTE = ("note: starting Spark in this command takes seconds; a running service "
+              "answers at once: --url http://host:port (make run starts one)")  # fmt: skip
 
 
 class UsageError(Exception):
@@ -126,6 +123,13 @@ def _options(defaults: bool, output: bool = True) -> argparse.ArgumentParser:
         default=default(MAX_ROWS),
         help=f"rows printed at most (default {MAX_ROWS})",
     )
+    options.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="print errors whole (by default a line or two: the cause, without the list "
+        "of every supported statement)",
+    )
     return options
 
 
@@ -182,48 +186,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _value(value: object) -> str:
-    return "NULL" if value is None else str(value)
-
-
-def print_rows(names: list[str], fetched: list[tuple[Any, ...]], form: str, limit: int,
-               out: TextIO) -> None:  # fmt: skip
-    """Print a result's rows (at most ``limit`` of ``fetched``; a line says when more were
-    left out, which the caller shows by fetching ``limit + 1``)."""
-    shown = fetched[:limit]
-    if form == "json":
-        for row in shown:
-            out.write(orjson.dumps(dict(zip(names, row, strict=True)), default=str).decode())
-            out.write("\n")
-    elif form == "csv":
-        writer = csv.writer(out)
-        writer.writerow(names)
-        writer.writerows([_value(v) for v in values] for values in shown)
-    else:
-        cells = [[_value(v) for v in row] for row in shown]
-        widths = [max([len(n), *(len(r[i]) for r in cells)]) for i, n in enumerate(names)]
-        out.write(" | ".join(n.ljust(w) for n, w in zip(names, widths, strict=True)) + "\n")
-        out.write("-+-".join("-" * w for w in widths) + "\n")
-        for line in cells:
-            out.write(" | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) + "\n")
-        out.write(f"({len(shown)} row{'s' if len(shown) != 1 else ''})\n")
-    if len(fetched) > limit:
-        out.write(f"... more rows left out (--max-rows {limit})\n")
-
-
-class Runner(Protocol):
-    """Where statements run: a local Spark session, or the service."""
-
-    #: Named in "does not exist" errors: which warehouse the statement looked in.
-    where: str
-
-    def rows(self, statement: str, limit: int) -> Rows:
-        """The statement's column names and at most ``limit`` rows (raises SqlError)."""
-        ...
-
-    def close(self) -> None: ...
-
-
 class LocalRunner:
     """A :class:`Session` on the warehouse folder, with Spark in this process."""
 
@@ -243,133 +205,65 @@ class LocalRunner:
         self.session.close()
 
 
-class ServiceRunner:
-    """``POST /v1/sql`` of a running service, in one service session per CLI process
-    (``cli-<random hex>``), so a transaction opened on one prompt line is the one the
-    next lines run in. Answers are Arrow IPC: the same Python values, and so the same
-    printed text, as the local session's rows."""
-
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.session = f"cli-{secrets.token_hex(8)}"
-        self.where = f"warehouse of the service at {self.url}"
-        self.in_transaction = False  # a BEGIN went through and no COMMIT/ROLLBACK since
-        # No proxy from the environment, as the SDK (aiohttp) does not use one either.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-    def rows(self, statement: str, limit: int, wait: float = SERVICE_WAIT) -> Rows:
-        import pyarrow as pa
-
-        body = {"statement": statement, "session": self.session,
-                "max_rows": min(limit, SERVICE_MAX_ROWS)}  # fmt: skip
-        headers = {"Content-Type": "application/json", "Accept": ARROW_STREAM}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(
-            f"{self.url}/v1/sql", data=orjson.dumps(body), headers=headers, method="POST"
-        )
-        try:
-            with self._opener.open(request, timeout=wait) as response:
-                data = response.read()
-        except urllib.error.HTTPError as error:
-            raise _service_error(error.code, error.read()) from None
-        except OSError as error:  # refused, unknown host, timed out (URLError included)
-            reason = getattr(error, "reason", None) or error
-            raise SqlError(f"cannot reach the service at {self.url}: {reason}",
-                           "SERVICE_UNREACHABLE") from None  # fmt: skip
-        self._track(statement)
-        try:
-            table = pa.ipc.open_stream(data).read_all()
-        except pa.ArrowException:
-            raise SqlError(f"{self.url}/v1/sql did not answer with rows: is it the ingest "
-                           "service?", "BAD_ANSWER") from None  # fmt: skip
-        if limit > SERVICE_MAX_ROWS and table.num_rows == SERVICE_MAX_ROWS:
-            print(f"note: the service answers at most {SERVICE_MAX_ROWS} rows; more may "
-                  "have been left out", file=sys.stderr)  # fmt: skip
-        columns = [_as_spark_collects(column.to_pylist()) for column in table.columns]
-        return table.column_names, list(zip(*columns, strict=True))
-
-    def _track(self, statement: str) -> None:
-        """Follow the session's transaction from the statements that succeeded."""
-        with contextlib.suppress(SqlError):  # not a transaction statement
-            kind = classify(statement).kind
-            if kind in ("begin", "commit", "rollback"):
-                self.in_transaction = kind == "begin"
-
-    def close(self) -> None:
-        """Roll back a transaction left open, as closing a local session does (the
-        service would otherwise keep it until it evicts the session)."""
-        if self.in_transaction:
-            with contextlib.suppress(SqlError):
-                self.rows("ROLLBACK", 1, wait=30.0)
-
-
-def _as_spark_collects(values: list[Any]) -> list[Any]:
-    """Time zone aware timestamps as naive local times, as Spark's ``collect()`` gives them
-    to the local runner (Arrow carries them in UTC), so both print the same text."""
-    return [
-        v.astimezone().replace(tzinfo=None)
-        if isinstance(v, datetime) and v.tzinfo is not None
-        else v
-        for v in values
-    ]
-
-
-def _service_error(status: int, body: bytes) -> SqlError:
-    """The service's error answer as a SqlError with the statement's own code."""
-    try:
-        error = orjson.loads(body)["error"]
-        code = str(error.get("sql_code") or error.get("code") or f"HTTP_{status}")
-        return SqlError(str(error.get("message", "")), code)
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-        text = body.decode("utf-8", "replace").strip()[:300]
-        return SqlError(f"the service answered {status}: {text}", f"HTTP_{status}")
-
-
-def report(runner: Runner, exc: SqlError) -> None:
-    """``error CODE: message`` on stderr; a "does not exist" names the warehouse looked in."""
-    message = str(exc)
-    if exc.code == "OBJECT_NOT_FOUND" or "does not exist" in message:
-        message = f"{message} ({runner.where})"
-    print(f"error {exc.code}: {message}", file=sys.stderr)
-
-
 def run_one(runner: Runner, statement: str, args: argparse.Namespace) -> int:
     """Run one statement and print its rows (0), or its error (1)."""
     try:
         names, fetched = runner.rows(statement, args.max_rows + 1)
     except SqlError as exc:
-        report(runner, exc)
+        report(runner, exc, getattr(args, "verbose", False))
         return 1
     print_rows(names, fetched, args.format, args.max_rows, sys.stdout)
     return 0
 
 
-def prompt(runner: Runner, args: argparse.Namespace) -> int:
-    """Read statements (ending with ``;`` or a blank line) until EOF or ``quit``; a last
-    statement without ``;`` runs at EOF. 1 if any statement failed (for scripts piped
-    in), else 0. The prompt is shown only to a terminal."""
-    shown = sys.stdin.isatty()
-    lines: list[str] = []
+def run_all(runner: Runner, statements: list[str], args: argparse.Namespace) -> int:
+    """Run statements in order, every one even after a mistake: 1 if any failed."""
     failed = False
+    for statement in statements:
+        failed = run_one(runner, statement, args) != 0 or failed
+    return 1 if failed else 0
+
+
+def read_script(stream: Any) -> list[str]:
+    """A script piped in, whole: its statements (each ending with ``;`` or a blank line,
+    the last one also at the end), checked before any of them runs.
+
+    Raises:
+        UsageError: it is not UTF-8 text, or something in it is never closed.
+    """
+    data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start : exc.start + 1]
+        message = f"the input is not UTF-8 text (byte {exc.start}: {bad!r}); nothing was run"
+        raise UsageError(message) from None
+    try:
+        return split_all(text, blank_line_ends=True)
+    except SplitError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def prompt(runner: Runner, args: argparse.Namespace) -> int:
+    """Read statements from a terminal (each ending with ``;`` or a blank line outside
+    comments, quotes and ``$$`` bodies) until EOF or ``quit``; a last statement without
+    ``;`` runs at EOF. 1 if any statement failed, else 0."""
+    text, failed = "", False
     while True:
         try:
-            line = input((PROMPT if not lines else "...> ") if shown else "")
+            line = input(PROMPT if not text.strip() else "...> ")
         except EOFError:
-            text = "\n".join(lines).strip().rstrip(";").strip()
-            if text:
-                failed = run_one(runner, text, args) != 0 or failed
+            try:
+                return max(run_all(runner, split_all(text), args), int(failed))
+            except SplitError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+        if not text.strip() and line.strip().lower() in _QUIT:
             return 1 if failed else 0
-        if not lines and line.strip().lower() in _QUIT:
-            return 1 if failed else 0
-        lines.append(line)
-        text = "\n".join(lines).strip()
-        if not text:
-            lines = []
-        elif text.endswith(";") or not line.strip():
-            failed = run_one(runner, text.rstrip(";").strip(), args) != 0 or failed
-            lines = []
+        text += line + "\n"
+        cut = split(text, blank_line_ends=True)
+        failed = run_all(runner, cut.statements, args) != 0 or failed
+        text = cut.rest if cut.open else (cut.rest + "\n" if cut.rest else "")
 
 
 def open_runner(args: argparse.Namespace) -> Runner:
@@ -380,11 +274,15 @@ def open_runner(args: argparse.Namespace) -> Runner:
         UsageError: the folder holds no warehouse and ``--create`` was not given.
     """
     if args.url is not None:
+        from pipelines.cli.service import ServiceRunner
+
         return ServiceRunner(args.url, args.token or os.environ.get("INGEST_TOKEN"))
     given = args.warehouse or os.environ.get("INGEST_WAREHOUSE") or "warehouse"
     folder = Path(given).expanduser().resolve()
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--warehouse {folder} is a file, not a folder")
+    from pipelines.spark_sources.source_options import is_warehouse
+
     if not is_warehouse(folder):
         catalog = folder / CATALOG_FILE
         if catalog.exists():  # never overwrite a file that is not ours, even with --create
@@ -395,6 +293,7 @@ def open_runner(args: argparse.Namespace) -> Runner:
                 f"{folder} holds no warehouse (no {CATALOG_FILE}); pass --warehouse the folder "
                 "the service (make run) uses, or add --create to create a warehouse there"
             )
+    print(LOCAL_NOTE, file=sys.stderr)
     return LocalRunner(folder)
 
 
@@ -445,6 +344,8 @@ def tail(args: argparse.Namespace) -> int:
         RetryPolicy,
         StreamingIngestClient,
     )
+    from pipelines.spark_sources.source_options import is_warehouse
+    from pipelines.sql.statements import qualified, split_name
 
     stop = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
@@ -517,11 +418,30 @@ def _code(exc: IngestError) -> str:
     return str(getattr(exc, "code", type(exc).__name__))
 
 
+def _statements(args: argparse.Namespace) -> list[str] | None:
+    """The statements of ``sql`` or of a script piped in, checked before anything runs
+    (None: a terminal's prompt reads them as they come).
+
+    Raises:
+        UsageError: they cannot be cut into statements.
+    """
+    if args.command == "sql":
+        try:
+            statement = args.statement.encode("utf-8").decode("utf-8")
+            return split_all(statement)
+        except UnicodeError:
+            raise UsageError("the statement is not UTF-8 text; nothing was run") from None
+        except SplitError as exc:
+            raise UsageError(str(exc)) from None
+    return None if sys.stdin.isatty() else read_script(sys.stdin)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "tail":
         return tail(args)
     try:
+        statements = _statements(args)
         runner = open_runner(args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -532,14 +452,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 runner.rows(f"USE SCHEMA {args.database}.{args.schema}", 1)
             except SqlError as exc:
-                report(runner, exc)
+                report(runner, exc, args.verbose)
                 return 2
-        if args.command == "sql":
-            return run_one(runner, args.statement.strip().rstrip(";").strip(), args)
-        return prompt(runner, args)
+        if statements is None:
+            return prompt(runner, args)
+        return run_all(runner, statements, args)
     finally:
         runner.close()
 
 
+def run(entry: Callable[[], int]) -> NoReturn:
+    """``sys.exit(entry())``, ended by :func:`ingest_sdk.process_exit.exit_process` once
+    Arrow or Spark is loaded (the abort at exit it prevents needs them); the ``--url``
+    path loads neither, and importing the SDK would cost it most of its start."""
+    try:
+        code: str | int | None = entry()
+    except SystemExit as exc:
+        code = exc.code
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if any(name in sys.modules for name in ("pyarrow", "pyspark")):
+        from ingest_sdk.process_exit import exit_process, exit_status
+
+        exit_process(exit_status(code))
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    run_entry_point(main)
+    run(main)

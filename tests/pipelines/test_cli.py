@@ -134,6 +134,8 @@ def test_prompt_runs_a_last_statement_without_semicolon_and_names_the_warehouse(
     assert line.startswith("error OBJECT_NOT_FOUND: object DB.PUBLIC.NOPE does not exist")
     assert line.endswith(f"(warehouse {warehouse.resolve()})")
     assert "sql> " not in done.stdout  # no prompt when stdin is not a terminal
+    # Said once: a running service answers faster than the Spark started here.
+    assert done.stderr.count("--url http://host:port") == 1, done.stderr[-3000:]
 
 
 # --url: statements to a live service
@@ -194,7 +196,78 @@ def test_url_errors_print_code_and_name_the_service(service):
     assert line.endswith(f"(warehouse of the service at {service.url})")
     done = cli("--url", service.url, "--token", "wrong", "sql", "SELECT 1")
     assert done.returncode == 1
-    assert errors(done)[0].startswith("error UNAUTHENTICATED: missing or wrong token")
+    assert errors(done) == [
+        "error UNAUTHENTICATED: missing or wrong token: pass --token TOKEN or set "
+        "$INGEST_TOKEN to a token the service was started with"
+    ]
+
+
+def test_url_unsupported_statement_fits_on_a_line_unless_verbose(service):
+    done = remote(service, "sql", "FROBNICATE T")
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "error UNSUPPORTED_STATEMENT: unsupported statement 'FROBNICATE T' (--verbose prints "
+        "the whole message)"
+    ]
+    done = remote(service, "--verbose", "sql", "FROBNICATE T")
+    assert done.returncode == 1
+    assert "; supported: SELECT" in done.stderr and len(done.stderr) > 500
+
+
+def test_url_script_is_cut_at_semicolons_outside_comments_and_quotes(service, client):
+    script = (
+        "CREATE TABLE CUT (S VARCHAR(10));  -- a note after the semicolon\n"
+        "INSERT INTO cut VALUES ('a;b'), ('it''s'), ('x--y'); /* ; */\n"
+        "SELECT s FROM cut ORDER BY s;\n"
+        "-- a last comment is no statement\n"
+    )
+    done = remote(service, "--format", "csv", stdin=script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-4:] == ["S", "a;b", "it's", "x--y"]
+    assert "\r" not in done.stdout  # CSV lines end with LF
+
+
+def test_url_unterminated_input_runs_nothing(service, client):
+    done = remote(service, stdin="CREATE TABLE NEVER (ID INT);\nSELECT 'open\n")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: unterminated string starting at line 2, column 8: nothing was run"
+    ]
+    assert client.sql("SHOW TABLES LIKE 'NEVER'") == []
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    env["PYTHONPATH"] = str(ROOT)
+    binary = subprocess.run(
+        [sys.executable, "-m", "pipelines", "--url", service.url, "--token", TOKEN],
+        input=b"SELECT 1;\n\xff\x00\n", capture_output=True, cwd=ROOT, env=env, timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert binary.returncode == 2
+    assert binary.stderr.decode().splitlines() == [
+        "error: the input is not UTF-8 text (byte 10: b'\\xff'); nothing was run"
+    ]
+
+
+def test_url_path_imports_no_spark_delta_arrow_or_sdk(service):
+    """The client path, run in a fresh interpreter: ``--help`` and a statement over
+    ``--url`` leave none of the heavy modules in ``sys.modules``."""
+    code = (
+        "import contextlib, sys\n"
+        "from pipelines.__main__ import main\n"
+        "with contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        f"assert main(['--url', {service.url!r}, '--token', {TOKEN!r}, 'sql', 'SELECT 1']) == 0\n"
+        "heavy = ('pyspark', 'py4j', 'deltalake', 'pyarrow', 'numpy', 'pandas', 'aiohttp',\n"
+        "         'ingest_sdk', 'catalog', 'flush', 'sqlglot', 'pipelines.session',\n"
+        "         'pipelines.sql.statements', 'pipelines.change_sets')\n"
+        "found = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+        "print('heavy modules:', found, file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INGEST_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == "heavy modules: []", done.stderr[-3000:]
 
 
 def test_url_prompt_keeps_one_transaction_across_lines(service, client):

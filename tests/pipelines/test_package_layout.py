@@ -25,6 +25,7 @@ LAYERS = {
     "dynamic_tables": 3,
     "change_streams": 3,
     "spark_sources": 4,
+    "cli": 5,  # the command line's client side: what `--url` imports, below `__main__`
 }
 #: The top: what puts the layers together. No sub-package imports these.
 TOP = ("pipelines.session", "pipelines.worker", "pipelines.__main__")
