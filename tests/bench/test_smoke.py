@@ -50,6 +50,7 @@ CASES = {
     "dt_tpch": ("dt_tpch", "baseline_full_ms_median"),
     "cs_throughput": ("cs_throughput", "over_baseline"),
     "cs_latency": ("cs_latency", None),
+    "cli": ("cli_round_trip", "baseline_request_ms_median"),
 }
 
 
