@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 
 import pytest
@@ -252,20 +253,43 @@ def test_an_error_outside_the_refresh_fails_that_tick_only(healthy, monkeypatch)
     assert "the catalog went away" in session.catalog.list_refreshes(dr, limit=1)[0].error
 
 
-# Through the service: its own scheduler, 10-second lags (every 6 s).
+# Through the service: its own scheduler, 5-second lags (every 3 s: the waits for ticks
+# are half those of 10-second lags).
 
 WAIT = 240.0  # a worker (JVM) start on a loaded 2-core machine takes up to a minute
 
 
-def wait_until(check, what: str, timeout: float = WAIT):
+def wait_until(check, what: str, timeout: float = WAIT, changed=None):
+    """Until ``check()`` is true. With ``changed`` (see :func:`history_changed`), the
+    check (SQL through the service, a Spark job or two) runs only when the refresh
+    history moved, or 5 s after it last ran; not twice a second beside the refreshes."""
     deadline = time.monotonic() + timeout
+    checked = -math.inf
     while True:
-        found = check()
-        if found:
-            return found
+        if changed is None or changed() or time.monotonic() - checked >= 5:
+            checked = time.monotonic()
+            found = check()
+            if found:
+                return found
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout:.0f} s for {what}")
         time.sleep(0.5)
+
+
+def history_changed(catalog):
+    """A call that says whether the refresh history (its newest rows, as stored) changed
+    since the call before (the first call: True): what every check here waits for comes
+    with a history row, a new one or one updated."""
+    seen = []
+
+    def changed() -> bool:
+        rows = catalog.list_refreshes(limit=20)
+        if rows == seen:
+            return False
+        seen[:] = rows
+        return True
+
+    return changed
 
 
 def _ids(client, query):
@@ -290,6 +314,7 @@ def test_in_the_service_healthy_tables_keep_refreshing_while_one_source_moved(tm
     warehouse = tmp_path / "warehouse"
     server = ThreadServer(ServerConfig(port=0, warehouse=warehouse,
                                        compaction=CompactionTrigger(enabled=False)))  # fmt: skip
+    catalog = SqliteCatalog(warehouse / "catalog.sqlite")  # the history, read beside the service
     try:
         with StreamingIngestClient("dt-moved", server.url) as client:
             for statement in (
@@ -302,7 +327,7 @@ def test_in_the_service_healthy_tables_keep_refreshing_while_one_source_moved(tm
             for name, query in (("A_OK", "SELECT ID FROM AAA"), ("DR", "SELECT ID, V FROM R"),
                                 ("DV", "SELECT ID, V FROM SV"),
                                 ("Z_OK", "SELECT ID * 10 AS X FROM AAA")):  # fmt: skip
-                client.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '10 seconds' AS {query}")
+                client.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '5 seconds' AS {query}")
             for source in ("R", "S"):  # DR reads R, DV reads S through SV
                 client.sql(f"ALTER TABLE {source} RENAME TO {source}_OLD")
             for name in ("DR", "DV"):
@@ -316,11 +341,13 @@ def test_in_the_service_healthy_tables_keep_refreshing_while_one_source_moved(tm
                 with pytest.raises(SqlStatementError, match="SOURCE_REPLACED"):
                     client.sql(f"ALTER DYNAMIC TABLE {name} REFRESH")
             client.sql("INSERT INTO AAA VALUES (2)")
+            changed = history_changed(catalog)
             # DR and DV fail tick after tick (one row each, its count growing) while the
             # healthy tables go on refreshing.
             wait_until(lambda: _failed_ticks(client, "DR") >= 2 and _failed_ticks(client, "DV")
-                       >= 2, "DR and DV failing on three ticks")  # fmt: skip
-            wait_until(lambda: _ids(client, "SELECT X FROM Z_OK") == [10, 20], "Z_OK refreshed")
+                       >= 2, "DR and DV failing on three ticks", changed=changed)  # fmt: skip
+            wait_until(lambda: _ids(client, "SELECT X FROM Z_OK") == [10, 20], "Z_OK refreshed",
+                       changed=changed)  # fmt: skip
             client.sql("INSERT INTO AAA VALUES (3)")
             wait_until(
                 lambda: (
@@ -328,16 +355,19 @@ def test_in_the_service_healthy_tables_keep_refreshing_while_one_source_moved(tm
                     and _ids(client, "SELECT X FROM Z_OK") == [10, 20, 30]
                 ),
                 "A_OK and Z_OK refreshed again",
+                changed=changed,
             )
             assert _ids(client, "SELECT ID FROM DR") == [1]  # never stale rows as fresh
             # CREATE OR REPLACE mends DR; the scheduler refreshes it from then on.
-            client.sql("CREATE OR REPLACE DYNAMIC TABLE DR TARGET_LAG = '10 seconds' AS "
+            client.sql("CREATE OR REPLACE DYNAMIC TABLE DR TARGET_LAG = '5 seconds' AS "
                        "SELECT ID, V FROM R")  # fmt: skip
             client.sql("INSERT INTO R VALUES (101, 'more')")
-            wait_until(lambda: _ids(client, "SELECT ID FROM DR") == [100, 101], "DR mended")
+            wait_until(lambda: _ids(client, "SELECT ID FROM DR") == [100, 101], "DR mended",
+                       changed=changed)  # fmt: skip
     finally:
         with contextlib.suppress(Exception):
             server.stop()
+        catalog.close()
     _check_service_history(SqliteCatalog(warehouse / "catalog.sqlite"))
 
 

@@ -8,10 +8,10 @@ one sequence in the catalog: nothing may be lost, doubled, or given a row id twi
 Three bugs showed up under this load, all fixed; each has a deterministic test below:
 
 - A: a merge (UPDATE/DELETE) conflicts with every flush that commits while it runs
-  ("a concurrent transactions added new data"); ``commit_staged`` gives up after 10
-  attempts, so under steady ingestion UPDATE/DELETE fail with COMMIT_PENDING, and the
-  recovery that should complete them starves the same way and makes ``Session()``
-  itself raise delta-rs' ``CommitFailedError``.
+  ("a concurrent transactions added new data"); ``commit_staged`` gives up when its
+  retry window (``MERGE_RETRY_SECONDS``) ends, so under steady ingestion UPDATE/DELETE
+  fail with COMMIT_PENDING, and the recovery that should complete them starves the
+  same way and makes ``Session()`` itself raise delta-rs' ``CommitFailedError``.
 - B: ``landed_version`` loaded ``DeltaTable(uri)`` and then read ``history(limit)``;
   delta-rs labels the newest commits with versions counted down from the loaded one,
   so a flush landing in between hides the statement's own commit: the statement fails
@@ -300,6 +300,7 @@ def main():
         session.sql("CREATE TABLE CHILD_WARM(ID NUMBER(38,0), V VARCHAR(20))")
         session.sql("INSERT INTO CHILD_WARM VALUES (1, 'a')")
         print("ready", flush=True)
+        sys.stdin.readline()  # "go": the producers are running
         for number in range(statements):
             start = first + number * rows
             values = ", ".join(f"({n}, 'child')" for n in range(start, start + rows))
@@ -317,16 +318,18 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
 ):
     server = server_factory()
     client = client_factory(server.url, max_client_lag=0.1)
-    statements, rows, first = 20, 100, 1_000_000  # a second or more each: past the producers' 12 s
+    # The child's INSERTs start once the producers run (12 s, told by a line on its stdin),
+    # so each reserves row ids while flushes reserve theirs: 8 of them test that as 20 did.
+    statements, rows, first = 8, 100, 1_000_000
     child_log = tmp_path / "child.log"
     with open(child_log, "wb") as log_file:  # the child's JVM starts while we set up
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(server.config.warehouse), str(statements),
              str(rows), str(first)],
-            stdout=subprocess.PIPE, stderr=log_file, cwd=ROOT,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),
         )  # fmt: skip
-    assert child.stdout is not None
+    assert child.stdin is not None and child.stdout is not None
     producers: list[Producer] = []
     try:
         info = client.create_table(TABLE, COLUMNS)
@@ -339,12 +342,15 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
                      duration=12.0).start()
             for i in range(3)
         ]  # fmt: skip
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
         assert child.wait(timeout=240) == 0, child_log.read_text()[-3000:]
         assert child.stdout.read().decode().splitlines() == ["done"]
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
+        child.stdin.close()
         child.stdout.close()
     for producer in producers:
         producer.finish()
@@ -379,8 +385,9 @@ def test_compaction_races_updates(server_factory, client_factory, session_factor
                  for s in statuses}  # fmt: skip
         return {s: int(v) for s, v in found.items() if v}
 
-    # Flushes go on during the whole race, so compaction always has files to take.
-    producer = Producer(client, "p0", range(0, 12_000), duration=30.0).start()
+    # Flushes go on during the race, so compaction always has files to take; the race
+    # goes on until it saw 3 UPDATEs and compaction runs (one a success), however slow.
+    producer = Producer(client, "p0", range(0, 12_000), duration=15.0).start()
     log = SqlLog()
     #: Per row: the value of the last UPDATE that succeeded on it (a failed one, a
     #: conflict, changed nothing).
@@ -390,7 +397,7 @@ def test_compaction_races_updates(server_factory, client_factory, session_factor
     while time.monotonic() - started < 90:
         runs_so_far = counted()
         if (not producer.running and sum(runs_so_far.values()) >= 3
-                and runs_so_far.get("SUCCEEDED", 0) >= 1):  # fmt: skip
+                and runs_so_far.get("SUCCEEDED", 0) >= 1 and log.done["update"] >= 3):  # fmt: skip
             break
         upto = producer.committed()
         if upto < 500:
@@ -504,6 +511,9 @@ def test_a_starved_update_is_completed_once_and_sessions_still_open(
 
     info, channel, session = small_table(server_factory, client_factory, session_factory)
     original = change_commit._merge
+    # Every attempt starves, so the statement and each recovery give up when the retry
+    # window ends: 5 s of attempts (dozens) instead of the 60 s default, twice.
+    monkeypatch.setattr(change_commit, "MERGE_RETRY_SECONDS", 5.0)
     land_flushes_during_merges(monkeypatch, channel, 1000, attempts=1000)  # every attempt
     error: SqlError | None = None
     try:
