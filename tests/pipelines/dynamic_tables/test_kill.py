@@ -17,17 +17,13 @@ the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), 
 pending commit is left, the table's log holds the refresh at most once, and the next
 refresh brings the table to the query's result.
 
-The children start together in the module fixture (a JVM each), each on its own copy
-of a warehouse set up once per kind of scenario; helpers come from
+The children start together in the module fixture (a JVM each); helpers come from
 ``test_consumption_crash``.
 """
 
 from __future__ import annotations
 
-import shutil
-import sqlite3
 from collections import Counter
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,52 +213,25 @@ class Scenario:
     state: dict | None = None  # extremes_: D's hidden state before the child ran
 
 
-def copy_warehouse(source: Path, target: Path) -> None:
-    """A copy of a closed warehouse at ``target``: its table folders, and its catalog
-    (through SQLite's backup, WAL included) with the tables' URIs moved to ``target``,
-    the only place the catalog names its folder. (The Delta logs name files relative to
-    their table; only each CREATE commit's informational ``location``, which nothing
-    reads, still names the source.)"""
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("catalog.sqlite*"))
-    with closing(sqlite3.connect(source / "catalog.sqlite")) as old, closing(
-        sqlite3.connect(target / "catalog.sqlite")
-    ) as new:  # fmt: skip
-        old.backup(new)
-        with new:
-            new.execute("UPDATE tables SET uri = replace(uri, ?, ?)", (str(source), str(target)))
-        dump = "\n".join(new.iterdump())
-    assert str(source) not in dump, "the catalog names the warehouse's folder elsewhere"
-
-
-def set_up(session: Session, name: str, body: str) -> tuple[object, dict | None]:
-    """Scenario ``name``'s warehouse before its child runs: D's content and state."""
-    if name.startswith("extremes_"):
-        setup_extremes(session)
-        return bag(session, "SELECT * FROM D"), hidden_state(session, "D")
-    if name.startswith("subquery_"):
-        return setup_subquery(session), None
-    setup_warehouse(session, create=body is CREATE, full=name.startswith("overwrite_"),
-                    definition=_DEFINITIONS.get(name.split("_")[0], DEFINITION))  # fmt: skip
-    return ([] if body is CREATE else content(session, "D")), None
-
-
 @pytest.fixture(scope="module")
 def kills(tmp_path_factory, spark):
-    """Each scenario's warehouse, and its child started. The scenarios of one kind (the
-    part of the name before its failpoint) start from copies of one warehouse set up
-    once (7 set-ups, not 20); each child has a copy of its own."""
     started: dict[str, Scenario] = {}
-    made: dict[str, tuple[Path, object, dict | None]] = {}
     try:
         for name, (body, point) in SCENARIOS.items():
-            kind = name.removesuffix(f"_{point}")
-            if kind not in made:
-                source = tmp_path_factory.mktemp(kind) / "warehouse"
-                with Session(source, spark=spark) as session:
-                    made[kind] = (source, *set_up(session, name, body))
-            source, before, state = made[kind]
             warehouse = tmp_path_factory.mktemp(name) / "warehouse"
-            copy_warehouse(source, warehouse)
+            state = None
+            with Session(warehouse, spark=spark) as session:
+                if name.startswith("extremes_"):
+                    setup_extremes(session)
+                    before, state = bag(session, "SELECT * FROM D"), hidden_state(session, "D")
+                elif name.startswith("subquery_"):
+                    before = setup_subquery(session)
+                else:
+                    setup_warehouse(session, create=body is CREATE,
+                                    full=name.startswith("overwrite_"),
+                                    definition=_DEFINITIONS.get(name.split("_")[0],
+                                                                DEFINITION))  # fmt: skip
+                    before = [] if body is CREATE else content(session, "D")
             child = Child.start(warehouse, body, f"{point}=kill", name=name)
             started[name] = Scenario(warehouse, child, before, state)
         yield started
