@@ -40,6 +40,7 @@ LONG_FILES = (
     "tests/examples/test_kafka_bridge.py",
     "tests/channel_server/test_sql_security.py",
     "tests/pipelines/dynamic_tables/test_property.py",
+    "tests/pipelines/dynamic_tables/test_engine_property.py",
     "tests/pipelines/dynamic_tables/test_overwrite_concurrency.py",
     "tests/channel_server/test_change_stream_http.py",
     "tests/ingest_sdk/test_change_stream_reader.py",
