@@ -2,8 +2,8 @@
 
 The pipeline reads the inserts of table SRC with ``format("ingest-changes")`` (one
 version per micro-batch) and appends them to DST with ``format("ingest")``. Each run
-killed is a child process with its own Spark (a new process group); a failpoint in the
-sink's commit SIGKILLs the whole group (driver, JVM, Python workers) as a power cut would:
+is a child process with its own Spark (a new process group); a failpoint in the sink's
+commit SIGKILLs the whole group (driver, JVM, Python workers) as a power cut would:
 
 - before the Delta commit (the batch's files are staged and renamed, nothing landed):
   the restarted query replays the batch and commits it once;
@@ -16,12 +16,12 @@ every data file under DST's folder is referenced by its log.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -37,29 +37,22 @@ import sys
 from pipelines import Session
 from ingest_sdk.process_exit import exit_process
 
-{run_pipeline}
-
 warehouse, checkpoint = sys.argv[1], sys.argv[2]
 session = Session(warehouse)
 session.spark.sparkContext.setLogLevel("ERROR")
-print("DONE", run_pipeline(session.spark, warehouse, checkpoint), flush=True)
+query = (
+    session.spark.readStream.format("ingest-changes")
+    .option("warehouse", warehouse).option("table", "SRC")
+    .option("startingVersion", 1).option("maxVersionsPerTrigger", 1).load()
+    .where("_change_type = 'insert'").select("ID", "NAME")
+    .writeStream.format("ingest").option("warehouse", warehouse).option("table", "DST")
+    .option("checkpointLocation", checkpoint).trigger(availableNow=True).start()
+)
+query.awaitTermination()
+print("DONE", query.lastProgress["batchId"], flush=True)
 session.close()
 exit_process(0)
 """
-
-
-def run_pipeline(spark, warehouse, checkpoint) -> int:
-    """Run the pipeline until SRC's versions are consumed; the last batch's id."""
-    query = (
-        spark.readStream.format("ingest-changes")
-        .option("warehouse", str(warehouse)).option("table", "SRC")
-        .option("startingVersion", 1).option("maxVersionsPerTrigger", 1).load()
-        .where("_change_type = 'insert'").select("ID", "NAME")
-        .writeStream.format("ingest").option("warehouse", str(warehouse)).option("table", "DST")
-        .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
-    )  # fmt: skip
-    query.awaitTermination()  # raises if the query failed
-    return query.lastProgress["batchId"]
 
 
 def _run(warehouse: Path, checkpoint: Path, failpoint: str | None) -> subprocess.CompletedProcess:
@@ -67,9 +60,8 @@ def _run(warehouse: Path, checkpoint: Path, failpoint: str | None) -> subprocess
     env.pop("INGEST_FAILPOINTS", None)
     if failpoint:
         env["INGEST_FAILPOINTS"] = f"{failpoint}=killsession"
-    script = _CHILD.format(run_pipeline=inspect.getsource(run_pipeline))
     return subprocess.run(
-        [sys.executable, "-c", script, str(warehouse), str(checkpoint)],
+        [sys.executable, "-c", textwrap.dedent(_CHILD), str(warehouse), str(checkpoint)],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -112,9 +104,8 @@ def test_sink_replays_batches_killed_around_the_commit(session, tmp_path):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert DeltaTable(dst.uri).transaction_version(app_id) == 0  # landed, Spark not told
 
-    # The restart that finishes (nothing killed): in this process, on the shared Spark
-    # (a child's JVM is needed only to be killed).
-    assert run_pipeline(session.spark, warehouse, checkpoint) == 3
+    last = _run(warehouse, checkpoint, None)
+    assert last.returncode == 0, last.stderr[-3000:]
 
     table = DeltaTable(dst.uri)
     assert table.transaction_version(app_id) == 3
