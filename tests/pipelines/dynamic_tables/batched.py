@@ -96,11 +96,11 @@ def assert_every_step_refreshes_incrementally(
     session: Session, steps: list[str] | list[str | list[str]], tables: dict[str, str],
     no_data: bool = False,
 ) -> None:  # fmt: skip
-    """:func:`checks.assert_every_step_refreshes_incrementally`, each round's tables
-    compared in one job: each table equals its query; then after each of ``steps`` (a
-    statement, or a list of statements run one after another, one change for the
-    refreshes), each table's refresh is INCREMENTAL (or NO_DATA where ``no_data``) and
-    leaves it equal to its query run fresh."""
+    """Each table equals its query; then after each of ``steps`` (a statement, or a list
+    of statements run one after another, one change for the refreshes), each table's
+    refresh is INCREMENTAL (or NO_DATA where ``no_data``: none of its sources changed)
+    and leaves it equal to its query run fresh. Each round's tables are compared in one
+    Spark job."""
     assert_all_same_as_queries(session, tables, "the first refresh")
     for step in steps:
         for statement in [step] if isinstance(step, str) else step:

@@ -192,23 +192,3 @@ def pruning_warehouse(
         session = engine_warehouse(folder, spark, statements, tables)
         yield session
         session.close()
-
-
-def assert_every_step_refreshes_incrementally(
-    session: Session, steps: list[str] | list[str | list[str]], tables: dict[str, str],
-    no_data: bool = False,
-) -> None:  # fmt: skip
-    """Each table equals its query; then after each of ``steps`` (a statement, or a list
-    of statements run one after another, one change for the refreshes), each table's
-    refresh is INCREMENTAL (or NO_DATA where ``no_data``: none of its sources changed)
-    and leaves it equal to its query run fresh."""
-    for name, query in tables.items():
-        assert_same_as_query(session, name, query)
-    for step in steps:
-        for statement in [step] if isinstance(step, str) else step:
-            session.sql(statement)
-        for name, query in tables.items():
-            status = session.sql(f"ALTER DYNAMIC TABLE {name} REFRESH").collect()[0].status
-            assert "INCREMENTAL" in status or (no_data and "NO_DATA" in status), (
-                name, step, status)  # fmt: skip
-            assert_same_as_query(session, name, query)

@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
+from tests.pipelines.dynamic_tables.batched import assert_every_step_refreshes_incrementally
 from tests.pipelines.dynamic_tables.checks import (
-    assert_every_step_refreshes_incrementally,
     bag,
     engine_warehouse,
     row_ids,

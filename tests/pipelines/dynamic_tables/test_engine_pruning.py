@@ -16,8 +16,8 @@ import re
 import pytest
 
 from pipelines.incremental import pruning
+from tests.pipelines.dynamic_tables.batched import assert_every_step_refreshes_incrementally
 from tests.pipelines.dynamic_tables.checks import (
-    assert_every_step_refreshes_incrementally,
     assert_same_as_query,
     pruning_warehouse,
     record_engine_refreshes,

@@ -27,9 +27,9 @@ from pyspark.errors import PySparkValueError
 
 import pipelines.incremental.subqueries as subqueries_module
 from pipelines import Session, SqlError
+from tests.pipelines.dynamic_tables.batched import assert_every_step_refreshes_incrementally
 from tests.pipelines.dynamic_tables.checks import (
     assert_consistent,
-    assert_every_step_refreshes_incrementally,
     assert_same_as_query,
     bag,
     create_incremental,
