@@ -9,9 +9,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-import channel_server.change_stream_api  # noqa: F401 - registers GET /v1/change-streams/...
 from catalog import SqliteCatalog
-from channel_server import sql_api  # noqa: F401 - registers POST /v1/sql on routes
+from channel_server import (  # noqa: F401 - each registers its routes on the shared table
+    change_stream_api,  # GET /v1/change-streams/{name}/read
+    change_stream_listing,  # GET /v1/change-streams[/{name}]
+    sql_api,  # POST /v1/sql
+)
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService

@@ -1,0 +1,79 @@
+"""``GET /v1/change-streams`` and ``GET /v1/change-streams/{name}``: the change streams a
+warehouse holds, as ``SHOW CHANGE STREAMS`` lists them, for clients that speak HTTP but
+not SQL (a consumer finding the stream to read, a dashboard).
+
+Each stream is one JSON object: its full name and parts, what it watches (``"ALL"`` or
+the full names of its tables; a dropped table drops out), its options as ``OPTIONS``
+writes them (``value_capture_type``, ``retention_period``), its creation time (epoch
+seconds, as ``GET /v1/tables`` gives ``created_at``) and its partitions open now (the
+tokens a reader resumes from are in ``SHOW CHANGE STREAM PARTITIONS``). The module
+registers its routes in the shared route table, as :mod:`channel_server.change_stream_api`
+does (``channel_server.app`` imports both).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from catalog import Catalog, ChangeStreamRecord, full_name
+from channel_server.change_stream_api import change_stream_name
+from channel_server.handlers import SERVICE, routes
+from ingest_sdk.errors import ChangeStreamNotFoundError
+from pipelines.change_streams.definition import retention_text
+
+__all__ = ["change_stream_json", "describe_change_stream", "list_change_streams"]
+
+
+def change_stream_json(catalog: Catalog, stream: ChangeStreamRecord,
+                       tables: dict[int, str]) -> dict[str, Any]:  # fmt: skip
+    """One stream's JSON form; ``tables``: table id -> full name, of the tables that exist."""
+    watched: str | list[str] = "ALL" if stream.for_all else [
+        tables[i] for i in stream.table_ids if i in tables]  # fmt: skip
+    open_partitions = sum(p.end_us is None for p in catalog.list_partitions(stream.uid))
+    return {
+        "name": stream.full_name,
+        "database": stream.database,
+        "schema": stream.schema_name,
+        "change_stream": stream.name,
+        "for": watched,
+        "value_capture_type": stream.value_capture_type,
+        "retention_period": retention_text(stream.retention_s),
+        "created_at": stream.created_at,
+        "open_partitions": open_partitions,
+    }
+
+
+def _tables(catalog: Catalog) -> dict[int, str]:
+    return {t.id: t.full_name for t in catalog.list_tables()}
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+@routes.get("/v1/change-streams")
+async def list_change_streams(request: web.Request) -> web.Response:
+    """Every change stream, ordered by database, schema and name."""
+    catalog = request.app[SERVICE].catalog
+    tables = _tables(catalog)
+    return _json({"change_streams": [change_stream_json(catalog, stream, tables)
+                                     for stream in catalog.list_change_streams()]})  # fmt: skip
+
+
+@routes.get("/v1/change-streams/{name:[^/]+}")
+async def describe_change_stream(request: web.Request) -> web.Response:
+    """One change stream, named as the read route names it (``NAME``, ``SCHEMA.NAME`` or
+    ``DATABASE.SCHEMA.NAME``; unquoted parts upper-cased)."""
+    catalog = request.app[SERVICE].catalog
+    names = change_stream_name(request.match_info["name"])
+    stream = catalog.get_change_stream(*names)
+    if stream is None:
+        raise ChangeStreamNotFoundError(
+            f"change stream {full_name(*names)} does not exist; GET /v1/change-streams lists "
+            'them. Unquoted parts of a name are upper-cased: quote a part to keep its case '
+            '("my_cs")'
+        )
+    return _json(change_stream_json(catalog, stream, _tables(catalog)))
