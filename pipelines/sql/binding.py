@@ -22,6 +22,7 @@ from sqlglot import exp
 from catalog import TableInfo, ViewRecord, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
+from ingest_sdk.schema import quote_identifier
 from pipelines.change_sets import ChangeMode
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.history import data_changed
@@ -101,21 +102,58 @@ def function_name(call: exp.Anonymous) -> str:
     return call.this.name if isinstance(call.this, exp.Identifier) else str(call.this)
 
 
-def _table_function(table: exp.Table) -> exp.Anonymous | None:
-    """The call of one of our table functions a table reference holds: ``READ_<change
-    stream>(...)``, or ``TABLE(<name>(...))`` for a name of :data:`TABLE_FUNCTIONS`.
-    Other calls, such as Spark's ``range``, are Spark's."""
+def _table_function(table: exp.Table) -> tuple[exp.Anonymous, str | None] | None:
+    """The call of one of our table functions a table reference holds, and the database
+    it is qualified by: ``READ_<change stream>(...)``, or ``TABLE(<name>(...))`` for a
+    name of :data:`TABLE_FUNCTIONS`, which may be qualified as Snowflake writes it
+    (``TABLE([db.]INFORMATION_SCHEMA.<name>(...))``). Other calls, such as Spark's
+    ``range``, are Spark's."""
     call = table.this
     if not isinstance(call, exp.Anonymous):
         return None
     name = function_name(call)
     if name.upper().startswith("READ_"):
-        return call
+        return call, None
     inner = call.expressions[0] if len(call.expressions) == 1 else None
-    if (name.upper() == "TABLE" and isinstance(inner, exp.Anonymous)
-            and inner.name.upper() in TABLE_FUNCTIONS):  # fmt: skip
-        return inner
+    if name.upper() != "TABLE" or inner is None:
+        return None
+    database = None
+    if isinstance(inner, exp.Dot):
+        qualifier, inner = _information_schema(inner.this), inner.expression
+        if qualifier is None:
+            return None
+        database = qualifier or None
+    if isinstance(inner, exp.Anonymous) and inner.name.upper() in TABLE_FUNCTIONS:
+        return inner, database
     return None
+
+
+def _information_schema(node: exp.Expression) -> str | None:
+    """``INFORMATION_SCHEMA`` (unquoted, any case) -> ``""``, ``db.INFORMATION_SCHEMA``
+    -> the database's name as stored (unquoted upper-cased, quoted exact); else None."""
+    database = None
+    if isinstance(node, exp.Dot):
+        if not isinstance(node.this, exp.Identifier):
+            return None
+        database = node.this.name if node.this.quoted else node.this.name.upper()
+        node = node.expression
+    if not (isinstance(node, exp.Identifier) and not node.quoted
+            and node.name.upper() == "INFORMATION_SCHEMA"):  # fmt: skip
+        return None
+    return database or ""
+
+
+def _in_database(call: exp.Anonymous, database: str) -> exp.Anonymous:
+    """A call of ``db.INFORMATION_SCHEMA``: the tables of database ``db`` only (its
+    NAME_PREFIX, unless the call names a table or a prefix itself)."""
+    given = {a.this.name.upper() for a in call.expressions if isinstance(a, exp.Kwarg)}
+    if given & {"NAME", "NAME_PREFIX"}:
+        return call
+    prefix = exp.Kwarg(this=exp.var("NAME_PREFIX"),
+                       expression=exp.Literal.string(quote_identifier(database) + "."))  # fmt: skip
+    limited = call.copy()
+    limited.append("expressions", prefix)
+    return limited
 
 
 #: The table functions written ``TABLE(<name>(...))`` that the session answers.
@@ -336,8 +374,12 @@ class Binder:
         clause, not the alias), what replaces them and the alias it goes by."""
         names = [table.args.get(k) for k in ("catalog", "db", "this")]
         first = min(span(n)[0] for n in names if n is not None)
-        if (call := _table_function(table)) is not None:
+        if (found := _table_function(table)) is not None:
+            call, database = found
             defaults = self.defaults or (self.session.database, self.session.schema)
+            if database is not None:
+                call = _in_database(call, database)
+                defaults = (database, defaults[1])
             frame, label = self.session.table_function(table, call, defaults)
             return first, span(table.this)[1], self.view(frame, label), label
         clauses = [table.args.get(k) for k in ("when", "version", "changes")]

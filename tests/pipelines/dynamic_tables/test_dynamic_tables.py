@@ -328,6 +328,38 @@ def test_the_history_function_filters_and_refuses_bad_arguments(base):
             base.sql(f"SELECT * FROM TABLE(DYNAMIC_TABLE_REFRESH_HISTORY({bad}))")
 
 
+def test_the_history_function_answers_as_snowflake_qualifies_it(base):
+    """``INFORMATION_SCHEMA.`` before the function, as Snowflake writes it; a database
+    before that keeps the rows to that database's tables (NAME is read in it)."""
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T")
+    base.sql("CREATE DATABASE OTHER")  # and uses it, as Snowflake's does
+    base.sql("USE DATABASE DB")
+    base.sql("CREATE DYNAMIC TABLE OTHER.PUBLIC.D TARGET_LAG = '1 minute' AS SELECT ID FROM "
+             "DB.PUBLIC.T")  # fmt: skip
+
+    def names(call: str) -> list[str]:
+        found = base.sql(f"SELECT QUALIFIED_NAME FROM TABLE({call})").collect()
+        return sorted(r.QUALIFIED_NAME for r in found)
+
+    every = ["DB.PUBLIC.D", "OTHER.PUBLIC.D"]
+    assert names("DYNAMIC_TABLE_REFRESH_HISTORY()") == every
+    assert names("information_schema.dynamic_table_refresh_history()") == every
+    assert names("INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY(NAME => 'D')") == [
+        "DB.PUBLIC.D"]  # fmt: skip
+    assert names("OTHER.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY()") == [
+        "OTHER.PUBLIC.D"]  # fmt: skip
+    assert names("other.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY(NAME => 'D')") == [
+        "OTHER.PUBLIC.D"]  # fmt: skip
+    assert names("DB.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY("
+                 "NAME_PREFIX => 'OTHER')") == ["OTHER.PUBLIC.D"]  # fmt: skip
+    # Any other qualifier is not ours: Spark's refusal of a qualified function stands.
+    for other in ("PUBLIC.DYNAMIC_TABLE_REFRESH_HISTORY()",
+                  '"information_schema".DYNAMIC_TABLE_REFRESH_HISTORY()',
+                  "A.B.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY()"):  # fmt: skip
+        with pytest.raises(SqlError):
+            base.sql(f"SELECT * FROM TABLE({other})")
+
+
 def test_a_refresh_of_a_dropped_definition_changes_nothing(base):
     base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T")
     base.sql("INSERT INTO T VALUES (7, 'g')")
