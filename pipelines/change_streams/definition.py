@@ -20,7 +20,7 @@ from flush.table_locks import table_lock
 from ingest_sdk.schema import check_object_name
 from pipelines.change_streams.partitions import merge, split
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.ddl_common import drop_named, like, literal, status_frame, utc
+from pipelines.sql.ddl_common import drop_named, in_scope, like, literal, status_frame, utc
 from pipelines.sql.statements import NAME, OPTION, Statement
 
 if TYPE_CHECKING:
@@ -226,11 +226,11 @@ _SHOW_SCHEMA = (
 
 
 def show_change_streams(session: StatementContext, statement: Statement) -> DataFrame:
-    pattern = like(statement.parts.get("like"))
+    pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     tables = {t.id: t.full_name for t in session.catalog.list_tables()}
     rows = []
     for stream in session.catalog.list_change_streams():
-        if not pattern(stream.name):
+        if not pattern(stream.name) or not scope(stream.database, stream.schema_name):
             continue
         # A dropped table drops out of the list.
         watched = "ALL" if stream.for_all else ", ".join(

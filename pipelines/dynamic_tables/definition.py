@@ -38,6 +38,7 @@ from pipelines.sql.binding import Binder
 from pipelines.sql.ddl_common import (
     check_name_free,
     drop_table_info,
+    in_scope,
     like,
     literal,
     status_frame,
@@ -447,13 +448,14 @@ _SHOW_SCHEMA = (
 def show_dynamic_tables(session: StatementContext, statement: Statement) -> DataFrame:
     from pipelines.dynamic_tables.schedule import format_target_lag
 
-    pattern = like(statement.parts.get("like"))
+    pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     tables = {t.id: t for t in session.catalog.list_tables()}
     rows = []
     now = time.time()
     for dt in session.catalog.list_dynamic_tables():
         info = tables.get(dt.table_id)
-        if info is None or not pattern(info.name) or BUILDING in info.name:
+        if (info is None or not pattern(info.name) or BUILDING in info.name
+                or not scope(info.database, info.schema_name)):  # fmt: skip
             continue
         last = next(iter(session.catalog.list_refreshes(dt.table_id, limit=1)), None)
         stamp = dt.data_timestamp_us / 1e6 if dt.data_timestamp_us is not None else None

@@ -30,6 +30,7 @@ from pipelines.sql.ddl_common import (
     check_name_free,
     drop_named,
     drop_table_info,
+    in_scope,
     like,
     literal,
     new_table_name,
@@ -140,14 +141,15 @@ def alter_table_set(session: StatementContext, statement: Statement) -> DataFram
 
 
 def show_tables(session: StatementContext, statement: Statement) -> DataFrame:
-    pattern = like(statement.parts.get("like"))
+    pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     dynamic = {dt.table_id for dt in session.catalog.list_dynamic_tables()}
     rows = [
         (utc(t.created_at), t.name, t.database, t.schema_name,
          "DYNAMIC TABLE" if t.id in dynamic else "TABLE",
          "ON" if t.properties["change_tracking"] else "OFF",
          t.properties["data_retention_time_in_days"])
-        for t in session.catalog.list_tables() if pattern(t.name)
+        for t in session.catalog.list_tables()
+        if pattern(t.name) and scope(t.database, t.schema_name)
     ]  # fmt: skip
     schema = ("created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
               "kind STRING, change_tracking STRING, retention_time BIGINT")  # fmt: skip
@@ -248,8 +250,9 @@ def _stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, .
 
 
 def show_streams(session: StatementContext, statement: Statement) -> DataFrame:
-    pattern = like(statement.parts.get("like"))
-    rows = [_stream_row(session, s) for s in session.catalog.list_streams() if pattern(s.name)]
+    pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
+    rows = [_stream_row(session, s) for s in session.catalog.list_streams()
+            if pattern(s.name) and scope(s.database, s.schema_name)]  # fmt: skip
     return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
 
 

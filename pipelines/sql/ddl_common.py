@@ -30,6 +30,7 @@ __all__ = [
     "check_parts",
     "drop_named",
     "drop_table_info",
+    "in_scope",
     "like",
     "literal",
     "split_columns",
@@ -86,6 +87,32 @@ def like(pattern: str | None) -> Callable[[str], bool]:
                     for c in literal(pattern))  # fmt: skip
     compiled = re.compile(regex, re.I | re.S)
     return lambda name: compiled.fullmatch(name) is not None
+
+
+def in_scope(session: StatementContext, statement: Statement) -> Callable[[str, str], bool]:
+    """A (database, schema) filter for SHOW's ``IN ACCOUNT | IN DATABASE [db] | IN SCHEMA
+    [[db.]schema]`` (a missing name is the session's current one). Without IN, or with IN
+    ACCOUNT, everything passes: SHOW lists the whole warehouse.
+
+    Raises:
+        SqlError: a name of more parts than the scope has.
+        ObjectNotFoundError: the database or schema does not exist.
+    """
+    scope = (statement.parts.get("scope") or "").upper()
+    if not scope:
+        return lambda database, schema: True
+    name = statement.parts.get("scope_name")
+    if scope == "DATABASE":
+        database = check_parts(name, ("database",))[0] if name else session.database
+        if session.catalog.get_database(database) is None:
+            raise ObjectNotFoundError(f"database {quote_identifier(database)} does not exist")
+        return lambda d, s: d == database
+    parts = check_parts(name, ("database", "schema")) if name else [session.schema]
+    database, schema = (parts if len(parts) == 2 else [session.database, parts[0]])
+    if session.catalog.get_schema(database, schema) is None:
+        shown = ".".join(quote_identifier(p) for p in (database, schema))
+        raise ObjectNotFoundError(f"schema {shown} does not exist")
+    return lambda d, s: (d, s) == (database, schema)
 
 
 def utc(seconds: float) -> datetime:

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 from catalog import ObjectAlreadyExistsError, ViewRecord, full_name
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.ddl_common import check_name_free, drop_named, like, literal, status_frame, utc
+from pipelines.sql.ddl_common import (
+    check_name_free,
+    drop_named,
+    in_scope,
+    like,
+    literal,
+    status_frame,
+    utc,
+)
 from pipelines.sql.ddl_queries import query_frame
 from pipelines.transactions.transaction import Transaction
 
@@ -83,8 +91,9 @@ def _row(view: ViewRecord) -> tuple[object, ...]:
 
 
 def show_views(session: StatementContext, statement: Statement) -> DataFrame:
-    pattern = like(statement.parts.get("like"))
-    rows = [_row(v) for v in session.catalog.list_views() if pattern(v.name)]
+    pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
+    rows = [_row(v) for v in session.catalog.list_views()
+            if pattern(v.name) and scope(v.database, v.schema_name)]  # fmt: skip
     return session.spark.createDataFrame(rows, _VIEW_SCHEMA)
 
 

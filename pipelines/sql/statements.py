@@ -39,6 +39,9 @@ _POINT = (
 #: One ``KEY = value`` option of a CREATE DYNAMIC TABLE header: a quoted string or a word.
 _OPTION = r"[A-Za-z_]+\s*=\s*(?:'(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)"
 _LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
+#: SHOW's scope: ``IN ACCOUNT | IN DATABASE [db] | IN SCHEMA [[db.]schema]``.
+_IN = (r"(?:\s+IN\s+(?:ACCOUNT|(?P<scope>DATABASE|SCHEMA)"
+       rf"(?:\s+(?P<scope_name>{NAME}))?))?")  # fmt: skip
 #: A column list of CREATE TABLE ... AS: definitions whose parentheses nest one level
 #: (``NUMBER(10,2)``), unrolled so that every character has one place to go.
 _COLUMN_LIST = r"\((?P<columns>[^()]*(?:\([^()]*\)[^()]*)*)\)"
@@ -52,8 +55,8 @@ _HEADERS: list[tuple[str, str]] = [
     ("commit", r"COMMIT(?:\s+WORK)?"),
     ("rollback", r"ROLLBACK(?:\s+WORK)?"),
     ("use", rf"USE\s+(?:(?P<what>DATABASE|SCHEMA)\s+)?(?P<name>{NAME})"),
-    ("show_tables", rf"SHOW\s+(?:TERSE\s+)?TABLES{_LIKE}"),
-    ("show_streams", rf"SHOW\s+(?:TERSE\s+)?STREAMS{_LIKE}"),
+    ("show_tables", rf"SHOW\s+(?:TERSE\s+)?TABLES{_LIKE}{_IN}"),
+    ("show_streams", rf"SHOW\s+(?:TERSE\s+)?STREAMS{_LIKE}{_IN}"),
     ("show_databases", rf"SHOW\s+(?:TERSE\s+)?DATABASES{_LIKE}(?:\s+IN\s+ACCOUNT)?"),
     (
         "show_schemas",
@@ -94,7 +97,7 @@ _HEADERS: list[tuple[str, str]] = [
         "drop_dynamic_table",
         rf"DROP\s+DYNAMIC\s+TABLE\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})",
     ),
-    ("show_dynamic_tables", rf"SHOW\s+(?:TERSE\s+)?DYNAMIC\s+TABLES{_LIKE}"),
+    ("show_dynamic_tables", rf"SHOW\s+(?:TERSE\s+)?DYNAMIC\s+TABLES{_LIKE}{_IN}"),
     ("describe_dynamic_table", rf"(?:DESCRIBE|DESC)\s+DYNAMIC\s+TABLE\s+(?P<name>{NAME})"),
     (
         "create_change_stream",
@@ -119,9 +122,9 @@ _HEADERS: list[tuple[str, str]] = [
         "drop_change_stream",
         rf"DROP\s+CHANGE\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})",
     ),
-    ("show_change_streams", rf"SHOW\s+(?:TERSE\s+)?CHANGE\s+STREAMS{_LIKE}"),
+    ("show_change_streams", rf"SHOW\s+(?:TERSE\s+)?CHANGE\s+STREAMS{_LIKE}{_IN}"),
     ("drop_view", rf"DROP\s+VIEW\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
-    ("show_views", rf"SHOW\s+(?:TERSE\s+)?VIEWS{_LIKE}"),
+    ("show_views", rf"SHOW\s+(?:TERSE\s+)?VIEWS{_LIKE}{_IN}"),
     ("describe_view", rf"(?:DESCRIBE|DESC)\s+VIEW\s+(?P<name>{NAME})"),
     ("drop_stream", rf"DROP\s+STREAM\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})"),
     # Before create_table: "CREATE TABLE t (a INT) AS SELECT f(a)" also ends in ")".
