@@ -33,7 +33,7 @@ from ingest_sdk.errors import IngestError
 from pipelines.change_streams import definition as change_streams
 from pipelines.change_streams.function import read_frame
 from pipelines.dynamic_tables import definition as dynamic
-from pipelines.dynamic_tables import refresh_history
+from pipelines.dynamic_tables import graph_history, refresh_history
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -190,6 +190,8 @@ class Session:
         (:mod:`pipelines.dynamic_tables.refresh_history`) in a query."""
         if call.name.upper() == refresh_history.FUNCTION:
             return refresh_history.history_frame(self, call, defaults), refresh_history.FUNCTION
+        if call.name.upper() == graph_history.FUNCTION:
+            return graph_history.graph_frame(self, call), graph_history.FUNCTION
         return read_frame(self, table, defaults), function_name(call)
 
     def user_names(self, text: str) -> str:

@@ -157,7 +157,7 @@ def _in_database(call: exp.Anonymous, database: str) -> exp.Anonymous:
 
 
 #: The table functions written ``TABLE(<name>(...))`` that the session answers.
-TABLE_FUNCTIONS = frozenset({"DYNAMIC_TABLE_REFRESH_HISTORY"})
+TABLE_FUNCTIONS = frozenset({"DYNAMIC_TABLE_REFRESH_HISTORY", "DYNAMIC_TABLE_GRAPH_HISTORY"})
 
 
 def result_names(binder: Binder, frame: DataFrame, text: str) -> DataFrame:
@@ -377,7 +377,7 @@ class Binder:
         if (found := _table_function(table)) is not None:
             call, database = found
             defaults = self.defaults or (self.session.database, self.session.schema)
-            if database is not None:
+            if database is not None and call.name.upper() == "DYNAMIC_TABLE_REFRESH_HISTORY":
                 call = _in_database(call, database)
                 defaults = (database, defaults[1])
             frame, label = self.session.table_function(table, call, defaults)

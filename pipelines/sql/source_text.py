@@ -234,8 +234,8 @@ def extent(node: exp.Expression) -> tuple[int, int]:
 #: our functions, a change stream's READ_<name> (quoted or not); or a time travel.
 _OURS = re.compile(
     r"(?<![\w$`])(?:AT|BEFORE|CHANGES)\s*\("
-    r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_REFRESH_HISTORY|READ_(?:[^`]|``)*)`\s*\("
-    r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_REFRESH_HISTORY|READ_[\w$]*)\s*\("
+    r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_(?:[^`]|``)*)`\s*\("
+    r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_[\w$]*)\s*\("
     r"|\bAS\s+OF\b",
     re.I,
 )

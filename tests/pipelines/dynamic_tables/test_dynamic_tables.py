@@ -360,6 +360,40 @@ def test_the_history_function_answers_as_snowflake_qualifies_it(base):
             base.sql(f"SELECT * FROM TABLE({other})")
 
 
+def test_the_graph_function_describes_each_table_and_its_inputs(base):
+    base.sql("CREATE VIEW W AS SELECT ID, V FROM T WHERE ID > 1")
+    base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T")
+    base.sql("CREATE DYNAMIC TABLE E TARGET_LAG = DOWNSTREAM REFRESH_MODE = FULL "
+             "AS SELECT D.ID, W.V FROM D JOIN W ON D.ID = W.ID")  # fmt: skip
+    base.sql("ALTER DYNAMIC TABLE D SUSPEND")
+    found = base.sql("SELECT * FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_GRAPH_HISTORY()) "
+                     "ORDER BY QUALIFIED_NAME").collect()  # fmt: skip
+    d, e = found
+    assert (d.NAME, d.SCHEMA_NAME, d.DATABASE_NAME, d.QUALIFIED_NAME) == (
+        "D", "PUBLIC", "DB", "DB.PUBLIC.D")  # fmt: skip
+    assert [tuple(i) for i in d.INPUTS] == [("DB.PUBLIC.T", "TABLE")]
+    # Everything its refreshes read: the view, and the table the view reads.
+    assert sorted(tuple(i) for i in e.INPUTS) == [
+        ("DB.PUBLIC.D", "DYNAMIC_TABLE"), ("DB.PUBLIC.T", "TABLE"), ("DB.PUBLIC.W", "VIEW")]
+    assert (d.TARGET_LAG_TYPE, d.TARGET_LAG_SEC, e.TARGET_LAG_TYPE, e.TARGET_LAG_SEC) == (
+        "USER_DEFINED", 60, "DOWNSTREAM", None)  # fmt: skip
+    assert d.QUERY_TEXT == "SELECT ID FROM T" and d.VALID_TO is None
+    assert d.SCHEDULING_STATE.state == "SUSPENDED" and e.SCHEDULING_STATE.state == "ACTIVE"
+    assert (d.REFRESH_MODE, e.REFRESH_MODE) == ("ADAPTIVE", "FULL")
+    # The refresh history joins on QUALIFIED_NAME, as in Snowflake.
+    joined = base.sql(
+        "SELECT g.QUALIFIED_NAME, count(*) AS N FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY()) g "
+        "JOIN TABLE(DYNAMIC_TABLE_REFRESH_HISTORY()) h ON g.QUALIFIED_NAME = h.QUALIFIED_NAME "
+        "GROUP BY g.QUALIFIED_NAME").collect()
+    counted = base.sql("SELECT QUALIFIED_NAME, count(*) AS N FROM "
+                       "TABLE(DYNAMIC_TABLE_REFRESH_HISTORY()) GROUP BY QUALIFIED_NAME").collect()
+    assert sorted(tuple(r) for r in joined) == sorted(tuple(r) for r in counted)
+    assert {r[0] for r in joined} == {"DB.PUBLIC.D", "DB.PUBLIC.E"}
+    for argument in ("AS_OF => CURRENT_TIMESTAMP()", "HISTORY_START => '2026-01-01'", "1"):
+        with pytest.raises(SqlError, match="DYNAMIC_TABLE_GRAPH_HISTORY"):
+            base.sql(f"SELECT * FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY({argument}))")
+
+
 def test_a_refresh_of_a_dropped_definition_changes_nothing(base):
     base.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID FROM T")
     base.sql("INSERT INTO T VALUES (7, 'g')")
