@@ -30,6 +30,7 @@ from flush import commit_clock
 from flush.commit_clock import version_at
 from flush.tables import logged_versions
 from ingest_sdk.errors import IngestError
+from pipelines import information_schema
 from pipelines.change_streams import definition as change_streams
 from pipelines.change_streams.function import read_frame
 from pipelines.dynamic_tables import definition as dynamic
@@ -193,6 +194,9 @@ class Session:
         if call.name.upper() == graph_history.FUNCTION:
             return graph_history.graph_frame(self, call), graph_history.FUNCTION
         return read_frame(self, table, defaults), function_name(call)
+
+    def information_schema_view(self, database: str, name: str) -> DataFrame:
+        return information_schema.view_frame(self, database, name)
 
     def user_names(self, text: str) -> str:
         """``text`` (an error message) with our temporary views' names replaced by the

@@ -39,7 +39,7 @@ from pipelines.sql.source_text import (
     writes_watermark,
 )
 from pipelines.sql.spark_reading import Output, Reference, name_parts, outputs, references
-from pipelines.sql.statements import NAME, spark_sql_text, split_name
+from pipelines.sql.statements import INFORMATION_SCHEMA, NAME, spark_sql_text, split_name
 from pipelines.transactions.snapshot_pins import consistent_pins
 from pipelines.transactions.transaction import Transaction
 
@@ -337,6 +337,9 @@ class Binder:
         name = parts[-1]
         schema = parts[-2] if len(parts) > 1 else schema
         database = parts[-3] if len(parts) > 2 else database
+        if schema == INFORMATION_SCHEMA:
+            frame = self.session.information_schema_view(database, name)
+            return self.view(frame, f"{database}.{schema}.{name}"), name
         return self._named(database, schema, name), name
 
     def _our_clauses(self, text: str) -> str:

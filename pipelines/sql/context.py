@@ -109,6 +109,11 @@ class StatementContext(Protocol):
         """Drop the temporary views earlier statements made."""
         ...
 
+    def information_schema_view(self, database: str, name: str) -> DataFrame:
+        """The rows of ``<database>.INFORMATION_SCHEMA.<name>``
+        (:mod:`pipelines.information_schema`)."""
+        ...
+
     def table_function(
         self, table: exp.Table, call: exp.Anonymous, defaults: tuple[str, str]
     ) -> tuple[DataFrame, str]:

@@ -22,6 +22,7 @@ from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import check_parts, like, status_frame, utc
+from pipelines.sql.statements import INFORMATION_SCHEMA
 from pipelines.transactions.commit import when_free
 
 if TYPE_CHECKING:
@@ -69,6 +70,10 @@ def create_database(session: StatementContext, statement: Statement) -> DataFram
             "SQL_COMPILATION_ERROR",
         )
     database, schema = _database_and_schema(session, statement)
+    if schema == INFORMATION_SCHEMA:
+        raise SqlError(f"the schema name {INFORMATION_SCHEMA} is reserved: every database's "
+                       f"{INFORMATION_SCHEMA} holds the views that describe it; choose "
+                       "another name", "SQL_COMPILATION_ERROR")  # fmt: skip
     catalog = session.catalog
     if schema is None:
         _, created = catalog.create_database(database)

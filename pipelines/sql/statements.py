@@ -405,6 +405,8 @@ def split_name(name: str) -> list[str]:
 
 
 DEFAULT_DATABASE, DEFAULT_SCHEMA = "DB", "PUBLIC"
+#: The schema of every database whose views describe it (reserved: CREATE SCHEMA refuses it).
+INFORMATION_SCHEMA = "INFORMATION_SCHEMA"
 
 
 def qualified(

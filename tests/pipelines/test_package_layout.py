@@ -28,7 +28,7 @@ LAYERS = {
     "cli": 5,  # the command line's client side: what `--url` imports, below `__main__`
 }
 #: The top: what puts the layers together. No sub-package imports these.
-TOP = ("pipelines.session", "pipelines.worker", "pipelines.__main__")
+TOP = ("pipelines.session", "pipelines.information_schema", "pipelines.worker", "pipelines.__main__")
 #: Modules at the package's top that every layer may import (below layer 0): the error
 #: tree, and the one equality and netting of change sets, which ``streams`` and
 #: ``incremental`` (two layer-0 packages that may not import each other) both use.
