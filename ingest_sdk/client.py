@@ -165,6 +165,15 @@ class AsyncStreamingIngestClient:
     async def list_tables(self) -> list[dict[str, Any]]:
         return (await self.transport.request("GET", "/v1/tables"))["tables"]  # type: ignore[no-any-return]
 
+    async def list_change_streams(self) -> list[dict[str, Any]]:
+        """The change streams, as ``GET /v1/change-streams`` lists them."""
+        return (await self.transport.request("GET", "/v1/change-streams"))["change_streams"]  # type: ignore[no-any-return]
+
+    async def describe_change_stream(self, name: str) -> dict[str, Any]:
+        """One change stream (``ChangeStreamNotFoundError`` if there is none)."""
+        path = f"/v1/change-streams/{quote(name, safe='')}"
+        return await self.transport.request("GET", path)  # type: ignore[no-any-return]
+
     async def drop_table(self, name: str) -> None:
         await self.transport.request("DELETE", f"/v1/tables/{quote(name, safe='')}")
 

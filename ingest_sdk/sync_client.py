@@ -218,6 +218,12 @@ class StreamingIngestClient:
     def list_tables(self) -> list[dict[str, Any]]:
         return self._loop.run(self._client.list_tables())
 
+    def list_change_streams(self) -> list[dict[str, Any]]:
+        return self._loop.run(self._client.list_change_streams())
+
+    def describe_change_stream(self, name: str) -> dict[str, Any]:
+        return self._loop.run(self._client.describe_change_stream(name))
+
     def drop_table(self, name: str) -> None:
         self._loop.run(self._client.drop_table(name))
 

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from ingest_sdk.errors import ChangeStreamNotFoundError
 from pipelines import Session
 
 
@@ -67,6 +68,18 @@ def test_the_list_and_one_stream_say_what_show_change_streams_says(server, sessi
     assert get(server, '/v1/change-streams/"lower"')[1]["change_stream"] == "lower"
     session.sql("DROP TABLE ORDERS")
     assert get(server, '/v1/change-streams/"lower"')[1]["for"] == ["DB.PUBLIC.ACCOUNTS"]
+
+
+def test_the_sdk_lists_and_describes_them(server, session, client_factory):
+    session.sql("CREATE TABLE ACCOUNTS (ID NUMBER)")
+    session.sql("CREATE CHANGE STREAM BALANCES FOR ACCOUNTS")
+    client = client_factory(server.url)
+    listed = client.list_change_streams()
+    assert [s["name"] for s in listed] == ["DB.PUBLIC.BALANCES"]
+    assert client.describe_change_stream("balances") == listed[0] == get(
+        server, "/v1/change-streams/BALANCES")[1]  # fmt: skip
+    with pytest.raises(ChangeStreamNotFoundError, match="GET /v1/change-streams lists them"):
+        client.describe_change_stream("NOPE")
 
 
 def test_a_missing_or_malformed_name_is_a_4xx_that_says_what_to_do(server, session):
