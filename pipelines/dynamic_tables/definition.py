@@ -87,8 +87,8 @@ def _options(text: str) -> dict[str, str]:
 
 def _lag(text: str | None) -> TargetLag:
     if text is None:
-        raise SqlError("CREATE DYNAMIC TABLE needs TARGET_LAG = '<n> seconds|minutes|hours|"
-                       "days' or TARGET_LAG = DOWNSTREAM", "SQL_COMPILATION_ERROR")  # fmt: skip
+        raise SqlError("CREATE DYNAMIC TABLE needs TARGET_LAG = '<duration>' (such as "
+                       "'5 minutes') or TARGET_LAG = DOWNSTREAM", "SQL_COMPILATION_ERROR")  # fmt: skip
     try:
         return parse_target_lag(literal(text) if text.startswith("'") else text)
     except ValueError as exc:
