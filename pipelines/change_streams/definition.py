@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from catalog import ChangeStreamRecord, full_name
+from catalog import ChangeStreamRecord, did_you_mean, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
 from flush.table_locks import table_lock
@@ -115,9 +115,10 @@ def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple
         info = session.find_table(database, schema_name, name)
         if info is None:
             kind = "a view" if session.catalog.get_view(database, schema_name, name) else "no table"
+            hint = did_you_mean(session.catalog, database, schema_name, name, ["table"])
             raise ObjectNotFoundError(f"table {full_name(database, schema_name, name)} does not "
-                                      f"exist ({kind}); a change stream watches tables and "
-                                      "dynamic tables")  # fmt: skip
+                                      f"exist{hint} ({kind}); a change stream watches tables "
+                                      "and dynamic tables")  # fmt: skip
         if info.id in ids:
             raise SqlError(f"the table {info.full_name} is listed twice", "SQL_COMPILATION_ERROR")
         ids.append(info.id)
@@ -153,6 +154,7 @@ def _find(session: StatementContext, name: str) -> ChangeStreamRecord:
     if found is None:
         raise ObjectNotFoundError(
             f"change stream {full_name(database, schema_name, short)} does not exist"
+            + did_you_mean(session.catalog, database, schema_name, short, ["change stream"])
         )
     return found
 
