@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipelines import SqlError, UnsupportedStatementError
 from pipelines.sql.near_misses import LAG_FORM
@@ -120,3 +122,26 @@ def test_every_spelling_of_a_duration_sets_the_lag_through_a_session(session):
     assert_refused(session, f"CREATE DYNAMIC TABLE E TARGET_LAG = 5 {QUERY}",
                    "SQL_COMPILATION_ERROR", LAG_FORM, collect=False,
                    unchanged=_dynamic)  # fmt: skip
+
+
+PIECES = ["TARGET_LAG", "REFRESH_MODE", "=", "'", "''", "5", "'5 minutes'", "DOWNSTREAM", "AS",
+          "SELECT 1", " ", "\t", "(", ")", ";", "SET", "REFRESH", "\"", "x", "\u017f", "--"]  # fmt: skip
+
+
+HEADS = ["CREATE DYNAMIC TABLE D ", "create or replace dynamic table ",
+         "ALTER DYNAMIC TABLE D ", "ALTER DYNAMIC TABLE "]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(HEADS),
+    st.one_of(st.text(max_size=30), st.lists(st.sampled_from(PIECES), max_size=8).map(" ".join)),
+)
+def test_any_dynamic_table_header_is_a_statement_or_an_error_without_the_whole_list(head, tail):
+    try:
+        statement = classify(head + tail)
+    except SqlError as exc:
+        assert exc.code in ("SQL_COMPILATION_ERROR", "UNSUPPORTED_STATEMENT", "STATEMENT_TOO_COMPLEX")
+        assert "supported: " not in str(exc), exc
+    else:
+        assert statement.kind in ("create_dynamic_table", "alter_dynamic_table")
