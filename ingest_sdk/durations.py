@@ -59,9 +59,12 @@ def read_duration(text: str, what: str) -> Fraction:
             accepted forms.
     """
     matched = _DURATION.fullmatch(text.strip(_SPACES)) if isinstance(text, str) else None
-    size = _UNITS.get(matched.group(4).lower()) if matched is not None else None
-    if matched is None or size is None:
+    if matched is None:
         raise ValueError(f"{what} {_shown(text)} is not a duration: write {DURATION_FORMS}")
+    size = _UNITS.get(matched.group(4).lower())
+    if size is None:
+        raise ValueError(f"{what} {_shown(text)} has an unknown unit "
+                         f"{_shown(matched.group(4))}: write {DURATION_FORMS}")  # fmt: skip
     whole = (matched.group(1) or "").lstrip("0")
     fraction = matched.group(2) or matched.group(3) or ""
     if len(whole) + len(fraction) > _MAX_DIGITS:
@@ -83,22 +86,19 @@ def parse_duration(value: float | int | str, what: str = "duration") -> float:
         ConfigurationError: the value is not a non-negative duration.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        text = value.strip(_SPACES) if isinstance(value, str) else None
-        # A plain number is seconds: the grammar with the unit left out.
-        if text and (text[-1].isdigit() or text[-1] == "."):
-            text += " s"
-        try:
-            seconds = float(read_duration(text, what)) if text is not None else -1.0
-        except ValueError:
-            seconds = -1.0
-        if seconds < 0:
-            raise ConfigurationError(f"{what} {_shown(value)} is not a duration: write a "
-                                     f"number of seconds (1.5) or {DURATION_FORMS}")  # fmt: skip
-    if not seconds >= 0:
-        raise ConfigurationError(f"{what} must not be negative, got {value!r}")
-    return seconds
+        if not value >= 0:
+            raise ConfigurationError(f"{what} must not be negative, got {value!r}")
+        return float(value)
+    text = value.strip(_SPACES) if isinstance(value, str) else ""
+    # A plain number is seconds: the grammar with the unit left out.
+    plain = text[-1:].isdigit() or text.endswith(".")
+    try:
+        return float(read_duration(f"{text} s" if plain else text, what))
+    except ValueError as exc:
+        message = str(exc)
+        if plain or not isinstance(value, str):  # not the text read: say what was given
+            message = f"{what} {_shown(value)} is not a duration: write {DURATION_FORMS}"
+        raise ConfigurationError(f"{message}; or a plain number of seconds (1.5)") from None
 
 
 def parse_max_client_lag(value: float | int | str) -> float:

@@ -69,12 +69,19 @@ def test_any_text_is_a_duration_or_a_value_error_naming_the_clause(text):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "5", "s", "-5 s", "+5 s", "5 weeks", "5 s s", "1e3 s", "5\u00a0s",
-             "\u0665 s", "1 \u017fec", "5 minutes ago"],
+    "text", ["", "5", "s", "-5 s", "+5 s", "5 s s", "1e3 s", "5\u00a0s", "\u0665 s",
+             "1 \u017fec", "5 minutes ago"],
 )  # fmt: skip
 def test_what_is_not_a_duration(text):
     with pytest.raises(ValueError, match=r"^TARGET_LAG .* is not a duration: write a number"):
         read_duration(text, "TARGET_LAG")
+
+
+@pytest.mark.parametrize(("text", "unit"), [("5 weeks", "weeks"), ("2fortnights", "fortnights"),
+                                             ("1 SECONDSS", "SECONDSS")])  # fmt: skip
+def test_an_unknown_unit_is_named(text, unit):
+    with pytest.raises(ValueError, match=f"has an unknown unit {unit!r}: write a number"):
+        read_duration(text, "X")
 
 
 def test_hostile_lengths_are_refused_in_linear_time():
@@ -91,3 +98,9 @@ def test_the_sdk_also_takes_a_plain_number_of_seconds():
     assert parse_duration("1.5") == parse_duration(1.5) == parse_duration("1500 ms") == 1.5
     with pytest.raises(ConfigurationError, match="max_client_lag 'soon' is not a duration"):
         parse_duration("soon", "max_client_lag")
+    with pytest.raises(ConfigurationError, match="max_client_lag '-1' is not a duration"):
+        parse_duration("-1", "max_client_lag")
+    with pytest.raises(ConfigurationError, match="must not be negative"):
+        parse_duration(-1.0)
+    with pytest.raises(ConfigurationError, match="duration None is not a duration"):
+        parse_duration(None)  # type: ignore[arg-type]
