@@ -84,8 +84,12 @@ class FakeCatalog:
     """The listing methods did_you_mean reads, over fixed objects."""
 
     def __init__(self):
-        self.tables = [Object("DB", "PUBLIC", "ORDERS", id=1), Object("DB", "PUBLIC", "SUMMARY", id=2),
-                       Object("DB", "OTHER", "ORDERZ", id=3), Object("DB2", "PUBLIC", "ORDERX", id=4)]
+        self.tables = [
+            Object("DB", "PUBLIC", "ORDERS", id=1),
+            Object("DB", "PUBLIC", "SUMMARY", id=2),
+            Object("DB", "OTHER", "ORDERZ", id=3),
+            Object("DB2", "PUBLIC", "ORDERX", id=4),
+        ]
         self.dynamic = [Object("", "", "", table_id=2)]
         self.views = [Object("DB", "PUBLIC", "V_ORDERS")]
         self.streams = [Object("DB", "PUBLIC", "S_ORDERS")]
@@ -127,7 +131,9 @@ class FakeCatalog:
          " (did you mean DB.PUBLIC.S_ORDERS or DB.PUBLIC.V_ORDERS?)"),
     ],
 )  # fmt: skip
-def test_did_you_mean_looks_in_one_schema_among_the_kinds_named(database, schema, name, kinds, hint):
+def test_did_you_mean_looks_in_one_schema_among_the_kinds_named(
+    database, schema, name, kinds, hint
+):
     assert did_you_mean(FakeCatalog(), database, schema, name, kinds) == hint
 
 

@@ -141,7 +141,11 @@ def test_any_dynamic_table_header_is_a_statement_or_an_error_without_the_whole_l
     try:
         statement = classify(head + tail)
     except SqlError as exc:
-        assert exc.code in ("SQL_COMPILATION_ERROR", "UNSUPPORTED_STATEMENT", "STATEMENT_TOO_COMPLEX")
+        assert exc.code in (
+            "SQL_COMPILATION_ERROR",
+            "UNSUPPORTED_STATEMENT",
+            "STATEMENT_TOO_COMPLEX",
+        )
         assert "supported: " not in str(exc), exc
     else:
         assert statement.kind in ("create_dynamic_table", "alter_dynamic_table")
