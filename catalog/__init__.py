@@ -38,6 +38,7 @@ from catalog.records import (
     full_name,
 )
 from catalog.sqlite import SqliteCatalog
+from catalog.suggest import did_you_mean
 
 __all__ = [
     "APPEND_INTENT",
@@ -71,5 +72,6 @@ __all__ = [
     "TableInfo",
     "TablesGoneError",
     "ViewRecord",
+    "did_you_mean",
     "full_name",
 ]

@@ -40,7 +40,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from catalog import Catalog, ChangeStreamRecord, SqliteCatalog, full_name
+from catalog import Catalog, ChangeStreamRecord, SqliteCatalog, did_you_mean, full_name
 from channel_server.handlers import SERVICE, routes
 from channel_server.service import IngestService
 from ingest_sdk.errors import (
@@ -232,8 +232,9 @@ def _checked(
     """The stream and the read's checked arguments (blocking: catalog reads)."""
     stream = catalog.get_change_stream(*names)
     if stream is None:
+        hint = did_you_mean(catalog, *names, ["change stream"])
         raise ChangeStreamNotFoundError(
-            f"change stream {full_name(*names)} does not exist; SHOW CHANGE STREAMS (through "
+            f"change stream {full_name(*names)} does not exist{hint}; SHOW CHANGE STREAMS (through "
             "POST /v1/sql) lists them. Unquoted parts of a name are upper-cased: quote a "
             'part to keep its case ("my_cs")'
         )

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from catalog import Catalog, ChannelRecord, DynamicTableRecord, TableInfo
+from catalog import Catalog, ChannelRecord, DynamicTableRecord, TableInfo, did_you_mean
 from catalog import TableBusyError as CatalogTableBusy
 from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
 from channel_server.config import ServerConfig
@@ -292,7 +292,15 @@ class IngestService:
     def describe_table(self, name: str) -> TableInfo:
         info = self._definitions.get(name)
         if info is None:
-            info = self.catalog.get_table(*split_table_name(name))
+            parts = split_table_name(name)
+            try:
+                info = self.catalog.get_table(*parts)
+            except TableNotFoundError as exc:
+                hint = did_you_mean(self.catalog, *parts, ["table"])
+                if not hint:
+                    raise
+                text = str(exc).replace(" does not exist", f" does not exist{hint}", 1)
+                raise TableNotFoundError(text) from exc
             if len(self._definitions) > 10_000:
                 self._definitions.clear()  # bounded: names are client-chosen spellings
             self._definitions[name] = info

@@ -314,10 +314,11 @@ def local_query(
     ) -> Iterator[dict[str, Any]]:
         stream = catalog.get_change_stream(*name)
         if stream is None:
-            from catalog import full_name
+            from catalog import did_you_mean, full_name
 
+            hint = did_you_mean(catalog, *name, ["change stream"])
             raise ObjectNotFoundError(
-                f"change stream {full_name(*name)} does not exist (SHOW CHANGE STREAMS lists "
+                f"change stream {full_name(*name)} does not exist{hint} (SHOW CHANGE STREAMS lists "
                 "them; unquoted parts of a name are upper-cased)"
             )
         values = {"start_timestamp": start, "end_timestamp": end, "partition_token": token,
@@ -336,7 +337,7 @@ def _print_record(record: dict[str, Any], _db: object) -> None:
 def tail(args: argparse.Namespace) -> int:
     """``tail``: print the stream's records until it ends (``--end-timestamp``), Ctrl-C or
     SIGTERM (0); a stream that does not exist or a refused read: its error, 1."""
-    from catalog import SqliteCatalog, full_name
+    from catalog import SqliteCatalog, did_you_mean, full_name
     from ingest_sdk import (
         ChangeStreamReader,
         ConfigurationError,
@@ -378,8 +379,9 @@ def tail(args: argparse.Namespace) -> int:
             return 2
         catalog = SqliteCatalog(folder / CATALOG_FILE)
         if catalog.get_change_stream(*name) is None:
-            print(f"error OBJECT_NOT_FOUND: change stream {full_name(*name)} does not exist "
-                  f"({where})", file=sys.stderr)  # fmt: skip
+            hint = did_you_mean(catalog, *name, ["change stream"])
+            print(f"error OBJECT_NOT_FOUND: change stream {full_name(*name)} does not exist"
+                  f"{hint} ({where})", file=sys.stderr)  # fmt: skip
             return 1
         source = local_query(catalog, name, stop)
     try:

@@ -25,6 +25,7 @@ from catalog import (
     StreamRecord,
     TableBusyError,
     TableInfo,
+    did_you_mean,
 )
 from flush import commit_clock
 from flush.commit_clock import version_at
@@ -316,8 +317,10 @@ class Session:
             )
         if info is None:
             raise ObjectNotFoundError(
-                f"table {database}.{schema}.{table} does not exist; check the name (unquoted "
-                "names are upper-cased; USE DATABASE/SCHEMA sets the defaults) or create it"
+                f"table {database}.{schema}.{table} does not exist"
+                f"{did_you_mean(self.catalog, database, schema, table, ['table'])}; check the "
+                "name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults) "
+                "or create it"
             )
         return info
 
@@ -325,7 +328,10 @@ class Session:
         database, schema, stream_name = self.qualify(name)
         stream = self.catalog.get_stream(database, schema, stream_name)
         if stream is None:
-            raise ObjectNotFoundError(f"stream {database}.{schema}.{stream_name} does not exist")
+            raise ObjectNotFoundError(
+                f"stream {database}.{schema}.{stream_name} does not exist"
+                + did_you_mean(self.catalog, database, schema, stream_name, ["stream"])
+            )
         return stream
 
     def point(self, info: TableInfo, at: str, kind: str, value: Any) -> int:

@@ -13,10 +13,11 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from catalog import ChangeStreamRecord, full_name
+from catalog import ChangeStreamRecord, did_you_mean, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
 from flush.table_locks import table_lock
+from ingest_sdk.durations import DURATION_FORMS, read_duration
 from ingest_sdk.schema import check_object_name
 from pipelines.change_streams.partitions import merge, split
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -38,7 +39,6 @@ MIN_RETENTION_S, MAX_RETENTION_S = 60, 30 * 86_400
 #: The most partitions a change stream starts with (the service may split further).
 MAX_PARTITIONS = 64
 _UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
-_DURATION = re.compile(r"\s*([0-9]{1,7})\s*([smhd])\s*", re.I)
 _TABLE_NAMES = re.compile(NAME)
 
 
@@ -90,13 +90,17 @@ def _options(text: str | None) -> dict[str, str]:
 
 
 def _retention(text: str) -> int:
-    match = _DURATION.fullmatch(text)
-    seconds = int(match.group(1)) * _UNITS[match.group(2).lower()] if match else -1
-    if not MIN_RETENTION_S <= seconds <= MAX_RETENTION_S:
-        raise SqlError(f"retention_period {text[:40]!r} must be a whole number of seconds, "
-                       "minutes, hours or days ('90m', '36h', '7d') from 1 minute to 30 days",
-                       "SQL_COMPILATION_ERROR")  # fmt: skip
-    return seconds
+    """``retention_period``'s seconds: a duration (``'7d'``, ``'36 hours'``) in whole
+    seconds, from 1 minute to 30 days."""
+    try:
+        seconds = read_duration(text, "retention_period")
+    except ValueError as exc:
+        raise SqlError(f"{exc}; from 1 minute to 30 days", "SQL_COMPILATION_ERROR") from None
+    if seconds.denominator != 1 or not MIN_RETENTION_S <= seconds <= MAX_RETENTION_S:
+        raise SqlError(f"retention_period {text[:40]!r} must be a whole number of seconds from "
+                       f"1 minute to 30 days ('90m', '36 hours', '7d'); a duration is "
+                       f"{DURATION_FORMS}", "SQL_COMPILATION_ERROR")  # fmt: skip
+    return int(seconds)
 
 
 def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple[int, ...]]:
@@ -111,9 +115,10 @@ def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple
         info = session.find_table(database, schema_name, name)
         if info is None:
             kind = "a view" if session.catalog.get_view(database, schema_name, name) else "no table"
+            hint = did_you_mean(session.catalog, database, schema_name, name, ["table"])
             raise ObjectNotFoundError(f"table {full_name(database, schema_name, name)} does not "
-                                      f"exist ({kind}); a change stream watches tables and "
-                                      "dynamic tables")  # fmt: skip
+                                      f"exist{hint} ({kind}); a change stream watches tables "
+                                      "and dynamic tables")  # fmt: skip
         if info.id in ids:
             raise SqlError(f"the table {info.full_name} is listed twice", "SQL_COMPILATION_ERROR")
         ids.append(info.id)
@@ -149,6 +154,7 @@ def _find(session: StatementContext, name: str) -> ChangeStreamRecord:
     if found is None:
         raise ObjectNotFoundError(
             f"change stream {full_name(database, schema_name, short)} does not exist"
+            + did_you_mean(session.catalog, database, schema_name, short, ["change stream"])
         )
     return found
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from sqlglot import exp
 
-from catalog import full_name
+from catalog import did_you_mean, full_name
 from flush.commit_clock import clock
 from pipelines.change_streams.read import ARGUMENTS, read, read_args
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -87,8 +87,9 @@ def read_frame(session: StatementContext, table: exp.Table, defaults: tuple[str,
     schema = table.args["db"].name if table.args.get("db") else defaults[1]
     stream = session.catalog.get_change_stream(database, schema, name)
     if stream is None:
+        hint = did_you_mean(session.catalog, database, schema, name, ["change stream"])
         raise ObjectNotFoundError(
-            f"change stream {full_name(database, schema, name)} does not exist (READ_<name> "
+            f"change stream {full_name(database, schema, name)} does not exist{hint} (READ_<name> "
             "reads the change stream <name>; SHOW CHANGE STREAMS lists them)"
         )
     partitions = session.catalog.list_partitions(stream.uid)

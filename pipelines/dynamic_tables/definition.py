@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from catalog import DynamicSource, DynamicTableRecord, TableInfo, full_name
+from catalog import DynamicSource, DynamicTableRecord, TableInfo, did_you_mean, full_name
 from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
@@ -88,8 +88,9 @@ def _options(text: str) -> dict[str, str]:
 
 def _lag(text: str | None) -> TargetLag:
     if text is None:
-        raise SqlError("CREATE DYNAMIC TABLE needs TARGET_LAG = '<n> seconds|minutes|hours|"
-                       "days' or TARGET_LAG = DOWNSTREAM", "SQL_COMPILATION_ERROR")  # fmt: skip
+        raise SqlError("CREATE DYNAMIC TABLE needs TARGET_LAG = '<duration>' (such as "
+                       "'5 minutes') or TARGET_LAG = DOWNSTREAM",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
     try:
         return parse_target_lag(literal(text) if text.startswith("'") else text)
     except ValueError as exc:
@@ -110,7 +111,10 @@ def dynamic_or_error(session: StatementContext, name: str) -> tuple[TableInfo, D
     info = session.find_table(database, schema_name, table)
     dt = session.catalog.get_dynamic_table(info.id) if info is not None else None
     if info is None or dt is None:
-        what = "a table, not a dynamic table" if info is not None else "does not exist"
+        what = "is a table, not a dynamic table" if info is not None else "does not exist"
+        if info is None:
+            what += did_you_mean(session.catalog, database, schema_name, table,
+                                 ["dynamic table"])  # fmt: skip
         raise ObjectNotFoundError(
             f"dynamic table {full_name(database, schema_name, table)} {what}; SHOW DYNAMIC "
             "TABLES lists them"

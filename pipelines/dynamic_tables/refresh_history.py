@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import orjson
 from sqlglot import exp
 
-from catalog import RefreshRecord, full_name
+from catalog import RefreshRecord, did_you_mean, full_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import NAME, qualified, split_name
 
@@ -79,7 +79,8 @@ def history_rows(
         names = qualified(split_name(text), *defaults)
         info = session.find_table(*names)
         if info is None or session.catalog.get_dynamic_table(info.id) is None:
-            raise ObjectNotFoundError(f"dynamic table {full_name(*names)} does not exist "
+            hint = did_you_mean(session.catalog, *names, ["dynamic table"])
+            raise ObjectNotFoundError(f"dynamic table {full_name(*names)} does not exist{hint} "
                                       f"({FUNCTION}'s NAME names one)")  # fmt: skip
         wanted = info.id
     if "NAME_PREFIX" in arguments:

@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ingest_sdk.durations import DURATION_FORMS, read_duration
+
 __all__ = [
     "BASE_PERIOD_US", "MAX_TARGET_LAG_US", "MIN_PERIOD_US", "MIN_TARGET_LAG_US", "Node",
     "Refresh", "TargetLag", "check_graph", "due", "effective_periods", "format_target_lag",
@@ -36,12 +38,10 @@ MAX_TARGET_LAG_US = 7 * 86_400 * SECOND_US
 BASE_PERIOD_US = 48 * SECOND_US  # reference 004: a 1 minute lag refreshes every 48 s
 MIN_PERIOD_US = BASE_PERIOD_US // 64  # 0.75 s, k = -6: the period of a 1 second lag
 
-ACCEPTED = ("expected '<n> seconds|minutes|hours|days' (n a positive integer, the unit "
-            "singular or plural, any case; from 1 second to 7 days) or DOWNSTREAM")  # fmt: skip
+ACCEPTED = (f"a quoted duration from 1 second to 7 days, in whole seconds, or DOWNSTREAM; "
+            f"a duration is {DURATION_FORMS}")  # fmt: skip
 # re.ASCII: otherwise IGNORECASE takes the long s for 's' and \s any Unicode space.
-_FLAGS = re.IGNORECASE | re.ASCII
-_TIME = re.compile(r"\s*([0-9]+)\s+(second|minute|hour|day)s?\s*", _FLAGS)
-_DOWNSTREAM = re.compile(r"\s*downstream\s*", _FLAGS)
+_DOWNSTREAM = re.compile(r"\s*downstream\s*", re.IGNORECASE | re.ASCII)
 
 
 def _valid(lag_us: int) -> bool:
@@ -65,22 +65,22 @@ class TargetLag:
 
 
 def parse_target_lag(text: str) -> TargetLag:
-    """Read TARGET_LAG as written: the string literal's content, or the keyword DOWNSTREAM.
+    """Read TARGET_LAG as written: the string literal's content (a duration of
+    :func:`ingest_sdk.durations.read_duration`'s grammar), or the keyword DOWNSTREAM.
 
     Raises:
-        ValueError: anything else, with a message naming the accepted forms.
+        ValueError: anything else, with a message naming TARGET_LAG and the accepted forms.
     """
     if _DOWNSTREAM.fullmatch(text):
         return TargetLag(None)
     shown = repr(text if len(text) <= 40 else text[:40] + "...")
-    matched = _TIME.fullmatch(text)
-    if matched is None:
-        raise ValueError(f"TARGET_LAG {shown} is not valid: {ACCEPTED}")
-    # The length first: a long run of digits is out of range, not int()'s digit limit.
-    digits, unit = matched.group(1).lstrip("0"), _UNITS[matched.group(2).lower()]
-    if len(digits) > 15 or not MIN_TARGET_LAG_US <= int(digits or "0") * unit <= MAX_TARGET_LAG_US:
-        raise ValueError(f"TARGET_LAG {shown} is out of range: {ACCEPTED}")
-    return TargetLag(int(digits) * unit)
+    try:
+        lag_us = read_duration(text, "TARGET_LAG") * SECOND_US
+    except ValueError:
+        raise ValueError(f"TARGET_LAG {shown} is not valid: write {ACCEPTED}") from None
+    if lag_us.denominator != 1 or not _valid(int(lag_us)):
+        raise ValueError(f"TARGET_LAG {shown} is out of range: write {ACCEPTED}")
+    return TargetLag(int(lag_us))
 
 
 def format_target_lag(lag: TargetLag) -> str:

@@ -47,7 +47,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from catalog import ChangeStreamRecord, PartitionRecord, SqliteCatalog, full_name
+from catalog import ChangeStreamRecord, PartitionRecord, SqliteCatalog, did_you_mean, full_name
 from flush.commit_clock import clock
 from pipelines.change_streams.read import (
     MAX_HEARTBEAT_MS,
@@ -296,7 +296,8 @@ class _Source:
         stream = catalog.get_change_stream(*self.names)
         if stream is None:
             raise ObjectNotFoundError(
-                f"{NAME}: change stream {full_name(*self.names)} does not exist; check the "
+                f"{NAME}: change stream {full_name(*self.names)} does not exist"
+                f"{did_you_mean(catalog, *self.names, ['change stream'])}; check the "
                 "option name (unquoted names are upper-cased) and the option warehouse"
             )
         if uid is not None and stream.uid != uid:

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from catalog import SqliteCatalog, TableInfo
+from catalog import SqliteCatalog, TableInfo, did_you_mean
 from ingest_sdk.errors import IngestError
 from pipelines import errors
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, SqlError
@@ -182,6 +182,7 @@ class SourceOptions:
             return catalog.get_table(database, schema, name)
         except IngestError:
             raise ObjectNotFoundError(
-                f"{self.source}: table {database}.{schema}.{name} does not exist; check the "
+                f"{self.source}: table {database}.{schema}.{name} does not exist"
+                f"{did_you_mean(catalog, database, schema, name, ['table'])}; check the "
                 "option table (unquoted names are upper-cased) and the option warehouse"
             ) from None

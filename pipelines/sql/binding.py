@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from catalog import TableInfo, ViewRecord, full_name
+from catalog import TableInfo, ViewRecord, did_you_mean, full_name
 from flush.spark_tables import read_delta
 from flush.tables import ROW_ID_COLUMN
 from ingest_sdk.schema import quote_identifier
@@ -58,6 +58,8 @@ MAX_VIEW_DEPTH = 32
 STREAM_HAS_DATA = "SYSTEM$STREAM_HAS_DATA"
 _TABLE_QUERY = re.compile(r"\bTABLE\s*$", re.I)
 _STREAM_NAME = re.compile(NAME)
+#: What a name in a query may name, for the "did you mean" of one that names nothing.
+_READ_KINDS = ("table", "stream", "view")
 
 
 def quote(name: str) -> str:
@@ -434,7 +436,8 @@ class Binder:
         stream = self.session.catalog.get_stream(database, schema, parts[-1])
         if stream is None:
             raise ObjectNotFoundError(
-                f"stream {full_name(database, schema, parts[-1])} does not exist ("
+                f"stream {full_name(database, schema, parts[-1])} does not exist"
+                f"{did_you_mean(self.session.catalog, database, schema, parts[-1], ['stream'])} ("
                 f"{STREAM_HAS_DATA} names a stream; unquoted names are upper-cased, USE "
                 "DATABASE/SCHEMA sets the defaults)"
             )
@@ -495,8 +498,10 @@ class Binder:
         if view is not None:
             return self._expand(view)
         raise ObjectNotFoundError(
-            f"object {database}.{schema}.{name} does not exist: no table, stream or view of "
-            "that name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
+            f"object {database}.{schema}.{name} does not exist"
+            f"{did_you_mean(self.session.catalog, database, schema, name, _READ_KINDS)}: no "
+            "table, stream or view of that name (unquoted names are upper-cased; USE "
+            "DATABASE/SCHEMA sets the defaults)"
             + (f"; view {self.within[-1]} reads it" if self.within else "")
         )
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from deltalake import DeltaTable
 
-from catalog import ObjectAlreadyExistsError, StreamRecord, full_name
+from catalog import ObjectAlreadyExistsError, StreamRecord, did_you_mean, full_name
 from flush import create_catalog_table
 from flush.table_locks import table_lock
 from ingest_sdk.errors import TableAlreadyExistsError
@@ -100,7 +100,10 @@ def drop_table_statement(session: StatementContext, statement: Statement) -> Dat
             return status_frame(
                 session, "Drop statement executed successfully (table did not exist)."
             )
-        raise ObjectNotFoundError(f"table {database}.{schema_name}.{name} does not exist")
+        raise ObjectNotFoundError(
+            f"table {database}.{schema_name}.{name} does not exist"
+            + did_you_mean(session.catalog, database, schema_name, name, ["table"])
+        )
     check_writable(session, info, "DROP TABLE")
     drop_table_info(session, info)
     return status_frame(session, f"{info.name} successfully dropped.")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
-from catalog import TableInfo, full_name
+from catalog import TableInfo, did_you_mean, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
 from ingest_sdk.schema import check_object_name, quote_identifier
@@ -68,7 +68,10 @@ def drop_named(
             return status_frame(
                 session, f"Drop statement executed successfully ({what} did not exist)."
             )
-        raise ObjectNotFoundError(f"{what} {full_name(database, schema_name, name)} does not exist")
+        raise ObjectNotFoundError(
+            f"{what} {full_name(database, schema_name, name)} does not exist"
+            + did_you_mean(session.catalog, database, schema_name, name, [what])
+        )
     drop(found)
     return status_frame(session, f"{name} successfully dropped.")
 

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import pyarrow as pa
 from sqlglot import exp
 
-from catalog import TableInfo, full_name
+from catalog import TableInfo, did_you_mean, full_name
 from flush import check_column_names, create_catalog_table
 from flush.change_commit import ChangeSet
 from flush.tables import ROW_ID_COLUMN, delta_schema
@@ -308,8 +308,9 @@ def truncate(session: StatementContext, statement: Statement) -> DataFrame:
         if statement.parts["if_exists"]:
             return status_frame(session, "Statement executed successfully (table did not exist).")
         raise ObjectNotFoundError(
-            f"table {full_name(database, schema_name, name)} does not exist; check the name "
-            "(unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
+            f"table {full_name(database, schema_name, name)} does not exist"
+            f"{did_you_mean(session.catalog, database, schema_name, name, ['table'])}; check "
+            "the name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults)"
         )
     check_writable(session, info, "TRUNCATE")
     for attempt in autocommit_attempts():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from catalog import ObjectAlreadyExistsError, ViewRecord, full_name
+from catalog import ObjectAlreadyExistsError, ViewRecord, did_you_mean, full_name
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import (
@@ -102,7 +102,10 @@ def describe_view(session: StatementContext, statement: Statement) -> DataFrame:
     database, schema_name, name = session.qualify(statement.parts["name"] or "")
     view = session.catalog.get_view(database, schema_name, name)
     if view is None:
-        raise ObjectNotFoundError(f"view {full_name(database, schema_name, name)} does not exist")
+        raise ObjectNotFoundError(
+            f"view {full_name(database, schema_name, name)} does not exist"
+            + did_you_mean(session.catalog, database, schema_name, name, ["view"])
+        )
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:
         reference = f"SELECT * FROM {_quoted(view)}"

@@ -378,7 +378,8 @@ def classify(text: str) -> Statement:
     Raises:
         SqlError: not a single statement of text, or nested too deep.
         UnsupportedStatementError: a statement this system does not run (the message
-            lists the ones it does).
+            lists the ones it does); one that is nearly a dynamic table statement is a
+            SqlError naming the clause instead.
     """
     if not isinstance(text, str) or not text.strip():
         raise SqlError("the statement is empty; send one SQL statement", "SQL_COMPILATION_ERROR")
@@ -393,8 +394,19 @@ def classify(text: str) -> Statement:
     query_kind = _QUERY_KINDS.get(word.upper())
     if query_kind is not None:
         return Statement(query_kind, text)
+    _raise_near_miss(text)
     shown = " ".join(text.split())[:80]
     raise UnsupportedStatementError(f"unsupported statement {shown!r}; supported: {SUPPORTED}")
+
+
+def _raise_near_miss(text: str) -> None:
+    """Raise the error of a statement that is nearly one of ours (a dynamic table's with a
+    clause that cannot be read), naming the clause, instead of the list of statements."""
+    from pipelines.sql.near_misses import near_miss  # it reads this module's patterns
+
+    error = near_miss(text)
+    if error is not None:
+        raise error
 
 
 def split_name(name: str) -> list[str]:

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo, ViewRecord
+from catalog import ObjectAlreadyExistsError, StreamRecord, TableInfo, ViewRecord, did_you_mean
 from flush.spark_tables import arrow_frame
 from flush.table_locks import table_lock
 from flush.tables import logged_versions
@@ -183,8 +183,10 @@ def _require_view(session: StatementContext, name: str) -> ViewRecord:
         raise SqlError(f"{database}.{schema}.{view_name} is a table, not a view: write CREATE "
                        "STREAM ... ON TABLE", "SQL_COMPILATION_ERROR")  # fmt: skip
     raise ObjectNotFoundError(
-        f"view {database}.{schema}.{view_name} does not exist; check the name (unquoted names "
-        "are upper-cased; USE DATABASE/SCHEMA sets the defaults) or create it with CREATE VIEW"
+        f"view {database}.{schema}.{view_name} does not exist"
+        f"{did_you_mean(session.catalog, database, schema, view_name, ['view'])}; check the "
+        "name (unquoted names are upper-cased; USE DATABASE/SCHEMA sets the defaults) or "
+        "create it with CREATE VIEW"
     )
 
 

@@ -300,7 +300,7 @@ async def test_every_mistake_is_a_4xx_naming_the_fix(server, session, http, clie
     ok = {"start_timestamp": start, "heartbeat_milliseconds": "1000"}
     cases = [
         ("NOPE", ok, 404, "CHANGE_STREAM_NOT_FOUND", "change stream DB.PUBLIC.NOPE does not exist; SHOW CHANGE STREAMS"),
-        ('"cs"', ok, 404, "CHANGE_STREAM_NOT_FOUND", 'change stream DB.PUBLIC."cs" does not exist'),
+        ('"cs"', ok, 404, "CHANGE_STREAM_NOT_FOUND", 'change stream DB.PUBLIC."cs" does not exist (did you mean DB.PUBLIC.CS?)'),
         ("S.CS", ok, 404, "CHANGE_STREAM_NOT_FOUND", "change stream DB.S.CS does not exist"),
         ("A.B.C.D", ok, 400, "BAD_REQUEST", "'A.B.C.D' is not a change stream name; name it NAME, SCHEMA.NAME or DATABASE.SCHEMA.NAME"),
         ("DB. .CS", ok, 400, "BAD_REQUEST", "is not a change stream name (each part must be"),

@@ -85,6 +85,14 @@ def test_table_ddl(server, client_factory):
         client.create_table("db.new.tab", {"ID": "INT"})
     assert client.describe_table("DB.NEW.TAB")["columns"] == {"ID": "NUMBER(38,0)"}
     assert [t["name"] for t in client.list_tables()] == ["DB.NEW.TAB"]
+    typo = r"table DB\.NEW\.TBA does not exist \(did you mean DB\.NEW\.TAB\?\); create it"
+    with pytest.raises(TableNotFoundError, match=typo):
+        client.describe_table("db.new.tba")
+    with pytest.raises(TableNotFoundError, match=typo):
+        client.open_channel(OpenChannelRequest("c", "DB", "NEW", "TBA"))
+    with pytest.raises(TableNotFoundError) as elsewhere:  # never a table of another schema
+        client.describe_table("db.old.tab")
+    assert "did you mean" not in str(elsewhere.value)
     with pytest.raises(UnsupportedFeatureError, match="GEOGRAPHY"):
         client.create_table("db.new.geo", {"G": "GEOGRAPHY"})
     with pytest.raises(SchemaError, match=r"DATABASE\.SCHEMA\.TABLE"):
@@ -392,5 +400,5 @@ def test_max_client_lag_is_validated():
 
     with pytest.raises(ConfigurationError, match=r"between 0\.05 seconds and 10 minutes"):
         StreamingIngestClient("x", max_client_lag="11 minutes")
-    with pytest.raises(ConfigurationError, match="unknown unit"):
+    with pytest.raises(ConfigurationError, match="unknown unit 'fortnights': write a number"):
         StreamingIngestClient("x", max_client_lag="2 fortnights")

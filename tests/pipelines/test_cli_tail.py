@@ -177,6 +177,13 @@ def test_tail_of_a_stream_that_does_not_exist_exits_1(watched, tmp_path):
     assert done.stdout == ""
     assert done.stderr.startswith("error OBJECT_NOT_FOUND: change stream DB.PUBLIC.NOPE does "
                                   "not exist (warehouse ")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines", "tail", '"cs"', "--warehouse", warehouse],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.startswith('error OBJECT_NOT_FOUND: change stream DB.PUBLIC."cs" does not '
+                                  "exist (did you mean DB.PUBLIC.CS?) (warehouse ")  # fmt: skip
     empty = tmp_path / "empty"
     empty.mkdir()
     done = subprocess.run(

@@ -113,6 +113,27 @@ def test_retention_reads_back_as_written(seconds):
     assert _retention(retention_text(seconds)) == seconds
 
 
+@pytest.mark.parametrize(
+    "text", ["36h", "36 h", "36 hours", "36 HOUR", "36 hr", "1.5d", "1.5 days", "2160 minutes",
+             "2160 min", "2160m", "129600 s", "129600 seconds", "129600sec"],
+)  # fmt: skip
+def test_retention_takes_every_spelling_of_the_one_duration_grammar(text):
+    from pipelines.change_streams.definition import _retention
+
+    assert _retention(text) == 36 * 3600
+
+
+@pytest.mark.parametrize("text", ["7", "7 weeks", "90.5 s", "59 s", "31 days", "1e3 m"])
+def test_a_bad_retention_names_the_option_and_the_accepted_forms(text):
+    from pipelines.change_streams.definition import _retention
+
+    with pytest.raises(SqlError) as refused:
+        _retention(text)
+    message = str(refused.value)
+    assert f"retention_period {text!r}" in message and "from 1 minute to 30 days" in message
+    assert "'5 seconds', '5 second', '5 sec', '5 s' or '5s'" in message
+
+
 _IDENT = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
 
 
