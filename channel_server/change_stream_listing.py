@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from catalog import Catalog, ChangeStreamRecord, full_name
+from catalog import Catalog, ChangeStreamRecord, did_you_mean, full_name
 from channel_server.change_stream_api import change_stream_name
 from channel_server.handlers import SERVICE, routes
 from ingest_sdk.errors import ChangeStreamNotFoundError
@@ -71,8 +71,9 @@ async def describe_change_stream(request: web.Request) -> web.Response:
     names = change_stream_name(request.match_info["name"])
     stream = catalog.get_change_stream(*names)
     if stream is None:
+        hint = did_you_mean(catalog, *names, ["change stream"])
         raise ChangeStreamNotFoundError(
-            f"change stream {full_name(*names)} does not exist; GET /v1/change-streams lists "
+            f"change stream {full_name(*names)} does not exist{hint}; GET /v1/change-streams lists "
             'them. Unquoted parts of a name are upper-cased: quote a part to keep its case '
             '("my_cs")'
         )

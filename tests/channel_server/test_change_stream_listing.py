@@ -80,6 +80,8 @@ def test_the_sdk_lists_and_describes_them(server, session, client_factory):
         server, "/v1/change-streams/BALANCES")[1]  # fmt: skip
     with pytest.raises(ChangeStreamNotFoundError, match="GET /v1/change-streams lists them"):
         client.describe_change_stream("NOPE")
+    with pytest.raises(ChangeStreamNotFoundError, match=r"did you mean DB\.PUBLIC\.BALANCES"):
+        client.describe_change_stream("BALANCSE")
 
 
 def test_a_missing_or_malformed_name_is_a_4xx_that_says_what_to_do(server, session):
