@@ -41,6 +41,16 @@ _WORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_$]*)?", _FLAGS)
 _EQUALS = re.compile(r"\s*=\s*", _FLAGS)
 _LAG_VALUE = re.compile(rf"(?:{_STRING}|[A-Za-z]+)(?![\w$'])", _FLAGS)
 _SET_LAG = re.compile(r"\s+SET\s+TARGET_LAG\b", _FLAGS)
+#: What to write instead of an ALTER action we do not run, where there is an equivalent.
+_INSTEAD = {
+    # As in Snowflake, the refresh mode is chosen at creation only.
+    "SET REFRESH_MODE": (": the refresh mode is set when the table is created (as in Snowflake); "
+                         "write CREATE OR REPLACE DYNAMIC TABLE <name> TARGET_LAG = '...' "
+                         "REFRESH_MODE = <mode> AS <query>, which refreshes it anew"),
+    "RENAME TO": (": a dynamic table keeps its name here; create one of the new name with the "
+                  "same query (SHOW DYNAMIC TABLES shows its text), then DROP DYNAMIC TABLE "
+                  "the old one"),
+}
 
 
 def near_miss(text: str) -> SqlError | None:
@@ -100,8 +110,9 @@ def _alter(text: str) -> str | SqlError | None:
     if set_lag is None and text[name.end() :].strip().rstrip(";").strip():
         # An action we do not run (SET REFRESH_MODE, RENAME): unsupported, said shortly.
         action = " ".join(text[name.end() :].split()[:2])[:60]
-        return UnsupportedStatementError(f"ALTER DYNAMIC TABLE ... {action} is not supported; "
-                                         f"write {_ALTER_FORM}")  # fmt: skip
+        instead = _INSTEAD.get(" ".join(action.upper().split()[:2]), "")
+        return UnsupportedStatementError(f"ALTER DYNAMIC TABLE ... {action} is not supported"
+                                         f"{instead}; write {_ALTER_FORM}")  # fmt: skip
     if set_lag is None:
         return _unread(text, name.end(), _ALTER_FORM)
     wrong = _lag(text, set_lag.end())

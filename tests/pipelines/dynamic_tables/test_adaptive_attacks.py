@@ -196,6 +196,7 @@ def test_alter_set_refresh_mode_is_refused_clearly(base):
                            "UNSUPPORTED_STATEMENT", "SET TARGET_LAG", collect=False,
                            unchanged=modes)  # fmt: skip
     assert error.code != "INTERNAL"
+    assert "CREATE OR REPLACE DYNAMIC TABLE" in str(error), error
 
 
 @pytest.mark.parametrize(

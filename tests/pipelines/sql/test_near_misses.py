@@ -65,6 +65,9 @@ def test_an_alter_action_we_do_not_run_is_unsupported_without_the_whole_list():
     message = str(refused.value)
     assert "ALTER DYNAMIC TABLE ... RENAME TO is not supported" in message
     assert "SET TARGET_LAG = '<duration>' | DOWNSTREAM" in message and SUPPORTED not in message
+    assert "then DROP DYNAMIC TABLE the old one" in message  # what to do instead
+    with pytest.raises(UnsupportedStatementError, match="set when the table is created"):
+        classify("alter dynamic table D set refresh_mode = FULL")
 
 
 @pytest.mark.parametrize(
