@@ -1,0 +1,270 @@
+"""Adversarial checks of today's names: INFORMATION_SCHEMA's change stream views, the
+qualified dynamic table functions, SHOW's scope, the change stream listing routes,
+durations and near misses. Each test is a defect found, marked xfail(strict=True) with
+what is observed: the test states what should happen and fails until it does."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from typing import Any
+
+import orjson
+import pytest
+
+from ingest_sdk.durations import parse_max_client_lag, read_duration
+from ingest_sdk.errors import ConfigurationError
+from pipelines import Session, SqlError
+from pipelines.errors import ObjectNotFoundError
+from pipelines.sql.statements import classify
+
+# Pure checks (no Spark) --------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="'1.0000000000000000000 s' (trailing zeros of the "
+                   "fraction counted as digits) is refused as 'out of range'; it is 1 second")
+def test_a_duration_with_trailing_zeros_is_read():
+    assert read_duration("1.0000000000000000000 s", "X") == 1
+
+
+@pytest.mark.xfail(strict=True, reason="parse_max_client_lag(10**400) raises a raw "
+                   "OverflowError (float() of the int) instead of ConfigurationError")
+def test_a_huge_integer_lag_is_a_configuration_error():
+    with pytest.raises(ConfigurationError, match="max_client_lag"):
+        parse_max_client_lag(10**400)
+
+
+@pytest.mark.xfail(strict=True, reason="SET REFRESH_MODE=FULL (no spaces around '=') loses "
+                   "the hint SET REFRESH_MODE = FULL gets: 'SET REFRESH_MODE=FULL is not "
+                   "supported' without 'CREATE OR REPLACE'")
+def test_set_refresh_mode_without_spaces_gets_the_same_hint():
+    with pytest.raises(SqlError) as spaced:
+        classify("ALTER DYNAMIC TABLE D SET REFRESH_MODE = FULL")
+    assert "CREATE OR REPLACE" in str(spaced.value)  # holds
+    with pytest.raises(SqlError) as tight:
+        classify("ALTER DYNAMIC TABLE D SET REFRESH_MODE=FULL")
+    assert "CREATE OR REPLACE" in str(tight.value)
+
+
+@pytest.mark.xfail(strict=True, reason="ALTER DYNAMIC TABLE IF EXISTS D REFRESH answers "
+                   "'ALTER DYNAMIC TABLE ... EXISTS D is not supported' (IF read as the "
+                   "table's name, 'EXISTS D' as the action)")
+def test_alter_if_exists_is_named_not_garbled():
+    with pytest.raises(SqlError) as refused:
+        classify("ALTER DYNAMIC TABLE IF EXISTS D REFRESH")
+    assert "EXISTS D is not supported" not in str(refused.value)
+    assert "IF EXISTS" in str(refused.value)
+
+
+@pytest.mark.xfail(strict=True, reason="TARGET_LAG='1 minute'AS SELECT 1 (no space before "
+                   "AS) is diagnosed as 'the quoted value of TARGET_LAG is never closed'; "
+                   "the quote is closed")
+def test_a_closed_quote_is_not_called_unclosed():
+    try:
+        classify("CREATE DYNAMIC TABLE D TARGET_LAG='1 minute'AS SELECT 1")
+    except SqlError as exc:
+        assert "never closed" not in str(exc)
+
+
+@pytest.mark.xfail(strict=True, reason="SHOW TABLES IN PUBLIC / IN DB.PUBLIC (Snowflake's "
+                   "IN [SCHEMA] <name>, the keyword optional) answers the whole list of "
+                   "supported statements instead of reading it or naming IN SCHEMA")
+@pytest.mark.parametrize("text", ["SHOW TABLES IN PUBLIC", "SHOW DYNAMIC TABLES IN DB.PUBLIC"])
+def test_show_in_a_schema_without_the_keyword(text):
+    try:
+        statement = classify(text)
+    except SqlError as exc:
+        assert "IN SCHEMA" in str(exc) and "supported: SELECT" not in str(exc)
+    else:
+        assert statement.parts["scope"] is not None
+
+
+@pytest.mark.xfail(strict=True, reason="SHOW TABLES IN SCHEMA PUBLIC LIKE 'T' (IN before "
+                   "LIKE) answers the whole list of supported statements, not that LIKE "
+                   "goes before IN")
+def test_show_with_in_before_like_names_the_order():
+    with pytest.raises(SqlError) as refused:
+        classify("SHOW TABLES IN SCHEMA PUBLIC LIKE 'T'")
+    assert "LIKE" in str(refused.value) and "supported: SELECT" not in str(refused.value)
+
+
+# Over HTTP (no Spark) -------------------------------------------------------------------
+
+
+def call(server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else orjson.dumps(body)
+    request = urllib.request.Request(server.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, orjson.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, orjson.loads(exc.read())
+
+
+@pytest.mark.xfail(strict=True, reason="POST /v1/tables creates DB.INFORMATION_SCHEMA.T "
+                   "(201) though CREATE SCHEMA INFORMATION_SCHEMA is refused as reserved; "
+                   "SQL then reads INFORMATION_SCHEMA.T as a (missing) view, never the table")
+def test_http_refuses_a_table_in_the_reserved_schema(server_factory):
+    server = server_factory()
+    status, body = call(server, "POST", "/v1/tables",
+                        {"name": "DB.INFORMATION_SCHEMA.T", "columns": {"ID": "INT"}})
+    assert status == 400, body
+    assert "INFORMATION_SCHEMA" in body["error"]["message"]
+
+
+@pytest.mark.xfail(strict=True, reason="GET /v1/change-streams/ (an empty name, which "
+                   "client.describe_change_stream('') sends) answers HTTP_404 'Not Found', "
+                   "naming neither the route nor a fix")
+def test_an_empty_change_stream_name_is_named(server_factory):
+    server = server_factory()
+    status, body = call(server, "GET", "/v1/change-streams/")
+    assert status in (400, 404)
+    assert body["error"]["message"] != "Not Found"
+
+
+# SQL on one module session -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory, spark):
+    made = Session(tmp_path_factory.mktemp("attack_names") / "warehouse", spark=spark)
+    made.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    made.sql("INSERT INTO T VALUES (1, 'a')")
+    made.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS SELECT ID, V FROM T")
+    made.sql("CREATE DATABASE OTHER")  # and uses it
+    made.sql("CREATE TABLE OT (ID NUMBER)")
+    made.sql("CREATE DYNAMIC TABLE OD TARGET_LAG = '1 minute' AS SELECT ID FROM OT")
+    made.sql("USE SCHEMA DB.PUBLIC")
+    yield made
+    made.close()
+
+
+def rows(session, query):
+    return sorted(tuple(r) for r in session.sql(query).collect())
+
+
+@pytest.mark.xfail(strict=True, reason="CREATE TABLE INFORMATION_SCHEMA.CHANGE_STREAMS "
+                   "succeeds (the schema is made on the way) though the schema name is "
+                   "reserved; rows inserted into it can never be read back")
+def test_a_table_in_the_reserved_schema_is_refused(session):
+    session.sql("USE SCHEMA DB.PUBLIC")
+    with pytest.raises(SqlError, match="reserved"):
+        session.sql("CREATE TABLE OTHER.INFORMATION_SCHEMA.CHANGE_STREAMS (ID NUMBER)")
+
+
+@pytest.mark.xfail(strict=True, reason="INSERT INTO / DELETE FROM INFORMATION_SCHEMA."
+                   "CHANGE_STREAMS answers 'table ... does not exist; ... or create it' "
+                   "(and creating it works, see above) instead of saying the view is read-only")
+@pytest.mark.parametrize("statement", [
+    "INSERT INTO INFORMATION_SCHEMA.CHANGE_STREAMS VALUES ('a', 'b', 'c', TRUE)",
+    "DELETE FROM INFORMATION_SCHEMA.CHANGE_STREAMS"])  # fmt: skip
+def test_writing_an_information_schema_view_is_refused_as_read_only(session, statement):
+    with pytest.raises(SqlError) as refused:
+        session.sql(statement)
+    assert "create it" not in str(refused.value)
+    assert "read-only" in str(refused.value) or "read only" in str(refused.value)
+
+
+@pytest.mark.xfail(strict=True, reason="NOPE.INFORMATION_SCHEMA.CHANGE_STREAMS (no database "
+                   "NOPE) answers no rows instead of OBJECT_NOT_FOUND for the database")
+def test_the_views_of_a_missing_database_are_not_found(session):
+    with pytest.raises(ObjectNotFoundError, match="NOPE"):
+        session.sql("SELECT * FROM NOPE.INFORMATION_SCHEMA.CHANGE_STREAMS").collect()
+
+
+@pytest.mark.xfail(strict=True, reason="TABLE(NOPE.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_"
+                   "HISTORY()) (no database NOPE) answers no rows instead of OBJECT_NOT_FOUND")
+def test_the_refresh_history_of_a_missing_database_is_not_found(session):
+    with pytest.raises(ObjectNotFoundError, match="NOPE"):
+        session.sql("SELECT * FROM TABLE(NOPE.INFORMATION_SCHEMA."
+                    "DYNAMIC_TABLE_REFRESH_HISTORY())").collect()  # fmt: skip
+
+
+@pytest.mark.xfail(strict=True, reason="TABLE(OTHER.INFORMATION_SCHEMA.DYNAMIC_TABLE_GRAPH_"
+                   "HISTORY()) ignores its database: it lists DB's dynamic tables too (the "
+                   "refresh history keeps to OTHER's), and NOPE.INFORMATION_SCHEMA lists all")
+def test_the_graph_history_keeps_to_its_database(session):
+    assert rows(session, "SELECT NAME FROM TABLE(OTHER.INFORMATION_SCHEMA."
+                         "DYNAMIC_TABLE_REFRESH_HISTORY())") == [("OD",)]  # holds
+    assert rows(session, "SELECT NAME FROM TABLE(OTHER.INFORMATION_SCHEMA."
+                         "DYNAMIC_TABLE_GRAPH_HISTORY())") == [("OD",)]
+
+
+@pytest.mark.xfail(strict=True, reason='TABLE("INFORMATION_SCHEMA".DYNAMIC_TABLE_REFRESH_'
+                   "HISTORY()) is refused ('not a built-in SQL function') though "
+                   '"INFORMATION_SCHEMA".CHANGE_STREAMS is read: a quoted upper-case name '
+                   "is the unquoted one")
+def test_a_quoted_information_schema_qualifies_the_functions(session):
+    assert rows(session, 'SELECT * FROM "INFORMATION_SCHEMA".CHANGE_STREAMS') == []  # holds
+    assert rows(session, 'SELECT NAME FROM TABLE("INFORMATION_SCHEMA".'
+                         "DYNAMIC_TABLE_REFRESH_HISTORY())") == rows(
+        session, "SELECT NAME FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY())")
+
+
+@pytest.mark.xfail(strict=True, reason="TABLE(DYNAMIC_TABLE_GRAPH_HISTORY) and "
+                   "TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS) answer Spark's raw "
+                   "UNRESOLVED_COLUMN error (SQLSTATE 42703, 'line 1 pos 20')")
+@pytest.mark.parametrize("query", [
+    "SELECT * FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY)",
+    "SELECT * FROM TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS)"])  # fmt: skip
+def test_a_misused_table_call_is_not_a_raw_spark_error(session, query):
+    with pytest.raises(SqlError) as refused:
+        session.sql(query).collect()
+    assert "UNRESOLVED" not in str(refused.value) and "SQLSTATE" not in str(refused.value)
+
+
+@pytest.mark.xfail(strict=True, reason="a dynamic table joining T with INFORMATION_SCHEMA."
+                   "CHANGE_STREAM_TABLES is accepted, but its refreshes follow only T: after "
+                   "CREATE CHANGE STREAM it refreshes NO_DATA and stays empty, while its query "
+                   "answers a row (should be refused, or refreshed)")
+def test_a_dynamic_table_over_an_information_schema_view_is_not_silently_stale(session):
+    session.sql("USE SCHEMA DB.PUBLIC")
+    query = ("SELECT T.ID, c.CHANGE_STREAM_NAME FROM T JOIN INFORMATION_SCHEMA."
+             "CHANGE_STREAM_TABLES c ON c.TABLE_NAME = 'T'")  # fmt: skip
+    try:
+        session.sql(f"CREATE DYNAMIC TABLE DJ TARGET_LAG = '1 minute' AS {query}")
+    except SqlError:
+        return  # refused: fine
+    try:
+        session.sql("CREATE CHANGE STREAM ON_T FOR T")
+        session.sql("ALTER DYNAMIC TABLE DJ REFRESH")
+        assert rows(session, "SELECT * FROM DJ") == rows(session, query) != []
+    finally:
+        session.sql("DROP CHANGE STREAM IF EXISTS ON_T")
+        session.sql("DROP DYNAMIC TABLE IF EXISTS DJ")
+
+
+@pytest.mark.xfail(strict=True, reason="a dynamic table over T and TABLE(DYNAMIC_TABLE_GRAPH_"
+                   "HISTORY()) is accepted (one over the refresh history alone is refused), "
+                   "but a new dynamic table never reaches it: refreshes follow only T")
+def test_a_dynamic_table_over_the_graph_history_is_not_silently_stale(session):
+    session.sql("USE SCHEMA DB.PUBLIC")
+    query = "SELECT T.ID, g.NAME FROM T, TABLE(DYNAMIC_TABLE_GRAPH_HISTORY()) g"
+    try:
+        session.sql(f"CREATE DYNAMIC TABLE DG TARGET_LAG = '1 minute' AS {query}")
+    except SqlError:
+        return  # refused: fine
+    try:
+        session.sql("CREATE DYNAMIC TABLE LATER TARGET_LAG = '1 minute' AS SELECT ID FROM T")
+        session.sql("ALTER DYNAMIC TABLE DG REFRESH")
+        assert rows(session, "SELECT * FROM DG") == rows(session, query)
+    finally:
+        session.sql("DROP DYNAMIC TABLE IF EXISTS LATER")
+        session.sql("DROP DYNAMIC TABLE IF EXISTS DG")
+
+
+@pytest.mark.xfail(strict=True, reason="CREATE STREAM ON VIEW of a view over INFORMATION_"
+                   "SCHEMA.CHANGE_STREAMS answers 'UNSUPPORTED:LogicalRDD' (an internal plan "
+                   "node) and advice about LIMIT/ORDER BY, not that the view reads "
+                   "INFORMATION_SCHEMA")
+def test_a_stream_on_a_view_of_the_information_schema_names_it(session):
+    session.sql("USE SCHEMA DB.PUBLIC")
+    session.sql("CREATE OR REPLACE VIEW VIS AS SELECT * FROM INFORMATION_SCHEMA.CHANGE_STREAMS")
+    try:
+        with pytest.raises(SqlError) as refused:
+            session.sql("CREATE STREAM SIS ON VIEW VIS")
+        assert "LogicalRDD" not in str(refused.value)
+        assert "INFORMATION_SCHEMA" in str(refused.value)
+    finally:
+        session.sql("DROP VIEW IF EXISTS VIS")
