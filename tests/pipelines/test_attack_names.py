@@ -268,3 +268,22 @@ def test_a_stream_on_a_view_of_the_information_schema_names_it(session):
         assert "INFORMATION_SCHEMA" in str(refused.value)
     finally:
         session.sql("DROP VIEW IF EXISTS VIS")
+
+
+@pytest.mark.xfail(strict=True, reason="after DROP DYNAMIC TABLE D1, TABLE(DYNAMIC_TABLE_GRAPH_"
+                   "HISTORY()) gives D2's input DB.PUBLIC.D1 the kind TABLE: a dropped source's "
+                   "kind is read from what exists now, so a dynamic table turns into a table")
+def test_a_dropped_dynamic_source_keeps_its_kind(session):
+    session.sql("USE SCHEMA DB.PUBLIC")
+    session.sql("CREATE DYNAMIC TABLE D1 TARGET_LAG = DOWNSTREAM AS SELECT ID FROM T")
+    session.sql("CREATE DYNAMIC TABLE D2 TARGET_LAG = '1 minute' AS SELECT ID FROM D1")
+    try:
+        inputs = "SELECT INPUTS FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY()) WHERE NAME = 'D2'"
+        assert [tuple(i) for i in session.sql(inputs).first()[0]] == [
+            ("DB.PUBLIC.D1", "DYNAMIC_TABLE")]  # holds while D1 exists
+        session.sql("DROP DYNAMIC TABLE D1")
+        assert [tuple(i) for i in session.sql(inputs).first()[0]] == [
+            ("DB.PUBLIC.D1", "DYNAMIC_TABLE")]
+    finally:
+        session.sql("DROP DYNAMIC TABLE IF EXISTS D2")
+        session.sql("DROP DYNAMIC TABLE IF EXISTS D1")
