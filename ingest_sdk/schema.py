@@ -124,7 +124,24 @@ def split_table_name(name: str) -> tuple[str, str, str]:
     for part, what in zip(parts, ("the database name", "the schema name", "the table name"),
                           strict=True):  # fmt: skip
         check_object_name(part, what)
+    check_not_reserved(parts[1])
     return parts[0], parts[1], parts[2]
+
+
+#: The schema whose views describe each database (read-only; nothing may be made in it).
+RESERVED_SCHEMA = "INFORMATION_SCHEMA"
+
+
+def check_not_reserved(schema: str) -> None:
+    """Refuse the schema :data:`RESERVED_SCHEMA` for an object of one's own.
+
+    Raises:
+        SchemaError: naming the reserved schema and what to do instead.
+    """
+    if schema == RESERVED_SCHEMA:
+        raise SchemaError(f"the schema {RESERVED_SCHEMA} is reserved: each database's "
+                          f"{RESERVED_SCHEMA} holds read-only views that describe it; put "
+                          "tables, views and streams in another schema")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from catalog import ChangeStreamRecord
+from ingest_sdk.schema import quote_identifier
 from pipelines.change_streams.definition import retention_text
 from pipelines.errors import ObjectNotFoundError
 from pipelines.sql.statements import INFORMATION_SCHEMA as SCHEMA
@@ -88,5 +89,8 @@ def view_frame(session: StatementContext, database: str, name: str) -> DataFrame
             f"{database}.{SCHEMA}.{name[:80]} does not exist; {SCHEMA} holds "
             f"{', '.join(sorted(VIEWS))}"
         )
+    if session.catalog.get_database(database) is None:
+        raise ObjectNotFoundError(f"database {quote_identifier(database)} does not exist; "
+                                  "SHOW DATABASES lists them")  # fmt: skip
     columns, rows = found
     return session.spark.createDataFrame(rows(session, database), columns)

@@ -49,6 +49,7 @@ from pipelines.sql.source_text import parse_with_spans
 from pipelines.sql.statements import (
     DEFAULT_DATABASE,
     DEFAULT_SCHEMA,
+    INFORMATION_SCHEMA,
     Statement,
     classify,
     qualified,
@@ -315,6 +316,10 @@ class Session:
                 "(views are read, never written or time-travelled): name a table",
                 "SQL_COMPILATION_ERROR",
             )
+        if info is None and schema == INFORMATION_SCHEMA:
+            raise SqlError(f"{database}.{schema}.{table} is read-only: {INFORMATION_SCHEMA} "
+                           "holds views that describe the database; write to a table",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
         if info is None:
             raise ObjectNotFoundError(
                 f"table {database}.{schema}.{table} does not exist"

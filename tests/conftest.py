@@ -54,6 +54,22 @@ LONG_FILES = (
 )
 
 
+def pytest_configure(config):
+    """Before the test processes start (they inherit the environment): every JVM of the
+    run maps one class-data archive of Spark's classes (:mod:`tests.jvm_archive`)."""
+    if hasattr(config, "workerinput") or "SharedArchiveFile" in os.environ["SPARK_SUBMIT_OPTS"]:
+        return
+    from pathlib import Path
+
+    from tests.jvm_archive import class_archive
+
+    archive = class_archive(Path(__file__).parent.parent, os.environ["SPARK_SUBMIT_OPTS"])
+    if archive is not None:
+        # A JVM of another class path ignores the archive; it says so on stdout unless told not to.
+        os.environ["SPARK_SUBMIT_OPTS"] += (f" -XX:SharedArchiveFile={archive}"
+                                            " -Xlog:cds=off -Xlog:cds+dynamic=off")
+
+
 def _rank(path: str) -> int:
     return LONG_FILES.index(path) if path in LONG_FILES else len(LONG_FILES)
 

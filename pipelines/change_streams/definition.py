@@ -21,7 +21,15 @@ from ingest_sdk.durations import DURATION_FORMS, read_duration
 from ingest_sdk.schema import check_object_name
 from pipelines.change_streams.partitions import merge, split
 from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.ddl_common import drop_named, in_scope, like, literal, status_frame, utc
+from pipelines.sql.ddl_common import (
+    drop_named,
+    in_scope,
+    like,
+    literal,
+    reserved,
+    status_frame,
+    utc,
+)
 from pipelines.sql.statements import NAME, OPTION, Statement
 
 if TYPE_CHECKING:
@@ -163,6 +171,7 @@ def create_change_stream(session: StatementContext, statement: Statement) -> Dat
     parts = statement.parts
     database, schema_name, name = session.qualify(parts["name"] or "")
     check_object_name(name, "the change stream name")
+    reserved(schema_name)
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
                        "SQL_COMPILATION_ERROR")  # fmt: skip

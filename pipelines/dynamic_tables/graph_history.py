@@ -1,7 +1,9 @@
 """``TABLE(DYNAMIC_TABLE_GRAPH_HISTORY())``: the graph of dynamic tables, one row per
 dynamic table with what it reads, as Snowflake's function of that name describes them.
 
-Only the current description of each table is kept, so the call takes no argument:
+Only the current description of each table is kept, so the call takes no argument but
+``NAME_PREFIX`` (as ``DYNAMIC_TABLE_REFRESH_HISTORY``'s; ``db.INFORMATION_SCHEMA.`` before
+the call gives its database's):
 ``AS_OF``, ``HISTORY_START`` and ``HISTORY_END`` (Snowflake's look into past
 descriptions) are refused by name, and ``VALID_FROM`` is the table's creation (an ALTER
 since then does not start a new description here), ``VALID_TO`` NULL. ``INPUTS`` holds
@@ -38,9 +40,16 @@ COLUMNS = (
 _HISTORY = ("AS_OF", "HISTORY_START", "HISTORY_END")
 
 
-def _check_arguments(call: exp.Anonymous) -> None:
+def _prefix(call: exp.Anonymous) -> str:
+    """The call's NAME_PREFIX (``db.INFORMATION_SCHEMA.`` before the call gives one: its
+    database's tables only), or ""; any other argument refused."""
+    prefix = ""
     for argument in call.expressions:
         key = argument.this.name.upper() if isinstance(argument, exp.Kwarg) else ""
+        value = argument.expression if isinstance(argument, exp.Kwarg) else None
+        if key == "NAME_PREFIX" and isinstance(value, exp.Literal) and value.is_string:
+            prefix = value.name
+            continue
         if key in _HISTORY:
             raise SqlError(
                 f"{FUNCTION}: {key} is not supported: only the current description of each "
@@ -48,12 +57,14 @@ def _check_arguments(call: exp.Anonymous) -> None:
                 "(TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...)) holds what each refresh read)",
                 "SQL_COMPILATION_ERROR",
             )
-        raise SqlError(f"{FUNCTION} takes no arguments here: write {FUNCTION}()",
-                       "SQL_COMPILATION_ERROR")  # fmt: skip
+        raise SqlError(f"{FUNCTION} takes no arguments here but NAME_PREFIX => '<DB.SCHEMA>': "
+                       f"write {FUNCTION}()", "SQL_COMPILATION_ERROR")  # fmt: skip
+    return prefix
 
 
-def graph_rows(session: StatementContext) -> list[tuple[object, ...]]:
-    """One row per dynamic table, ordered by qualified name."""
+def graph_rows(session: StatementContext, prefix: str = "") -> list[tuple[object, ...]]:
+    """One row per dynamic table whose qualified name starts with ``prefix``, ordered by
+    qualified name."""
     from pipelines.dynamic_tables.definition import effective_mode
 
     catalog = session.catalog
@@ -63,8 +74,8 @@ def graph_rows(session: StatementContext) -> list[tuple[object, ...]]:
     rows = []
     for table_id, dt in dynamic.items():
         info = tables.get(table_id)
-        if info is None or dt.state == "INITIALIZING":  # a CREATE still running
-            continue
+        if info is None or dt.state == "INITIALIZING" or not info.full_name.startswith(prefix):
+            continue  # (INITIALIZING: a CREATE still running)
         inputs = []
         for source in dt.sources:
             if source.kind == "view":
@@ -95,5 +106,4 @@ def _scheduling_state(dt: DynamicTableRecord) -> tuple[str, str | None, str | No
 
 
 def graph_frame(session: StatementContext, call: exp.Anonymous) -> DataFrame:
-    _check_arguments(call)
-    return session.spark.createDataFrame(graph_rows(session), COLUMNS)
+    return session.spark.createDataFrame(graph_rows(session, _prefix(call)), COLUMNS)

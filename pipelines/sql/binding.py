@@ -382,7 +382,10 @@ class Binder:
         if (found := _table_function(table)) is not None:
             call, database = found
             defaults = self.defaults or (self.session.database, self.session.schema)
-            if database is not None and call.name.upper() == "DYNAMIC_TABLE_REFRESH_HISTORY":
+            if database is not None:
+                if self.session.catalog.get_database(database) is None:
+                    raise ObjectNotFoundError(f"database {quote_identifier(database)} does not "
+                                              "exist; SHOW DATABASES lists them")  # fmt: skip
                 call = _in_database(call, database)
                 defaults = (database, defaults[1])
             frame, label = self.session.table_function(table, call, defaults)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeVar
 from catalog import TableInfo, did_you_mean, full_name
 from flush import drop_table
 from ingest_sdk import TableSchema
-from ingest_sdk.schema import check_object_name, quote_identifier
+from ingest_sdk.errors import SchemaError
+from ingest_sdk.schema import check_not_reserved, check_object_name, quote_identifier
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import split_name
 from pipelines.transactions.commit import when_free
@@ -33,6 +34,7 @@ __all__ = [
     "in_scope",
     "like",
     "literal",
+    "reserved",
     "split_columns",
     "status_frame",
     "table_schema",
@@ -141,6 +143,18 @@ def new_table_name(session: StatementContext, parts: dict[str, str | None]) -> t
     return database, schema_name, name
 
 
+def reserved(schema: str) -> None:
+    """Refuse an object of one's own in the reserved INFORMATION_SCHEMA.
+
+    Raises:
+        SqlError: SQL_COMPILATION_ERROR, naming the schema and what to do.
+    """
+    try:
+        check_not_reserved(schema)
+    except SchemaError as exc:
+        raise SqlError(str(exc), "SQL_COMPILATION_ERROR") from None
+
+
 def check_name_free(session: StatementContext, key: tuple[str, str, str], kind: str) -> None:
     """Tables, streams and views share one namespace per schema: refuse a ``kind``
     (table, stream or view) named like an object of another kind.
@@ -148,6 +162,7 @@ def check_name_free(session: StatementContext, key: tuple[str, str, str], kind: 
     Raises:
         SqlError: OBJECT_ALREADY_EXISTS, naming the object in the way.
     """
+    reserved(key[1])
     finders = {"table": session.find_table, "stream": session.catalog.get_stream,
                "view": session.catalog.get_view}  # fmt: skip
     for other, find in finders.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ingest_sdk.schema import RESERVED_SCHEMA
 from pipelines.errors import SqlError, UnsupportedStatementError
 
 __all__ = [
@@ -417,8 +418,8 @@ def split_name(name: str) -> list[str]:
 
 
 DEFAULT_DATABASE, DEFAULT_SCHEMA = "DB", "PUBLIC"
-#: The schema of every database whose views describe it (reserved: CREATE SCHEMA refuses it).
-INFORMATION_SCHEMA = "INFORMATION_SCHEMA"
+#: The schema of every database whose views describe it (reserved: nothing is made in it).
+INFORMATION_SCHEMA = RESERVED_SCHEMA
 
 
 def qualified(

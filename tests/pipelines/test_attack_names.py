@@ -1,7 +1,8 @@
 """Adversarial checks of today's names: INFORMATION_SCHEMA's change stream views, the
 qualified dynamic table functions, SHOW's scope, the change stream listing routes,
-durations and near misses. Each test is a defect found, marked xfail(strict=True) with
-what is observed: the test states what should happen and fails until it does."""
+durations and near misses. Each test is a defect an adversarial round found; those still
+open are marked xfail(strict=True) with what is observed: the test states what should
+happen and fails until it does."""
 
 from __future__ import annotations
 
@@ -102,9 +103,6 @@ def call(server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         return exc.code, orjson.loads(exc.read())
 
 
-@pytest.mark.xfail(strict=True, reason="POST /v1/tables creates DB.INFORMATION_SCHEMA.T "
-                   "(201) though CREATE SCHEMA INFORMATION_SCHEMA is refused as reserved; "
-                   "SQL then reads INFORMATION_SCHEMA.T as a (missing) view, never the table")
 def test_http_refuses_a_table_in_the_reserved_schema(server_factory):
     server = server_factory()
     status, body = call(server, "POST", "/v1/tables",
@@ -144,18 +142,12 @@ def rows(session, query):
     return sorted(tuple(r) for r in session.sql(query).collect())
 
 
-@pytest.mark.xfail(strict=True, reason="CREATE TABLE INFORMATION_SCHEMA.CHANGE_STREAMS "
-                   "succeeds (the schema is made on the way) though the schema name is "
-                   "reserved; rows inserted into it can never be read back")
 def test_a_table_in_the_reserved_schema_is_refused(session):
     session.sql("USE SCHEMA DB.PUBLIC")
     with pytest.raises(SqlError, match="reserved"):
         session.sql("CREATE TABLE OTHER.INFORMATION_SCHEMA.CHANGE_STREAMS (ID NUMBER)")
 
 
-@pytest.mark.xfail(strict=True, reason="INSERT INTO / DELETE FROM INFORMATION_SCHEMA."
-                   "CHANGE_STREAMS answers 'table ... does not exist; ... or create it' "
-                   "(and creating it works, see above) instead of saying the view is read-only")
 @pytest.mark.parametrize("statement", [
     "INSERT INTO INFORMATION_SCHEMA.CHANGE_STREAMS VALUES ('a', 'b', 'c', TRUE)",
     "DELETE FROM INFORMATION_SCHEMA.CHANGE_STREAMS"])  # fmt: skip
@@ -166,24 +158,17 @@ def test_writing_an_information_schema_view_is_refused_as_read_only(session, sta
     assert "read-only" in str(refused.value) or "read only" in str(refused.value)
 
 
-@pytest.mark.xfail(strict=True, reason="NOPE.INFORMATION_SCHEMA.CHANGE_STREAMS (no database "
-                   "NOPE) answers no rows instead of OBJECT_NOT_FOUND for the database")
 def test_the_views_of_a_missing_database_are_not_found(session):
     with pytest.raises(ObjectNotFoundError, match="NOPE"):
         session.sql("SELECT * FROM NOPE.INFORMATION_SCHEMA.CHANGE_STREAMS").collect()
 
 
-@pytest.mark.xfail(strict=True, reason="TABLE(NOPE.INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_"
-                   "HISTORY()) (no database NOPE) answers no rows instead of OBJECT_NOT_FOUND")
 def test_the_refresh_history_of_a_missing_database_is_not_found(session):
     with pytest.raises(ObjectNotFoundError, match="NOPE"):
         session.sql("SELECT * FROM TABLE(NOPE.INFORMATION_SCHEMA."
                     "DYNAMIC_TABLE_REFRESH_HISTORY())").collect()  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="TABLE(OTHER.INFORMATION_SCHEMA.DYNAMIC_TABLE_GRAPH_"
-                   "HISTORY()) ignores its database: it lists DB's dynamic tables too (the "
-                   "refresh history keeps to OTHER's), and NOPE.INFORMATION_SCHEMA lists all")
 def test_the_graph_history_keeps_to_its_database(session):
     assert rows(session, "SELECT NAME FROM TABLE(OTHER.INFORMATION_SCHEMA."
                          "DYNAMIC_TABLE_REFRESH_HISTORY())") == [("OD",)]  # holds
