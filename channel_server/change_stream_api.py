@@ -60,6 +60,7 @@ from pipelines.sql.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA
 __all__ = [
     "LIMITS", "NDJSON", "ChangeStreamNotFoundError", "ChangeStreamReads", "InvalidArgumentError",
     "ReadLimits", "change_stream_name", "query_arguments", "read_change_stream", "reads_of",
+    "stream_named",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -226,18 +227,28 @@ def query_arguments(query: Mapping[str, str]) -> dict[str, str]:
     return {name: query[name] for name in counts}
 
 
-def _checked(
-    catalog: Catalog, names: tuple[str, str, str], values: Mapping[str, str]
-) -> tuple[ChangeStreamRecord, ReadArgs]:
-    """The stream and the read's checked arguments (blocking: catalog reads)."""
+def stream_named(catalog: Catalog, names: tuple[str, str, str]) -> ChangeStreamRecord:
+    """The change stream of that name (blocking: a catalog read).
+
+    Raises:
+        ChangeStreamNotFoundError: there is none; the message says where they are listed.
+    """
     stream = catalog.get_change_stream(*names)
     if stream is None:
         hint = did_you_mean(catalog, *names, ["change stream"])
         raise ChangeStreamNotFoundError(
             f"change stream {full_name(*names)} does not exist{hint}; SHOW CHANGE STREAMS (through "
-            "POST /v1/sql) lists them. Unquoted parts of a name are upper-cased: quote a "
-            'part to keep its case ("my_cs")'
+            "POST /v1/sql) or GET /v1/change-streams lists them. Unquoted parts of a name are "
+            'upper-cased: quote a part to keep its case ("my_cs")'
         )
+    return stream
+
+
+def _checked(
+    catalog: Catalog, names: tuple[str, str, str], values: Mapping[str, str]
+) -> tuple[ChangeStreamRecord, ReadArgs]:
+    """The stream and the read's checked arguments (blocking: catalog reads)."""
+    stream = stream_named(catalog, names)
     try:
         return stream, read_args(values, stream, catalog.list_partitions(stream.uid))
     except SqlError as exc:

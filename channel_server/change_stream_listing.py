@@ -18,10 +18,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from catalog import Catalog, ChangeStreamRecord, did_you_mean, full_name
-from channel_server.change_stream_api import change_stream_name
+from catalog import Catalog, ChangeStreamRecord
+from channel_server.change_stream_api import change_stream_name, stream_named
 from channel_server.handlers import SERVICE, routes
-from ingest_sdk.errors import ChangeStreamNotFoundError
 from pipelines.change_streams.definition import retention_text
 
 __all__ = ["change_stream_json", "describe_change_stream", "list_change_streams"]
@@ -68,13 +67,5 @@ async def describe_change_stream(request: web.Request) -> web.Response:
     """One change stream, named as the read route names it (``NAME``, ``SCHEMA.NAME`` or
     ``DATABASE.SCHEMA.NAME``; unquoted parts upper-cased)."""
     catalog = request.app[SERVICE].catalog
-    names = change_stream_name(request.match_info["name"])
-    stream = catalog.get_change_stream(*names)
-    if stream is None:
-        hint = did_you_mean(catalog, *names, ["change stream"])
-        raise ChangeStreamNotFoundError(
-            f"change stream {full_name(*names)} does not exist{hint}; GET /v1/change-streams lists "
-            'them. Unquoted parts of a name are upper-cased: quote a part to keep its case '
-            '("my_cs")'
-        )
+    stream = stream_named(catalog, change_stream_name(request.match_info["name"]))
     return _json(change_stream_json(catalog, stream, _tables(catalog)))

@@ -78,7 +78,7 @@ def test_the_sdk_lists_and_describes_them(server, session, client_factory):
     assert [s["name"] for s in listed] == ["DB.PUBLIC.BALANCES"]
     assert client.describe_change_stream("balances") == listed[0] == get(
         server, "/v1/change-streams/BALANCES")[1]  # fmt: skip
-    with pytest.raises(ChangeStreamNotFoundError, match="GET /v1/change-streams lists them"):
+    with pytest.raises(ChangeStreamNotFoundError, match="or GET /v1/change-streams lists them"):
         client.describe_change_stream("NOPE")
     with pytest.raises(ChangeStreamNotFoundError, match=r"did you mean DB\.PUBLIC\.BALANCES"):
         client.describe_change_stream("BALANCSE")
@@ -88,7 +88,7 @@ def test_a_missing_or_malformed_name_is_a_4xx_that_says_what_to_do(server, sessi
     status, body = get(server, "/v1/change-streams/NOPE")
     assert status == 404
     assert body["error"]["code"] == "CHANGE_STREAM_NOT_FOUND"
-    assert "GET /v1/change-streams lists them" in body["error"]["message"]
+    assert "or GET /v1/change-streams lists them" in body["error"]["message"]
     status, body = get(server, "/v1/change-streams/a.b.c.d")
     assert status == 400
     assert "is not a change stream name" in body["error"]["message"]
