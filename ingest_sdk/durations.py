@@ -66,7 +66,7 @@ def read_duration(text: str, what: str) -> Fraction:
         raise ValueError(f"{what} {_shown(text)} has an unknown unit "
                          f"{_shown(matched.group(4))}: write {DURATION_FORMS}")  # fmt: skip
     whole = (matched.group(1) or "").lstrip("0")
-    fraction = matched.group(2) or matched.group(3) or ""
+    fraction = (matched.group(2) or matched.group(3) or "").rstrip("0")  # 1.50 is 1.5
     if len(whole) + len(fraction) > _MAX_DIGITS:
         raise ValueError(f"{what} {_shown(text)} is out of range")
     return Fraction(f"{whole or 0}.{fraction or 0}") * size
@@ -88,7 +88,10 @@ def parse_duration(value: float | int | str, what: str = "duration") -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not value >= 0:
             raise ConfigurationError(f"{what} must not be negative, got {value!r}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an int past the largest float: too long by far
+            raise ConfigurationError(f"{what} {str(value)[:20]}... is out of range") from None
     text = value.strip(_SPACES) if isinstance(value, str) else ""
     # A plain number is seconds: the grammar with the unit left out.
     plain = text[-1:].isdigit() or text.endswith(".")

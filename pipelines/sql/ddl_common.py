@@ -95,18 +95,21 @@ def like(pattern: str | None) -> Callable[[str], bool]:
 
 
 def in_scope(session: StatementContext, statement: Statement) -> Callable[[str, str], bool]:
-    """A (database, schema) filter for SHOW's ``IN ACCOUNT | IN DATABASE [db] | IN SCHEMA
-    [[db.]schema]`` (a missing name is the session's current one). Without IN, or with IN
-    ACCOUNT, everything passes: SHOW lists the whole warehouse.
+    """A (database, schema) filter for SHOW's ``IN ACCOUNT | IN DATABASE [db] | IN [SCHEMA]
+    [[db.]schema]`` (a missing name is the session's current one; Snowflake's SCHEMA
+    keyword is optional before a name). Without IN, or with IN ACCOUNT, everything
+    passes: SHOW lists the whole warehouse.
 
     Raises:
         SqlError: a name of more parts than the scope has.
         ObjectNotFoundError: the database or schema does not exist.
     """
     scope = (statement.parts.get("scope") or "").upper()
+    name = statement.parts.get("scope_name")
+    if not scope and statement.parts.get("schema_name"):
+        scope, name = "SCHEMA", statement.parts["schema_name"]
     if not scope:
         return lambda database, schema: True
-    name = statement.parts.get("scope_name")
     if scope == "DATABASE":
         database = check_parts(name, ("database",))[0] if name else session.database
         if session.catalog.get_database(database) is None:

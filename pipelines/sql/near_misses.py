@@ -110,7 +110,8 @@ def _alter(text: str) -> str | SqlError | None:
     if set_lag is None and text[name.end() :].strip().rstrip(";").strip():
         # An action we do not run (SET REFRESH_MODE, RENAME): unsupported, said shortly.
         action = " ".join(text[name.end() :].split()[:2])[:60]
-        instead = _INSTEAD.get(" ".join(action.upper().split()[:2]), "")
+        words = text[name.end() :].replace("=", " = ").split()[:2]
+        instead = _INSTEAD.get(" ".join(words).upper(), "")
         return UnsupportedStatementError(f"ALTER DYNAMIC TABLE ... {action} is not supported"
                                          f"{instead}; write {_ALTER_FORM}")  # fmt: skip
     if set_lag is None:

@@ -40,9 +40,9 @@ _POINT = (
 #: One ``KEY = value`` option of a CREATE DYNAMIC TABLE header: a quoted string or a word.
 _OPTION = r"[A-Za-z_]+\s*=\s*(?:'(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)"
 _LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
-#: SHOW's scope: ``IN ACCOUNT | IN DATABASE [db] | IN SCHEMA [[db.]schema]``.
+#: SHOW's scope: ``IN ACCOUNT | IN DATABASE [db] | IN [SCHEMA] [[db.]schema]``.
 _IN = (r"(?:\s+IN\s+(?:ACCOUNT|(?P<scope>DATABASE|SCHEMA)"
-       rf"(?:\s+(?P<scope_name>{NAME}))?))?")  # fmt: skip
+       rf"(?:\s+(?P<scope_name>{NAME}))?|(?P<schema_name>{NAME})))?")  # fmt: skip
 #: A column list of CREATE TABLE ... AS: definitions whose parentheses nest one level
 #: (``NUMBER(10,2)``), unrolled so that every character has one place to go.
 _COLUMN_LIST = r"\((?P<columns>[^()]*(?:\([^()]*\)[^()]*)*)\)"

@@ -54,6 +54,7 @@ def test_each_show_keeps_to_its_scope(warehouse, kind):
     assert shown(warehouse, kind, " IN DATABASE other") == every[1:]
     assert shown(warehouse, kind, " IN SCHEMA") == [("DB", "PUBLIC")]
     assert shown(warehouse, kind, " IN SCHEMA OTHER.S2") == [("OTHER", "S2")]
+    assert shown(warehouse, kind, " IN OTHER.S2") == [("OTHER", "S2")]  # SCHEMA is optional
     assert shown(warehouse, kind, " in schema other.public", " LIKE '%public'") == [
         ("OTHER", "PUBLIC")]  # fmt: skip
     assert shown(warehouse, kind, " IN SCHEMA OTHER.S2", " LIKE '%public'") == []
