@@ -302,6 +302,11 @@ def _check_reads(
             "reads its sources as of its data timestamp",
             "SQL_COMPILATION_ERROR",
         )
+    if binder.metadata_reads:
+        raise SqlError(f"a dynamic table's query cannot read {binder.metadata_reads[0]}: it "
+                       "describes the warehouse, and its rows change with no table version a "
+                       "refresh could follow; read it in a query, or keep a table of it",
+                       "SQL_COMPILATION_ERROR")  # fmt: skip
     if not binder.tables:
         raise SqlError("a dynamic table's query must read at least one table (its refreshes "
                        "follow the tables' changes)", "SQL_COMPILATION_ERROR")  # fmt: skip

@@ -237,6 +237,9 @@ class Binder:
         self.expanded: list[ViewRecord] = []
         #: Whether a read names a fixed point (time travel, CHANGES): never current.
         self.fixed_reads = False
+        #: What was read of the warehouse's own description (an INFORMATION_SCHEMA view, a
+        #: DYNAMIC_TABLE_*_HISTORY call): rows no table version holds.
+        self.metadata_reads: list[str] = []
         self.defaults = defaults
         self.within = within
         #: Names the texts bound wrote in backquotes, and the columns of each view made
@@ -341,6 +344,7 @@ class Binder:
         database = parts[-3] if len(parts) > 2 else database
         if schema == INFORMATION_SCHEMA:
             frame = self.session.information_schema_view(database, name)
+            self.metadata_reads.append(f"{schema}.{name}")
             return self.view(frame, f"{database}.{schema}.{name}"), name
         return self._named(database, schema, name), name
 
@@ -389,6 +393,8 @@ class Binder:
                 call = _in_database(call, database)
                 defaults = (database, defaults[1])
             frame, label = self.session.table_function(table, call, defaults)
+            if label.upper() in TABLE_FUNCTIONS:
+                self.metadata_reads.append(label.upper())
             return first, span(table.this)[1], self.view(frame, label), label
         clauses = [table.args.get(k) for k in ("when", "version", "changes")]
         if not isinstance(table.this, exp.Identifier) or not any(clauses):
@@ -525,6 +531,7 @@ class Binder:
         self.source_views.update(inner.source_views)
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
+        self.metadata_reads.extend(inner.metadata_reads)
         self.quoted |= inner.quoted
         self.view_columns.update(inner.view_columns)
         if inner.streams:

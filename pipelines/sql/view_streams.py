@@ -94,6 +94,10 @@ def view_plan(session: StatementContext, view: ViewRecord) -> ViewPlan:
         txn = Transaction(session.catalog, session.spark, read_only=True)
         binder = Binder(session, txn, analysis=True, sources=frames)
         bound = binder.bind(f"SELECT * FROM {_quoted_name(view)}")
+        if binder.metadata_reads:
+            raise SqlError(f"a stream cannot follow view {view.full_name}: it reads "
+                           f"{binder.metadata_reads[0]}, which describes the warehouse and "
+                           "changes with no table version to follow", "SQL_COMPILATION_ERROR")
         binders.append((binder, bound))
         return bound
 
