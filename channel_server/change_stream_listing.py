@@ -21,9 +21,12 @@ from aiohttp import web
 from catalog import Catalog, ChangeStreamRecord
 from channel_server.change_stream_api import change_stream_name, stream_named
 from channel_server.handlers import SERVICE, routes
+from ingest_sdk.errors import InvalidRequestError
 from pipelines.change_streams.definition import retention_text
 
-__all__ = ["change_stream_json", "describe_change_stream", "list_change_streams"]
+__all__ = [
+    "change_stream_json", "describe_change_stream", "list_change_streams", "no_change_stream_named",
+]  # fmt: skip
 
 
 def change_stream_json(catalog: Catalog, stream: ChangeStreamRecord,
@@ -60,6 +63,14 @@ async def list_change_streams(request: web.Request) -> web.Response:
     tables = _tables(catalog)
     return _json({"change_streams": [change_stream_json(catalog, stream, tables)
                                      for stream in catalog.list_change_streams()]})  # fmt: skip
+
+
+@routes.get("/v1/change-streams/")
+async def no_change_stream_named(request: web.Request) -> web.Response:
+    """A trailing slash and no name (what an empty name makes of the path)."""
+    raise InvalidRequestError("a change stream name is missing after /v1/change-streams/: "
+                              "GET /v1/change-streams lists them, GET /v1/change-streams/"
+                              "{name} answers one")  # fmt: skip
 
 
 @routes.get("/v1/change-streams/{name:[^/]+}")
