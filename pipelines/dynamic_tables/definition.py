@@ -391,7 +391,11 @@ def refresh_with_upstreams(
 
 
 def alter_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
-    info, dt = dynamic_or_error(session, statement.parts["name"] or "")
+    name = statement.parts["name"] or ""
+    if statement.parts.get("if_exists") and session.find_table(*session.qualify(name)) is None:
+        # As in Snowflake: IF EXISTS makes a missing table a success that changes nothing.
+        return status_frame(session, "Statement executed successfully.")
+    info, dt = dynamic_or_error(session, name)
     action = (statement.parts["action"] or "").split()[0].upper()
     catalog = session.catalog
     if action == "REFRESH":

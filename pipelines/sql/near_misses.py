@@ -24,13 +24,13 @@ __all__ = ["LAG_FORM", "near_miss"]
 LAG_FORM = "TARGET_LAG must be a quoted duration such as '5 minutes', or DOWNSTREAM"
 _CREATE_FORM = ("CREATE [OR REPLACE] DYNAMIC TABLE [IF NOT EXISTS] <name> TARGET_LAG = "
                 "'<duration>' | DOWNSTREAM [KEY = value ...] AS <query>")  # fmt: skip
-_ALTER_FORM = ("ALTER DYNAMIC TABLE <name> REFRESH | SUSPEND | RESUME | SET TARGET_LAG = "
-               "'<duration>' | DOWNSTREAM")  # fmt: skip
+_ALTER_FORM = ("ALTER DYNAMIC TABLE [IF EXISTS] <name> REFRESH | SUSPEND | RESUME | "
+               "SET TARGET_LAG = '<duration>' | DOWNSTREAM")  # fmt: skip
 _FLAGS = re.IGNORECASE | re.ASCII | re.DOTALL
 _CREATE = re.compile(
     r"\s*CREATE\s+(?:OR\s+REPLACE\s+)?DYNAMIC\s+TABLE\b\s*(?:IF\s+NOT\s+EXISTS\b\s*)?", _FLAGS
 )
-_ALTER = re.compile(r"\s*ALTER\s+DYNAMIC\s+TABLE\b\s*", _FLAGS)
+_ALTER = re.compile(r"\s*ALTER\s+DYNAMIC\s+TABLE\b\s*(?:IF\s+EXISTS\b\s*)?", _FLAGS)
 _NAME = re.compile(NAME)
 _STRING = r"'(?:[^']|'')*'"
 #: One well-formed option, as the CREATE header reads it.

@@ -91,7 +91,8 @@ _HEADERS: list[tuple[str, str]] = [
     ),
     (
         "alter_dynamic_table",
-        rf"ALTER\s+DYNAMIC\s+TABLE\s+(?P<name>{NAME})\s+(?P<action>REFRESH|SUSPEND|RESUME|"
+        rf"ALTER\s+DYNAMIC\s+TABLE\s+(?P<if_exists>IF\s+EXISTS\s+)?(?P<name>{NAME})\s+"
+        r"(?P<action>REFRESH|SUSPEND|RESUME|"
         rf"SET\s+TARGET_LAG\s*=\s*(?P<lag>'(?:[^']|'')*'|[A-Za-z]+))",
     ),
     (
