@@ -131,16 +131,18 @@ def _table_function(table: exp.Table) -> tuple[exp.Anonymous, str | None] | None
 
 
 def _information_schema(node: exp.Expression) -> str | None:
-    """``INFORMATION_SCHEMA`` (unquoted, any case) -> ``""``, ``db.INFORMATION_SCHEMA``
-    -> the database's name as stored (unquoted upper-cased, quoted exact); else None."""
+    """``INFORMATION_SCHEMA`` (its stored name: unquoted in any case, or quoted exactly)
+    -> ``""``, ``db.INFORMATION_SCHEMA`` -> the database's name as stored (unquoted
+    upper-cased, quoted exact); else None."""
     database = None
     if isinstance(node, exp.Dot):
         if not isinstance(node.this, exp.Identifier):
             return None
         database = node.this.name if node.this.quoted else node.this.name.upper()
         node = node.expression
-    if not (isinstance(node, exp.Identifier) and not node.quoted
-            and node.name.upper() == "INFORMATION_SCHEMA"):  # fmt: skip
+    if not isinstance(node, exp.Identifier):
+        return None
+    if (node.name if node.quoted else node.name.upper()) != INFORMATION_SCHEMA:
         return None
     return database or ""
 

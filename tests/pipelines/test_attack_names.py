@@ -172,10 +172,6 @@ def test_the_graph_history_keeps_to_its_database(session):
                          "DYNAMIC_TABLE_GRAPH_HISTORY())") == [("OD",)]
 
 
-@pytest.mark.xfail(strict=True, reason='TABLE("INFORMATION_SCHEMA".DYNAMIC_TABLE_REFRESH_'
-                   "HISTORY()) is refused ('not a built-in SQL function') though "
-                   '"INFORMATION_SCHEMA".CHANGE_STREAMS is read: a quoted upper-case name '
-                   "is the unquoted one")
 def test_a_quoted_information_schema_qualifies_the_functions(session):
     assert rows(session, 'SELECT * FROM "INFORMATION_SCHEMA".CHANGE_STREAMS') == []  # holds
     assert rows(session, 'SELECT NAME FROM TABLE("INFORMATION_SCHEMA".'
