@@ -61,9 +61,26 @@ def near_miss(text: str) -> SqlError | None:
     message: str | SqlError | None = _create(text)
     if message is None:
         message = _alter(text)
+    if message is None:
+        message = _show(text)
     if isinstance(message, str):
         return SqlError(message, "SQL_COMPILATION_ERROR")
     return message
+
+
+#: A SHOW of a listing with its IN scope written before its LIKE pattern.
+_SHOW_IN_BEFORE_LIKE = re.compile(
+    r"\s*SHOW\s+(?:TERSE\s+)?(?P<what>TABLES|STREAMS|VIEWS|DYNAMIC\s+TABLES|CHANGE\s+STREAMS)"
+    r"\s+IN\s+.*?\bLIKE\s+'", _FLAGS)
+
+
+def _show(text: str) -> str | None:
+    found = _SHOW_IN_BEFORE_LIKE.match(text)
+    if found is None:
+        return None
+    what = " ".join(found.group("what").upper().split())
+    return (f"SHOW {what}: LIKE goes before IN, as in Snowflake: write SHOW {what} "
+            "[LIKE '<pattern>'] [IN ACCOUNT | IN DATABASE [<db>] | IN [SCHEMA] [<db>.]<schema>]")
 
 
 def _create(text: str) -> str | None:

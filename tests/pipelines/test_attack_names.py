@@ -78,9 +78,6 @@ def test_show_in_a_schema_without_the_keyword(text):
         assert statement.parts["scope"] is not None or statement.parts["schema_name"]
 
 
-@pytest.mark.xfail(strict=True, reason="SHOW TABLES IN SCHEMA PUBLIC LIKE 'T' (IN before "
-                   "LIKE) answers the whole list of supported statements, not that LIKE "
-                   "goes before IN")
 def test_show_with_in_before_like_names_the_order():
     with pytest.raises(SqlError) as refused:
         classify("SHOW TABLES IN SCHEMA PUBLIC LIKE 'T'")
