@@ -394,9 +394,9 @@ class Binder:
                                               "exist; SHOW DATABASES lists them")  # fmt: skip
                 call = _in_database(call, database)
                 defaults = (database, defaults[1])
+            if call.name.upper() in TABLE_FUNCTIONS:  # not a change stream's READ_<name>
+                self.metadata_reads.append(call.name.upper())
             frame, label = self.session.table_function(table, call, defaults)
-            if label.upper() in TABLE_FUNCTIONS:
-                self.metadata_reads.append(label.upper())
             return first, span(table.this)[1], self.view(frame, label), label
         clauses = [table.args.get(k) for k in ("when", "version", "changes")]
         if not isinstance(table.this, exp.Identifier) or not any(clauses):
