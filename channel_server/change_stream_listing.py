@@ -22,7 +22,7 @@ from catalog import Catalog, ChangeStreamRecord
 from channel_server.change_stream_api import change_stream_name, stream_named
 from channel_server.handlers import SERVICE, routes
 from ingest_sdk.errors import InvalidRequestError
-from pipelines.change_streams.definition import retention_text
+from pipelines.change_streams.definition import retention_text, watched_names
 
 __all__ = [
     "change_stream_json", "describe_change_stream", "list_change_streams", "no_change_stream_named",
@@ -32,8 +32,7 @@ __all__ = [
 def change_stream_json(catalog: Catalog, stream: ChangeStreamRecord,
                        tables: dict[int, str]) -> dict[str, Any]:  # fmt: skip
     """One stream's JSON form; ``tables``: table id -> full name, of the tables that exist."""
-    watched: str | list[str] = "ALL" if stream.for_all else [
-        tables[i] for i in stream.table_ids if i in tables]  # fmt: skip
+    watched = watched_names(stream, tables)
     open_partitions = sum(p.end_us is None for p in catalog.list_partitions(stream.uid))
     return {
         "name": stream.full_name,

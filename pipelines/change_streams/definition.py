@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["CAPTURE_TYPES", "DEFAULT_RETENTION_S", "HANDLERS", "retention_text"]
+__all__ = ["CAPTURE_TYPES", "DEFAULT_RETENTION_S", "HANDLERS", "retention_text", "watched_names"]
 
 CAPTURE_TYPES = ("OLD_AND_NEW_VALUES", "NEW_ROW", "NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
 DEFAULT_CAPTURE = "OLD_AND_NEW_VALUES"
@@ -240,6 +240,12 @@ _SHOW_SCHEMA = (
 )
 
 
+def watched_names(stream: ChangeStreamRecord, tables: dict[int, str]) -> str | list[str]:
+    """What ``stream`` watches: ``"ALL"``, or the full names of its tables that exist
+    (``tables``: id -> full name; a dropped table drops out)."""
+    return "ALL" if stream.for_all else [tables[i] for i in stream.table_ids if i in tables]
+
+
 def show_change_streams(session: StatementContext, statement: Statement) -> DataFrame:
     pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     tables = {t.id: t.full_name for t in session.catalog.list_tables()}
@@ -247,9 +253,8 @@ def show_change_streams(session: StatementContext, statement: Statement) -> Data
     for stream in session.catalog.list_change_streams():
         if not pattern(stream.name) or not scope(stream.database, stream.schema_name):
             continue
-        # A dropped table drops out of the list.
-        watched = "ALL" if stream.for_all else ", ".join(
-            tables[i] for i in stream.table_ids if i in tables)  # fmt: skip
+        watched = watched_names(stream, tables)
+        watched = watched if isinstance(watched, str) else ", ".join(watched)
         rows.append((utc(stream.created_at), stream.name, stream.database, stream.schema_name,
                      watched, stream.value_capture_type,
                      retention_text(stream.retention_s)))  # fmt: skip
