@@ -2,8 +2,8 @@
 every JVM the suite starts.
 
 The suite starts a JVM for each Spark session, and one more in each killed child, service
-worker and docs block that needs Spark: over a hundred. Each spends most of its start
-loading and verifying the same ten thousand classes from Spark's jars. A dynamic
+worker and docs block that needs Spark: 87 in one full run. Each spends most of its start
+loading and verifying the same thousands of classes from Spark's jars. A dynamic
 class-data-sharing archive (JDK 13+: ``-XX:ArchiveClassesAtExit`` writes it,
 ``-XX:SharedArchiveFile`` maps it) holds them parsed and verified: measured here, a
 Spark start and its first queries took 8 s of JVM CPU instead of 17-18 s, and half the
