@@ -261,8 +261,9 @@ class PendingCommit:
 class DynamicSource:
     """What a dynamic table reads, as recorded when it was defined.
 
-    ``kind`` is ``table`` (base or dynamic: ``source_id`` is its table id) or ``view``
-    (``source_id`` its view id). ``marker`` tells a changed source from the one the
+    ``kind`` is ``table`` or ``dynamic_table`` (``source_id`` is its table id; catalogs
+    written before the second kind say ``table`` for both) or ``view`` (``source_id`` its
+    view id). ``marker`` tells a changed source from the one the
     definition was checked against: a table's column declarations (JSON), a view's uid.
     ``version`` is the table version the last applied refresh read (None: none yet).
     """

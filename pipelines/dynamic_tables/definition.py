@@ -132,7 +132,7 @@ def graph_nodes(session: StatementContext, replace: dict[str, Node] | None = Non
     nodes = {
         names[dt.table_id]: Node(
             names[dt.table_id], dt.target_lag_us,
-            tuple(names[s.source_id] for s in dt.sources if s.kind == "table"
+            tuple(names[s.source_id] for s in dt.sources if s.kind != "view"
                   and s.source_id in ids and s.source_id in names),
             dt.state == "ACTIVE",
         )
@@ -204,7 +204,8 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
     upstream = tuple(t.full_name for t in tables.values()
                      if session.catalog.get_dynamic_table(t.id) is not None)  # fmt: skip
     _check_graph(graph_nodes(session, {shown: Node(shown, lag.lag_us, upstream)}))
-    sources = [DynamicSource(t.id, "table", t.full_name,
+    sources = [DynamicSource(t.id, "table" if t.full_name not in upstream else "dynamic_table",
+                             t.full_name,
                              orjson.dumps(t.schema.declarations()).decode())
                for t in tables.values()]  # fmt: skip
     views = {v.id: v for v in binder.expanded}
@@ -373,7 +374,7 @@ def refresh_with_upstreams(
         if dt is None or table in order or table in path:
             return
         for source in dt.sources:
-            if source.kind == "table":
+            if source.kind != "view":
                 visit(source.source_id, (*path, table))
         order.append(table)
 

@@ -9,7 +9,7 @@ descriptions) are refused by name, and ``VALID_FROM`` is the table's creation (a
 since then does not start a new description here), ``VALID_TO`` NULL. ``INPUTS`` holds
 every object the table's refreshes read (a view, and the tables the view reads), each by
 its current full name and kind (``TABLE``, ``VIEW``, ``DYNAMIC_TABLE``); a source
-dropped since keeps the name it was defined with.
+dropped since keeps the name and kind it was defined with.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def graph_rows(session: StatementContext, prefix: str = "") -> list[tuple[object
             else:
                 table = tables.get(source.source_id)
                 name = table.full_name if table else None
-                kind = "DYNAMIC_TABLE" if source.source_id in dynamic else "TABLE"
+                kind = ("DYNAMIC_TABLE" if source.kind == "dynamic_table" or source.source_id in dynamic
+                        else "TABLE")  # fmt: skip
             inputs.append((name or source.name, kind))
         mode = effective_mode(dt)
         rows.append((

@@ -289,7 +289,7 @@ def has_followers(catalog: Catalog, table_id: int) -> bool:
         return True
     if any(cs.for_all or table_id in cs.table_ids for cs in catalog.list_change_streams()):
         return True
-    return any(source.kind == "table" and source.source_id == table_id
+    return any(source.kind != "view" and source.source_id == table_id
                for dt in catalog.list_dynamic_tables() for source in dt.sources)  # fmt: skip
 
 

@@ -156,7 +156,7 @@ def _upstream_missing(session: StatementContext, dt: DynamicTableRecord, item: R
     table without a refresh for it."""
     for source in dt.sources:
         upstream = session.catalog.get_dynamic_table(source.source_id)
-        if source.kind != "table" or upstream is None:
+        if source.kind == "view" or upstream is None:
             continue
         if item.tick_us in refreshed_versions(session.catalog, upstream):
             continue  # refreshed for the tick (and maybe again since)

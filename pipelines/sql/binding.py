@@ -119,6 +119,8 @@ def _table_function(table: exp.Table) -> tuple[exp.Anonymous, str | None] | None
     inner = call.expressions[0] if len(call.expressions) == 1 else None
     if name.upper() != "TABLE" or inner is None:
         return None
+    if isinstance(inner, exp.Column):
+        _refuse_uncalled(inner)
     database = None
     if isinstance(inner, exp.Dot):
         qualifier, inner = _information_schema(inner.this), inner.expression
@@ -128,6 +130,19 @@ def _table_function(table: exp.Table) -> tuple[exp.Anonymous, str | None] | None
     if isinstance(inner, exp.Anonymous) and inner.name.upper() in TABLE_FUNCTIONS:
         return inner, database
     return None
+
+
+def _refuse_uncalled(name: exp.Column) -> None:
+    """``TABLE(<built-in>)`` without the call's parentheses, or ``TABLE(INFORMATION_SCHEMA.
+    <view>)``: the form to write (Spark would answer UNRESOLVED_COLUMN)."""
+    written = name.sql(dialect="spark")
+    qualifier = name.args.get("table")
+    if name.name.upper() in TABLE_FUNCTIONS:
+        raise SqlError(f"TABLE({written}) names the table function without calling it: "
+                       f"write TABLE({written}())", "SQL_COMPILATION_ERROR")  # fmt: skip
+    if isinstance(qualifier, exp.Identifier) and _information_schema(qualifier) is not None:
+        raise SqlError(f"{written} is a view, not a table function: write SELECT ... FROM "
+                       f"{written}, without TABLE(...)", "SQL_COMPILATION_ERROR")  # fmt: skip
 
 
 def _information_schema(node: exp.Expression) -> str | None:

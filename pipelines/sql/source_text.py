@@ -236,7 +236,10 @@ _OURS = re.compile(
     r"(?<![\w$`])(?:AT|BEFORE|CHANGES)\s*\("
     r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_(?:[^`]|``)*)`\s*\("
     r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_[\w$]*)\s*\("
-    r"|\bAS\s+OF\b",
+    r"|\bAS\s+OF\b"
+    # TABLE(<name>) without a call: a built-in's name written without its parentheses is
+    # answered with its form, not with Spark's unresolved column.
+    r"|(?<![\w$`])TABLE\s*\((?=[\w$`.\s]*\))",
     re.I,
 )
 

@@ -39,6 +39,9 @@ _POINT = (
 
 #: One ``KEY = value`` option of a CREATE DYNAMIC TABLE header: a quoted string or a word.
 _OPTION = r"[A-Za-z_]+\s*=\s*(?:'(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)"
+#: What separates a header's words: spaces, or none after a closing quote (a lexer ends a
+#: string at its quote, so ``TARGET_LAG='1 minute'AS SELECT 1`` reads as in Snowflake).
+_SPACE_OR_QUOTE = r"(?:\s+|(?<='))"
 _LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
 #: SHOW's scope: ``IN ACCOUNT | IN DATABASE [db] | IN [SCHEMA] [[db.]schema]``.
 _IN = (r"(?:\s+IN\s+(?:ACCOUNT|(?P<scope>DATABASE|SCHEMA)"
@@ -87,7 +90,8 @@ _HEADERS: list[tuple[str, str]] = [
         "create_dynamic_table",
         rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?DYNAMIC\s+TABLE\s+"
         rf"(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?(?P<name>{NAME})"
-        rf"(?P<options>(?:\s+{_OPTION})*)\s+AS(?=[\s(])\s*(?P<query>\S.*)",
+        rf"(?P<options>(?:{_SPACE_OR_QUOTE}{_OPTION})*){_SPACE_OR_QUOTE}AS(?=[\s(])\s*"
+        r"(?P<query>\S.*)",
     ),
     (
         "alter_dynamic_table",

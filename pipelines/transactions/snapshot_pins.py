@@ -46,7 +46,7 @@ def _components(every: dict[int, DynamicTableRecord]) -> dict[int, int]:
 
     for dt in every.values():
         for source in dt.sources:
-            if source.kind == "table" and source.source_id in every:
+            if source.kind != "view" and source.source_id in every:
                 a, b = root(dt.table_id), root(source.source_id)
                 parent[max(a, b)] = min(a, b)
     return {key: root(key) for key in every}

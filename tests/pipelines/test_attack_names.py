@@ -58,14 +58,16 @@ def test_alter_if_exists_of_a_missing_table_changes_nothing(session):
     assert session.sql("ALTER DYNAMIC TABLE IF EXISTS D RESUME").collect()
 
 
-@pytest.mark.xfail(strict=True, reason="TARGET_LAG='1 minute'AS SELECT 1 (no space before "
-                   "AS) is diagnosed as 'the quoted value of TARGET_LAG is never closed'; "
-                   "the quote is closed")
 def test_a_closed_quote_is_not_called_unclosed():
-    try:
-        classify("CREATE DYNAMIC TABLE D TARGET_LAG='1 minute'AS SELECT 1")
-    except SqlError as exc:
-        assert "never closed" not in str(exc)
+    """A lexer ends a string at its quote: the next word needs no space before it."""
+    statement = classify("CREATE DYNAMIC TABLE D TARGET_LAG='1 minute'AS SELECT 1")
+    assert statement.kind == "create_dynamic_table"
+    assert statement.parts["query"] == "SELECT 1"
+    assert "REFRESH_MODE=FULL" in classify(
+        "CREATE DYNAMIC TABLE D TARGET_LAG='1 minute'REFRESH_MODE=FULL AS SELECT 1"
+    ).parts["options"]
+    with pytest.raises(SqlError, match="never closed"):
+        classify("CREATE DYNAMIC TABLE D TARGET_LAG='1 minute AS SELECT 1")
 
 
 @pytest.mark.parametrize("text", ["SHOW TABLES IN PUBLIC", "SHOW DYNAMIC TABLES IN DB.PUBLIC"])
@@ -176,9 +178,6 @@ def test_a_quoted_information_schema_qualifies_the_functions(session):
         session, "SELECT NAME FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY())")
 
 
-@pytest.mark.xfail(strict=True, reason="TABLE(DYNAMIC_TABLE_GRAPH_HISTORY) and "
-                   "TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS) answer Spark's raw "
-                   "UNRESOLVED_COLUMN error (SQLSTATE 42703, 'line 1 pos 20')")
 @pytest.mark.parametrize("query", [
     "SELECT * FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY)",
     "SELECT * FROM TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS)"])  # fmt: skip
@@ -218,9 +217,6 @@ def test_a_stream_on_a_view_of_the_information_schema_names_it(session):
         session.sql("DROP VIEW IF EXISTS VIS")
 
 
-@pytest.mark.xfail(strict=True, reason="after DROP DYNAMIC TABLE D1, TABLE(DYNAMIC_TABLE_GRAPH_"
-                   "HISTORY()) gives D2's input DB.PUBLIC.D1 the kind TABLE: a dropped source's "
-                   "kind is read from what exists now, so a dynamic table turns into a table")
 def test_a_dropped_dynamic_source_keeps_its_kind(session):
     session.sql("USE SCHEMA DB.PUBLIC")
     session.sql("CREATE DYNAMIC TABLE D1 TARGET_LAG = DOWNSTREAM AS SELECT ID FROM T")
