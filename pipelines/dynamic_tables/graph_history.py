@@ -85,8 +85,8 @@ def graph_rows(session: StatementContext, prefix: str = "") -> list[tuple[object
             else:
                 table = tables.get(source.source_id)
                 name = table.full_name if table else None
-                kind = ("DYNAMIC_TABLE" if source.kind == "dynamic_table" or source.source_id in dynamic
-                        else "TABLE")  # fmt: skip
+                dynamic_now = source.source_id in dynamic
+                kind = "DYNAMIC_TABLE" if source.kind == "dynamic_table" or dynamic_now else "TABLE"
             inputs.append((name or source.name, kind))
         mode = effective_mode(dt)
         rows.append((
