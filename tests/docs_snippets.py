@@ -12,6 +12,9 @@ A page's fenced blocks are read in order. Their info string says what they are:
   ``...`` in the output matches anything (timestamps, random folder names). The
   commands of one block run in one ``bash -euo pipefail``, so a variable set by one is
   seen by the next;
+- ``sql``: statements as a user types them into the command line, run by piping the
+  block into ``python -m pipelines --url <the page's server>`` (the CLI splits them; it
+  must exit with 0, so every statement must succeed);
 - anything else (``json``, ``text``, ``promql``...) is not code and is not run.
 
 A block that cannot run in a test is marked by an HTML comment on the line right
@@ -39,7 +42,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("docs/*.md"))]
 SHELL = frozenset({"bash", "sh", "shell"})
-RUNNABLE = SHELL | {"python", "console"}
+RUNNABLE = SHELL | {"python", "console", "sql"}
 _FENCE = re.compile(r"^(`{3,}|~{3,})\s*([^\s`]*)(.*)$")
 _SKIP = re.compile(r"^<!--\s*docs-test:\s*skip\s*\((?P<reason>[^)]*\S[^)]*)\)\s*-->\s*$")
 _MARKER = "@@docs-test: end of command@@"
@@ -171,12 +174,13 @@ class Runner:
             PYTHONUNBUFFERED="1",
         )
         self.env = env
+        self.url = f"http://127.0.0.1:{port}"
         self._blocks: subprocess.Popen[bytes] | None = None
         self._results: Any = None
 
-    def _run(self, argv: list[str]) -> Result:
+    def _run(self, argv: list[str], stdin: str | None = None) -> Result:
         done = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=self.timeout, check=False)  # fmt: skip
+                              input=stdin, timeout=self.timeout, check=False)  # fmt: skip
         return Result(done.returncode, done.stdout, done.stderr)
 
     def _script(self, block: Block, suffix: str, text: str) -> Path:
@@ -192,6 +196,9 @@ class Runner:
         if block.lang in SHELL:
             script = self._script(block, ".sh", block.code)
             result = self._run(["bash", "-euo", "pipefail", str(script)])
+            return None if result.returncode == 0 else _failed(result)
+        if block.lang == "sql":
+            result = self._run([self.python, "-m", "pipelines", "--url", self.url], block.code)
             return None if result.returncode == 0 else _failed(result)
         return self._run_console(block)
 

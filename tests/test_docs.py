@@ -130,3 +130,16 @@ def test_output_matching() -> None:
     assert output_matches('{"a":1,...,"c":3}', '{"a":1,"b":2,"c":3}\n')
     assert not output_matches('{"a":1}', '{"a":2}')
     assert output_matches("", "")
+
+
+def test_a_sql_block_that_fails_fails_its_page(tmp_path: Path) -> None:
+    """A ``sql`` block goes through the command line, whose exit status decides: with no
+    service at the URL, the CLI exits non-zero and the runner reports the block."""
+    import socket
+
+    with socket.socket() as unused:  # a port nothing listens on once it is closed
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    runner = Runner(tmp_path, port, tmp_path / "warehouse", timeout=60)
+    problem = runner.run(Block("x.md", 1, "sql", "SELECT 1;\n", None))
+    assert problem is not None and "exit code" in problem, problem
