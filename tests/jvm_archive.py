@@ -19,11 +19,13 @@ JVM cannot write one, or the session failed) the suite runs as before.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["class_archive"]
@@ -60,8 +62,10 @@ def class_archive(root: Path, options: str) -> Path | None:
     folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "streaming-ingest"
     archive = folder / f"spark-classes-{_digest()}.jsa"
     if archive.exists():
+        archive.touch()  # in use: kept by _prune
         return archive
     folder.mkdir(parents=True, exist_ok=True)
+    _prune(folder)
     partial = folder / f".{archive.name}.{os.getpid()}"
     env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} -XX:ArchiveClassesAtExit={partial}"}
     try:
@@ -72,3 +76,17 @@ def class_archive(root: Path, options: str) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         partial.unlink(missing_ok=True)
     return archive if archive.exists() else None
+
+
+#: An archive unused this long is deleted when another is made (each is ~180 MB, one per
+#: virtual environment and Spark version; a used one is touched at every run).
+UNUSED_FOR_S = 7 * 86_400
+
+
+def _prune(folder: Path) -> None:
+    """Delete the archives of this folder no run has used for :data:`UNUSED_FOR_S`."""
+    now = time.time()
+    for old in folder.glob("spark-classes-*.jsa"):
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > UNUSED_FOR_S:
+                old.unlink()
