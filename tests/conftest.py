@@ -42,7 +42,7 @@ LONG_FILES = (
     "tests/pipelines/dynamic_tables/test_property.py",
     "tests/pipelines/dynamic_tables/test_engine_property.py",
     "tests/pipelines/dynamic_tables/test_overwrite_concurrency.py",
-    "tests/channel_server/test_change_stream_http.py",
+    "tests/channel_server/change_streams/test_http_reads.py",
     "tests/ingest_sdk/test_change_stream_reader.py",
     "tests/pipelines/change_streams/test_partitions.py",
     "tests/pipelines/change_streams/test_read.py",

@@ -43,20 +43,6 @@ PATIENCE = 60.0
 
 
 @pytest.fixture
-def server(server_factory):
-    # No balancer: it would merge a test's idle partitions in the middle of its reads.
-    return server_factory(change_stream_check_seconds=0)
-
-
-@pytest.fixture
-def session(server, spark):
-    """A session on the service's warehouse (the tests' tables and change streams)."""
-    made = Session(server.config.warehouse, spark=spark)
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def client(server, client_factory):
     return client_factory(server.url)
 

@@ -11,19 +11,6 @@ import orjson
 import pytest
 
 from ingest_sdk.errors import ChangeStreamNotFoundError
-from pipelines import Session
-
-
-@pytest.fixture
-def server(server_factory):
-    return server_factory(change_stream_check_seconds=0)
-
-
-@pytest.fixture
-def session(server, spark):
-    made = Session(server.config.warehouse, spark=spark)
-    yield made
-    made.close()
 
 
 def get(server, path: str) -> tuple[int, Any]:
