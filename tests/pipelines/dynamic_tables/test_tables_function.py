@@ -209,6 +209,22 @@ def test_the_plain_name_is_a_function_not_a_view(session):
                    "SQL_COMPILATION_ERROR", "without calling it")
 
 
+def test_what_follows_table_versions_cannot_read_it(session):
+    assert_refused(session, "CREATE DYNAMIC TABLE DX TARGET_LAG = '1 minute' AS SELECT T.ID, d.NAME "
+                   "FROM T, TABLE(DYNAMIC_TABLES()) d", "SQL_COMPILATION_ERROR",
+                   "cannot read DYNAMIC_TABLES")  # fmt: skip
+    assert session.sql("SHOW DYNAMIC TABLES LIKE 'DX'").collect() == []
+    session.sql("CREATE VIEW VX AS SELECT NAME, MEAN_LAG_SEC FROM TABLE(DYNAMIC_TABLES())")
+    try:
+        assert_refused(session, "CREATE STREAM SX ON VIEW VX", "SQL_COMPILATION_ERROR",
+                       "DYNAMIC_TABLES")
+        assert session.sql("SHOW STREAMS LIKE 'SX'").collect() == []
+        # A view of it is read like the function (in a query, not in what follows versions).
+        assert len(session.sql("SELECT * FROM VX").collect()) == 6
+    finally:
+        session.sql("DROP VIEW VX")
+
+
 # The shared argument reading, in the history functions ---------------------------------
 
 
