@@ -77,6 +77,31 @@ VIEWS: dict[str, tuple[str, Callable[[StatementContext, str], list[tuple[object,
 }
 
 
+def _snowflake_streams(session: StatementContext, database: str) -> list[tuple[object, ...]]:
+    """``STREAMS`` (ours: Snowflake's INFORMATION_SCHEMA has no such view): one row per
+    stream of the database, as SHOW STREAMS describes it."""
+    from pipelines.sql.ddl import stream_row
+
+    rows: list[tuple[object, ...]] = []
+    for stream in session.catalog.list_streams():
+        if stream.database != database:
+            continue
+        (created, name, db, schema, comment, table, source_type, bases, kind, stale, mode,
+         stale_after, *_) = stream_row(session, stream)  # fmt: skip
+        rows.append((db, schema, name, comment or None, table, source_type, bases, kind, mode,
+                     stale, stale_after, created))  # fmt: skip
+    return sorted(rows, key=lambda row: (str(row[1]), str(row[2])))
+
+
+#: Snowflake's names for its own objects, beside Spanner's (kept apart for merges).
+VIEWS["STREAMS"] = (
+    "STREAM_CATALOG STRING, STREAM_SCHEMA STRING, STREAM_NAME STRING, COMMENT STRING, "
+    "TABLE_NAME STRING, SOURCE_TYPE STRING, BASE_TABLES STRING, TYPE STRING, MODE STRING, "
+    "STALE BOOLEAN, STALE_AFTER TIMESTAMP, CREATED TIMESTAMP",
+    _snowflake_streams,
+)
+
+
 def view_frame(session: StatementContext, database: str, name: str) -> DataFrame:
     """The rows of ``<database>.INFORMATION_SCHEMA.<name>``.
 

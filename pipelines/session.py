@@ -35,7 +35,7 @@ from pipelines import information_schema
 from pipelines.change_streams import definition as change_streams
 from pipelines.change_streams.function import read_frame
 from pipelines.dynamic_tables import definition as dynamic
-from pipelines.dynamic_tables import graph_history, refresh_history
+from pipelines.dynamic_tables import graph_history, refresh_history, tables_function
 from pipelines.errors import (
     ObjectNotFoundError,
     SqlError,
@@ -189,12 +189,14 @@ class Session:
         self, table: exp.Table, call: exp.Anonymous, defaults: tuple[str, str]
     ) -> tuple[DataFrame, str]:
         """A change stream's ``READ_<name>(...)`` (:mod:`pipelines.change_streams.function`)
-        or ``TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...))``
-        (:mod:`pipelines.dynamic_tables.refresh_history`) in a query."""
+        or ``TABLE(<dynamic-table function>(...))`` (:mod:`pipelines.dynamic_tables.
+        refresh_history`, ``graph_history``, ``tables_function``) in a query."""
         if call.name.upper() == refresh_history.FUNCTION:
             return refresh_history.history_frame(self, call, defaults), refresh_history.FUNCTION
         if call.name.upper() == graph_history.FUNCTION:
             return graph_history.graph_frame(self, call), graph_history.FUNCTION
+        if call.name.upper() == tables_function.FUNCTION:
+            return tables_function.tables_frame(self, call, defaults), tables_function.FUNCTION
         return read_frame(self, table, defaults), function_name(call)
 
     def information_schema_view(self, database: str, name: str) -> DataFrame:

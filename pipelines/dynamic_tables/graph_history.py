@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from catalog import DynamicTableRecord, full_name
-from pipelines.errors import SqlError
+from pipelines.dynamic_tables import arguments
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["COLUMNS", "FUNCTION", "graph_frame", "graph_rows"]
+__all__ = ["COLUMNS", "FUNCTION", "graph_frame", "graph_rows", "scheduling_state"]
 
 FUNCTION = "DYNAMIC_TABLE_GRAPH_HISTORY"
 COLUMNS = (
@@ -37,29 +37,21 @@ COLUMNS = (
     "SCHEDULING_STATE STRUCT<state: STRING, reason_code: STRING, reason_message: STRING>, "
     "REFRESH_MODE STRING, REFRESH_MODE_REASON STRING"
 )
-_HISTORY = ("AS_OF", "HISTORY_START", "HISTORY_END")
+_REFUSED = dict.fromkeys(
+    ("AS_OF", "HISTORY_START", "HISTORY_END"),
+    f"only the current description of each dynamic table is kept; call {FUNCTION}() "
+    "without arguments (TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...)) holds what each refresh "
+    "read)",
+)
 
 
 def _prefix(call: exp.Anonymous) -> str:
     """The call's NAME_PREFIX (``db.INFORMATION_SCHEMA.`` before the call gives one: its
     database's tables only), or ""; any other argument refused."""
-    prefix = ""
-    for argument in call.expressions:
-        key = argument.this.name.upper() if isinstance(argument, exp.Kwarg) else ""
-        value = argument.expression if isinstance(argument, exp.Kwarg) else None
-        if key == "NAME_PREFIX" and isinstance(value, exp.Literal) and value.is_string:
-            prefix = value.name
-            continue
-        if key in _HISTORY:
-            raise SqlError(
-                f"{FUNCTION}: {key} is not supported: only the current description of each "
-                f"dynamic table is kept; call {FUNCTION}() without arguments "
-                "(TABLE(DYNAMIC_TABLE_REFRESH_HISTORY(...)) holds what each refresh read)",
-                "SQL_COMPILATION_ERROR",
-            )
-        raise SqlError(f"{FUNCTION} takes no arguments here but NAME_PREFIX => '<DB.SCHEMA>': "
-                       f"write {FUNCTION}()", "SQL_COMPILATION_ERROR")  # fmt: skip
-    return prefix
+    found = arguments.named_arguments(call, FUNCTION, ("NAME_PREFIX",), _REFUSED)
+    if "NAME_PREFIX" not in found:
+        return ""
+    return arguments.text(found["NAME_PREFIX"], FUNCTION, "NAME_PREFIX").strip()
 
 
 def graph_rows(session: StatementContext, prefix: str = "") -> list[tuple[object, ...]]:
@@ -94,12 +86,12 @@ def graph_rows(session: StatementContext, prefix: str = "") -> list[tuple[object
             "DOWNSTREAM" if dt.target_lag_us is None else "USER_DEFINED",
             None if dt.target_lag_us is None else dt.target_lag_us // 1_000_000, dt.query,
             datetime.fromtimestamp(info.created_at, UTC).replace(tzinfo=None), None,
-            _scheduling_state(dt), mode, dt.mode_reason if mode == "FULL" else None,
+            scheduling_state(dt), mode, dt.mode_reason if mode == "FULL" else None,
         ))  # fmt: skip
     return sorted(rows, key=lambda row: str(row[3]))
 
 
-def _scheduling_state(dt: DynamicTableRecord) -> tuple[str, str | None, str | None]:
+def scheduling_state(dt: DynamicTableRecord) -> tuple[str, str | None, str | None]:
     if dt.state == "SUSPENDED":
         return ("SUSPENDED", "USER_SUSPENDED",
                 dt.state_reason or "suspended by ALTER DYNAMIC TABLE ... SUSPEND")  # fmt: skip

@@ -6,7 +6,10 @@ rows come from the catalog's history (:meth:`catalog.Catalog.list_refreshes`, ne
 first) and become a temporary view. Arguments, by name: ``NAME => 'db.schema.dt'`` (one
 table; unqualified parts take the session's defaults), ``NAME_PREFIX => 'DB.S'`` (tables
 whose qualified name starts so), ``ERROR_ONLY => TRUE`` (failed refreshes only),
-``RESULT_LIMIT => n`` (at most n rows, 1 to 10,000; 100 by default, newest first).
+``RESULT_LIMIT => n`` (at most n rows, 1 to 10,000; 100 by default, newest first),
+``DATA_TIMESTAMP_START`` / ``DATA_TIMESTAMP_END => '<timestamp>'`` (refreshes whose data
+timestamp is within; without them, every refresh the catalog keeps, where Snowflake's
+default is the last day). Their reading is :mod:`pipelines.dynamic_tables.arguments`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ from typing import TYPE_CHECKING
 import orjson
 from sqlglot import exp
 
-from catalog import RefreshRecord, did_you_mean, full_name
-from pipelines.errors import ObjectNotFoundError, SqlError
-from pipelines.sql.statements import NAME, qualified, split_name
+from catalog import RefreshRecord
+from pipelines.dynamic_tables import arguments
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -38,67 +40,27 @@ COLUMNS = (
     "ROWS_DELETED BIGINT, ROWS_UPDATED BIGINT, SOURCE_VERSIONS STRING, TABLE_VERSION BIGINT, "
     "SKIPPED_TICKS BIGINT"
 )
-_ARGUMENTS = ("NAME", "NAME_PREFIX", "ERROR_ONLY", "RESULT_LIMIT")
-
-
-def _arguments(call: exp.Anonymous) -> dict[str, exp.Expression]:
-    found: dict[str, exp.Expression] = {}
-    for argument in call.expressions:
-        if not isinstance(argument, exp.Kwarg):
-            raise SqlError(
-                f"{FUNCTION} takes named arguments ({', '.join(_ARGUMENTS)}), e.g. "
-                f"{FUNCTION}(NAME => 'MY_DT')", "SQL_COMPILATION_ERROR",
-            )  # fmt: skip
-        key = argument.this.name.upper()
-        if key not in _ARGUMENTS or key in found:
-            raise SqlError(f"{FUNCTION}: unknown or repeated argument {key[:40]}; the arguments "
-                           f"are {', '.join(_ARGUMENTS)}", "SQL_COMPILATION_ERROR")  # fmt: skip
-        found[key] = argument.expression
-    return found
-
-
-def _text(value: exp.Expression, key: str) -> str:
-    if not (isinstance(value, exp.Literal) and value.is_string):
-        raise SqlError(f"{FUNCTION}: {key} takes a string", "SQL_COMPILATION_ERROR")
-    return value.name
-
+_ARGUMENTS = ("NAME", "NAME_PREFIX", "ERROR_ONLY", "RESULT_LIMIT", "DATA_TIMESTAMP_START",
+              "DATA_TIMESTAMP_END")
 
 def history_rows(
     session: StatementContext, call: exp.Anonymous, defaults: tuple[str, str]
 ) -> list[tuple[object, ...]]:
     """The rows the call answers, newest first."""
-    import re
-
-    arguments = _arguments(call)
+    found = arguments.named_arguments(call, FUNCTION, _ARGUMENTS)
     wanted: int | None = None
+    if "NAME" in found:
+        wanted = arguments.dynamic_table(session, found["NAME"], FUNCTION, defaults).id
     prefix = ""
-    if "NAME" in arguments:
-        text = _text(arguments["NAME"], "NAME").strip()
-        if re.fullmatch(NAME, text) is None:
-            raise SqlError(f"{FUNCTION}: {text[:80]!r} is not a name", "SQL_COMPILATION_ERROR")
-        names = qualified(split_name(text), *defaults)
-        info = session.find_table(*names)
-        if info is None or session.catalog.get_dynamic_table(info.id) is None:
-            hint = did_you_mean(session.catalog, *names, ["dynamic table"])
-            raise ObjectNotFoundError(f"dynamic table {full_name(*names)} does not exist{hint} "
-                                      f"({FUNCTION}'s NAME names one)")  # fmt: skip
-        wanted = info.id
-    if "NAME_PREFIX" in arguments:
-        prefix = _text(arguments["NAME_PREFIX"], "NAME_PREFIX").strip()
-    error_only = False
-    if "ERROR_ONLY" in arguments:
-        flag = arguments["ERROR_ONLY"]
-        if not isinstance(flag, exp.Boolean):
-            raise SqlError(f"{FUNCTION}: ERROR_ONLY takes TRUE or FALSE", "SQL_COMPILATION_ERROR")
-        error_only = bool(flag.this)
+    if "NAME_PREFIX" in found:
+        prefix = arguments.text(found["NAME_PREFIX"], FUNCTION, "NAME_PREFIX").strip()
+    error_only = "ERROR_ONLY" in found and arguments.boolean(found["ERROR_ONLY"], FUNCTION,
+                                                             "ERROR_ONLY")  # fmt: skip
     limit = DEFAULT_LIMIT
-    if "RESULT_LIMIT" in arguments:
-        value = arguments["RESULT_LIMIT"]
-        if not (isinstance(value, exp.Literal) and value.is_int
-                and 1 <= int(value.name) <= MAX_LIMIT):  # fmt: skip
-            raise SqlError(f"{FUNCTION}: RESULT_LIMIT takes a whole number from 1 to "
-                           f"{MAX_LIMIT}", "SQL_COMPILATION_ERROR")  # fmt: skip
-        limit = int(value.name)
+    if "RESULT_LIMIT" in found:
+        limit = arguments.limit(found["RESULT_LIMIT"], FUNCTION, MAX_LIMIT)
+    start, end = (arguments.timestamp_us(found[key], FUNCTION, key) if key in found else None
+                  for key in ("DATA_TIMESTAMP_START", "DATA_TIMESTAMP_END"))  # fmt: skip
     tables = {t.id: t for t in session.catalog.list_tables()}
     rows = []
     for record in session.catalog.list_refreshes(wanted, limit=MAX_LIMIT):
@@ -107,6 +69,9 @@ def history_rows(
         if prefix and not qualified_name.startswith(prefix):
             continue
         if error_only and record.state != "FAILED":
+            continue
+        stamp = record.data_timestamp_us
+        if (start is not None and stamp < start) or (end is not None and stamp > end):
             continue
         rows.append(_row(record, info.name if info else record.name.rsplit(".", 1)[-1],
                          info.schema_name if info else "", info.database if info else "",

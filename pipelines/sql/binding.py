@@ -176,7 +176,9 @@ def _in_database(call: exp.Anonymous, database: str) -> exp.Anonymous:
 
 
 #: The table functions written ``TABLE(<name>(...))`` that the session answers.
-TABLE_FUNCTIONS = frozenset({"DYNAMIC_TABLE_REFRESH_HISTORY", "DYNAMIC_TABLE_GRAPH_HISTORY"})
+TABLE_FUNCTIONS = frozenset(
+    {"DYNAMIC_TABLE_REFRESH_HISTORY", "DYNAMIC_TABLE_GRAPH_HISTORY", "DYNAMIC_TABLES"}
+)
 
 
 def result_names(binder: Binder, frame: DataFrame, text: str) -> DataFrame:
@@ -360,6 +362,10 @@ class Binder:
         schema = parts[-2] if len(parts) > 1 else schema
         database = parts[-3] if len(parts) > 2 else database
         if schema == INFORMATION_SCHEMA:
+            if name in TABLE_FUNCTIONS:  # as in Snowflake, a function only: no view of it
+                raise SqlError(f"{schema}.{name} is a table function, not a view: write "
+                               f"SELECT ... FROM TABLE({schema}.{name}())",
+                               "SQL_COMPILATION_ERROR")  # fmt: skip
             frame = self.session.information_schema_view(database, name)
             self.metadata_reads.append(f"{schema}.{name}")
             return self.view(frame, f"{database}.{schema}.{name}"), name

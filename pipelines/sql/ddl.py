@@ -236,7 +236,7 @@ _STREAM_SCHEMA = (
 )
 
 
-def _stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, ...]:
+def stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, ...]:
     """One row of SHOW STREAMS. A stream on a view shows the view as ``table_name``, its
     base tables and their offsets (JSON, by name); its ``offset_version`` is NULL."""
     start = (utc(stream.created_at), stream.name, stream.database, stream.schema_name,
@@ -254,14 +254,14 @@ def _stream_row(session: StatementContext, stream: StreamRecord) -> tuple[Any, .
 
 def show_streams(session: StatementContext, statement: Statement) -> DataFrame:
     pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
-    rows = [_stream_row(session, s) for s in session.catalog.list_streams()
+    rows = [stream_row(session, s) for s in session.catalog.list_streams()
             if pattern(s.name) and scope(s.database, s.schema_name)]  # fmt: skip
     return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
 
 
 def describe_stream(session: StatementContext, statement: Statement) -> DataFrame:
     stream = session.require_stream(statement.parts["name"] or "")
-    return session.spark.createDataFrame([_stream_row(session, stream)], _STREAM_SCHEMA)
+    return session.spark.createDataFrame([stream_row(session, stream)], _STREAM_SCHEMA)
 
 
 def use(session: StatementContext, statement: Statement) -> DataFrame:

@@ -234,8 +234,8 @@ def extent(node: exp.Expression) -> tuple[int, int]:
 #: our functions, a change stream's READ_<name> (quoted or not); or a time travel.
 _OURS = re.compile(
     r"(?<![\w$`])(?:AT|BEFORE|CHANGES)\s*\("
-    r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_(?:[^`]|``)*)`\s*\("
-    r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE_(?:REFRESH|GRAPH)_HISTORY|READ_[\w$]*)\s*\("
+    r"|`(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE(?:_(?:REFRESH|GRAPH)_HISTORY|S)|READ_(?:[^`]|``)*)`\s*\("
+    r"|(?<![\w$`])(?:SYSTEM\$STREAM_HAS_DATA|DYNAMIC_TABLE(?:_(?:REFRESH|GRAPH)_HISTORY|S)|READ_[\w$]*)\s*\("
     r"|\bAS\s+OF\b"
     # TABLE(<name>) without a call: a built-in's name written without its parentheses is
     # answered with its form, not with Spark's unresolved column.

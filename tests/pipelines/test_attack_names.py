@@ -169,6 +169,8 @@ def test_the_graph_history_keeps_to_its_database(session):
                          "DYNAMIC_TABLE_REFRESH_HISTORY())") == [("OD",)]  # holds
     assert rows(session, "SELECT NAME FROM TABLE(OTHER.INFORMATION_SCHEMA."
                          "DYNAMIC_TABLE_GRAPH_HISTORY())") == [("OD",)]
+    assert rows(session, "SELECT NAME FROM TABLE(OTHER.INFORMATION_SCHEMA."
+                         "DYNAMIC_TABLES())") == [("OD",)]
 
 
 def test_a_quoted_information_schema_qualifies_the_functions(session):
@@ -180,7 +182,9 @@ def test_a_quoted_information_schema_qualifies_the_functions(session):
 
 @pytest.mark.parametrize("query", [
     "SELECT * FROM TABLE(DYNAMIC_TABLE_GRAPH_HISTORY)",
-    "SELECT * FROM TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS)"])  # fmt: skip
+    "SELECT * FROM TABLE(INFORMATION_SCHEMA.CHANGE_STREAMS)",
+    "SELECT * FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLES)",
+    "SELECT * FROM INFORMATION_SCHEMA.DYNAMIC_TABLES"])  # fmt: skip
 def test_a_misused_table_call_is_not_a_raw_spark_error(session, query):
     with pytest.raises(SqlError) as refused:
         session.sql(query).collect()
@@ -194,6 +198,10 @@ def test_a_misused_table_call_is_not_a_raw_spark_error(session, query):
      "DYNAMIC_TABLE_GRAPH_HISTORY"),
     ("SELECT T.ID, h.NAME FROM T, TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_REFRESH_HISTORY()) h",
      "DYNAMIC_TABLE_REFRESH_HISTORY"),
+    ("SELECT T.ID, d.NAME FROM T, TABLE(DB.INFORMATION_SCHEMA.DYNAMIC_TABLES()) d",
+     "DYNAMIC_TABLES"),
+    ("SELECT T.ID, s.STREAM_NAME FROM T JOIN INFORMATION_SCHEMA.STREAMS s ON s.TABLE_NAME = 'T'",
+     "INFORMATION_SCHEMA.STREAMS"),
 ])  # fmt: skip
 def test_a_dynamic_table_over_the_warehouse_description_is_refused(session, query, read):
     """Found: such a table was accepted and its refreshes followed only T (NO_DATA while

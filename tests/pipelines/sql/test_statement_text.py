@@ -189,6 +189,8 @@ def test_spans_are_the_characters_as_written():
     ("SELECT * FROM t VERSION AS OF 1", True),
     ("SELECT SYSTEM$STREAM_HAS_DATA('s')", True),
     ("SELECT * FROM READ_cs(start_timestamp => 'x')", True),
+    ("SELECT * FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLES())", True),
+    ("SELECT 'DYNAMIC_TABLES(' AS dynamic_tables FROM t", False),
     ("SELECT 'at(VERSION => 1)', `at` FROM t -- CHANGES(", False),
     ("SELECT at, before FROM t", False),
 ])
