@@ -18,8 +18,7 @@ they are not copied, so a record built from parsed JSON shares its lists.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, ClassVar, TypeAlias
 
@@ -47,12 +46,12 @@ class _Fields:
     __slots__ = ("body", "where")
 
     def __init__(self, raw: Any, key: str) -> None:
-        if not isinstance(raw, Mapping):
+        if not isinstance(raw, dict):
             raise MalformedRecordError(
                 f"a change stream record must be a JSON object, got {_shown(raw)}"
             )
         body = raw.get(key)
-        if not isinstance(body, Mapping):
+        if not isinstance(body, dict):
             raise MalformedRecordError(f"{key} must be a JSON object, got {_shown(body)}")
         self.body, self.where = body, key
 
@@ -67,14 +66,10 @@ class _Fields:
         return value
 
     def timestamp(self, name: str) -> str:
-        value = self.body.get(name)
-        try:
-            if isinstance(value, str) and "T" in value:
-                datetime.fromisoformat(value)
-                return value
-        except ValueError:
-            pass
-        raise self.bad(name, "an RFC 3339 timestamp such as '2026-01-31T12:00:00.000000Z'")
+        value: Any = self.body.get(name)
+        if not _is_timestamp(value):
+            raise self.bad(name, "an RFC 3339 timestamp such as '2026-01-31T12:00:00.000000Z'")
+        return value  # type: ignore[no-any-return]
 
     def flag(self, name: str) -> bool:
         value = self.body.get(name)
@@ -83,8 +78,8 @@ class _Fields:
         return value
 
     def count(self, name: str) -> int:
-        value = self.body.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        value: Any = self.body.get(name)
+        if not _is_count(value):
             raise self.bad(name, "a whole number, 0 or more")
         return value
 
@@ -96,22 +91,49 @@ class _Fields:
 
     def objects(self, name: str) -> list[Any]:
         value = self.body.get(name)
-        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise self.bad(name, "a list of JSON objects")
         return value
+
+
+def _is_timestamp(value: Any) -> bool:
+    if not isinstance(value, str) or "T" not in value:
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _column_type_ok(column: Any) -> bool:
+    return (
+        isinstance(column, dict)
+        and isinstance(column.get("name"), str)
+        and isinstance(column.get("type"), dict)
+        and isinstance(column["type"].get("code"), str)
+        and isinstance(column.get("is_primary_key"), bool)
+        and _is_count(column.get("ordinal_position"))
+    )
+
+
+def _mod_ok(mod: Any) -> bool:
+    return (
+        isinstance(mod, dict)
+        and isinstance(mod.get("keys"), dict)
+        and isinstance(mod.get("new_values"), dict)
+        and isinstance(mod.get("old_values"), dict)
+    )
 
 
 def _check_column_types(fields: _Fields) -> list[dict[str, Any]]:
     types = fields.objects("column_types")
     for i, column in enumerate(types):
-        if not (
-            isinstance(column.get("name"), str)
-            and isinstance(column.get("type"), Mapping)
-            and isinstance(column["type"].get("code"), str)
-            and isinstance(column.get("is_primary_key"), bool)
-            and isinstance(column.get("ordinal_position"), int)
-            and not isinstance(column["ordinal_position"], bool)
-        ):
+        if not _column_type_ok(column):
             raise MalformedRecordError(
                 f"{fields.where}.column_types[{i}] must hold name (text), type "
                 '({"code": text}), is_primary_key (true or false) and ordinal_position '
@@ -124,7 +146,7 @@ def _check_mods(fields: _Fields) -> list[dict[str, Any]]:
     mods = fields.objects("mods")
     for i, mod in enumerate(mods):
         for part in _MOD_PARTS:
-            if not isinstance(mod.get(part), Mapping):
+            if not isinstance(mod.get(part), dict):
                 raise MalformedRecordError(
                     f"{fields.where}.mods[{i}].{part} must be a JSON object, got "
                     f"{_shown(mod.get(part, 'nothing (it is missing)'))}"
@@ -177,11 +199,40 @@ class DataChangeRecord:
 
     @classmethod
     def from_json(cls, raw: Any) -> DataChangeRecord:
-        """Parse ``{"data_change_record": {...}}``.
+        """Parse ``{"data_change_record": {...}}``: one pass of checks (a reader parses
+        every record); a record that fails them is checked again field by field, for
+        the error that names the field.
 
         Raises:
             MalformedRecordError: a field is missing or not of its form.
         """
+        body = raw.get(cls.KEY) if isinstance(raw, dict) else None
+        if isinstance(body, dict):
+            values: tuple[Any, ...] = tuple(map(body.get, _DATA_FIELDS))
+            (stamp, sequence, transaction, last, table, types, mods, mod_type, capture,
+             records, partitions, tag, system) = values  # fmt: skip
+            if (
+                _is_timestamp(stamp)
+                and isinstance(sequence, str)
+                and isinstance(transaction, str)
+                and isinstance(last, bool)
+                and isinstance(table, str)
+                and isinstance(types, list)
+                and all(map(_column_type_ok, types))
+                and isinstance(mods, list)
+                and all(map(_mod_ok, mods))
+                and mod_type in MOD_TYPES
+                and capture in VALUE_CAPTURE_TYPES
+                and _is_count(records)
+                and _is_count(partitions)
+                and isinstance(tag, str)
+                and isinstance(system, bool)
+            ):
+                return cls(*values)
+        return cls._checked(raw)
+
+    @classmethod
+    def _checked(cls, raw: Any) -> DataChangeRecord:
         f = _Fields(raw, cls.KEY)
         return cls(
             f.timestamp("commit_timestamp"),
@@ -198,6 +249,10 @@ class DataChangeRecord:
             f.text("transaction_tag"),
             f.flag("is_system_transaction"),
         )
+
+
+#: A data change record's fields, in the order they are sent.
+_DATA_FIELDS = tuple(f.name for f in fields(DataChangeRecord))
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +289,7 @@ class ChildPartition:
         return {"token": self.token, "parent_partition_tokens": list(self.parent_partition_tokens)}
 
 
-def _child(where: str, raw: Mapping[str, Any]) -> ChildPartition:
+def _child(where: str, raw: dict[str, Any]) -> ChildPartition:
     token, parents = raw.get("token"), raw.get("parent_partition_tokens")
     if not isinstance(token, str):
         raise MalformedRecordError(f"{where}.token must be text, got {_shown(token)}")
@@ -297,7 +352,7 @@ def record_kind(raw: Any) -> type[ChangeRecord] | None:
     Raises:
         MalformedRecordError: not a JSON object, or it holds more than one kind.
     """
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, dict):
         raise MalformedRecordError(
             f"a change stream record must be a JSON object, got {_shown(raw)}"
         )
