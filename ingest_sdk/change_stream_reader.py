@@ -138,10 +138,12 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
         callback: ``callback(record, db)``, called from the thread running :meth:`run`,
             in order. ``record`` is a dict ``{"data_change_record": {...},
             "partition_token": ...}`` (with ``heartbeats``, ``{"heartbeat_record": ...}``
-            too). ``db`` is the checkpoint's connection inside the transaction that also
-            commits this record's progress: write through it for exactly-once effects;
-            never commit or roll back. An exception stops the reader: the batch is rolled
-            back and :meth:`run` raises it.
+            too), as the query returned it; :func:`~ingest_sdk.record_from_json` makes
+            it a :class:`~ingest_sdk.DataChangeRecord`. ``db`` is the checkpoint's
+            connection inside the transaction that also commits this record's progress:
+            write through it for exactly-once effects; never commit or roll back. An
+            exception stops the reader: the batch is rolled back and :meth:`run` raises
+            it.
         heartbeat_milliseconds: the queries' heartbeat interval; a stop is seen within it.
         end_timestamp: read up to this time and end (None: read until stopped); the same
             forms as ``start_timestamp``. A resumed reader may extend it (or drop it),
