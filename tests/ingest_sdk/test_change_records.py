@@ -201,3 +201,57 @@ def test_any_field_missing_is_refused(field):
     del raw["data_change_record"][field]
     with pytest.raises(MalformedRecordError, match="it is missing"):
         DataChangeRecord.from_json(raw)
+
+
+# The reader parses every record it receives, and hands the callback what it received.
+START = "2026-01-31T12:00:00.000000Z"
+
+
+def _query(partition_records):
+    """A query callable: the first query names partition p0, whose query returns
+    ``partition_records`` and then its (empty) child partitions record."""
+
+    def query(token, start, end, heartbeat_ms):
+        if token is None:
+            yield ChildPartitionsRecord(START, "00000000", (ChildPartition("p0"),)).to_json()
+            return
+        yield from copy.deepcopy(partition_records)
+        yield ChildPartitionsRecord("2026-02-01T00:00:00.000000Z", "00000000", ()).to_json()
+
+    return query
+
+
+def _run(tmp_path, partition_records, handed=None, **options):
+    from ingest_sdk import ChangeStreamReader
+
+    handed = [] if handed is None else handed
+    reader = ChangeStreamReader(
+        _query(partition_records), "CS", start_timestamp=START,
+        checkpoint_path=tmp_path / "checkpoint.sqlite",
+        callback=lambda record, db: handed.append(record), **options,
+    )  # fmt: skip
+    reader.run()
+    return handed
+
+
+def test_the_callback_gets_the_record_as_received_and_unknown_kinds_are_skipped(tmp_path):
+    change = _data_change()
+    change["data_change_record"]["commit_timestamp"] = "2026-01-31T12:00:01.000000Z"
+    change["data_change_record"]["a_newer_field"] = [1, 2]
+    beat = {"heartbeat_record": {"timestamp": "2026-01-31T12:00:02.000000Z"}}
+    handed = _run(tmp_path, [change, {"future_record": {}}, beat], heartbeats=True)
+    assert handed == [{**change, "partition_token": "p0"}, {**beat, "partition_token": "p0"}]
+    parsed = record_from_json(handed[0])
+    assert isinstance(parsed, DataChangeRecord)
+    assert parsed.mods == change["data_change_record"]["mods"]
+
+
+def test_a_malformed_record_stops_the_reader_naming_its_field(tmp_path):
+    change = _data_change()
+    change["data_change_record"]["commit_timestamp"] = "2026-01-31T12:00:01.000000Z"
+    good = copy.deepcopy(change)
+    del change["data_change_record"]["table_name"]
+    handed: list[dict[str, Any]] = []
+    with pytest.raises(MalformedRecordError, match=r"data_change_record\.table_name"):
+        _run(tmp_path, [good, change], handed)
+    assert handed == [{**good, "partition_token": "p0"}]  # the records before it: handed
