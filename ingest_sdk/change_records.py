@@ -159,7 +159,8 @@ class DataChangeRecord:
     """The changes of one transaction to one table in one partition, of one mod type.
 
     ``column_types`` and ``mods`` are the JSON lists as sent (see
-    docs/change-streams.md for what they hold); they are not copied.
+    docs/change-streams.md for what they hold); they are not copied, and make the
+    record unhashable (it compares by value).
     """
 
     KEY: ClassVar[str] = "data_change_record"
