@@ -3,6 +3,14 @@
 The public names are re-exported here; import from ``ingest_sdk`` only.
 """
 
+from ingest_sdk.change_records import (
+    ChangeRecord,
+    ChildPartition,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+    record_from_json,
+)
 from ingest_sdk.change_stream_reader import ChangeStreamReader, CheckpointPolicy
 from ingest_sdk.channel import AsyncChannel
 from ingest_sdk.client import AsyncStreamingIngestClient, ClientLimits, OpenChannelRequest
@@ -20,6 +28,7 @@ from ingest_sdk.errors import (
     InvalidRequestError,
     InvalidTypeError,
     InvalidValueError,
+    MalformedRecordError,
     SchemaError,
     ServerError,
     ServiceError,
@@ -48,6 +57,7 @@ __all__ = [
     "AsyncStreamingIngestClient",
     "AuthenticationError",
     "BackpressureError",
+    "ChangeRecord",
     "ChangeStreamReader",
     "Channel",
     "ChannelClosedError",
@@ -55,12 +65,16 @@ __all__ = [
     "ChannelNotFoundError",
     "ChannelStatus",
     "CheckpointPolicy",
+    "ChildPartition",
+    "ChildPartitionsRecord",
     "ClientLimits",
     "Column",
     "ColumnType",
     "CommitTimeoutError",
     "ConfigurationError",
     "ConversionOptions",
+    "DataChangeRecord",
+    "HeartbeatRecord",
     "IngestError",
     "InsertError",
     "InsertValidationError",
@@ -68,6 +82,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTypeError",
     "InvalidValueError",
+    "MalformedRecordError",
     "OnErrorOption",
     "OpenChannelRequest",
     "RetryPolicy",
@@ -88,4 +103,5 @@ __all__ = [
     "convert_rows",
     "convert_value",
     "normalize_identifier",
+    "record_from_json",
 ]

@@ -20,6 +20,13 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
+from ingest_sdk.change_records import (
+    ChangeRecord,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+    record_kind,
+)
 from ingest_sdk.change_stream_positions import Partition, after, position, rfc3339, to_micros
 from ingest_sdk.errors import IngestError
 from ingest_sdk.transport import RetryPolicy
@@ -44,13 +51,26 @@ class _Retry(IngestError):
 
 @dataclass(slots=True)
 class Item:
-    """One entry of the delivery queue."""
+    """One entry of the delivery queue. A record travels parsed (``record``, what the
+    loop dispatches on) and as the query returned it (``raw``, what the callback gets)."""
 
     kind: str  # record | children | ended | error
     token: str
-    record: dict[str, Any] = field(default_factory=dict)
-    children: list[dict[str, Any]] = field(default_factory=list)
+    record: DataChangeRecord | HeartbeatRecord | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+    children: list[ChildPartitionsRecord] = field(default_factory=list)
     error: BaseException | None = None
+
+
+def parse(raw: Any) -> ChangeRecord | None:
+    """A record a query returned, parsed once, where it enters the reader; None for a
+    kind this SDK does not know (a newer service's: skipped).
+
+    Raises:
+        MalformedRecordError: not a record, or a field of it not of its form.
+    """
+    kind = record_kind(raw)
+    return None if kind is None else kind.from_json(raw)
 
 
 @dataclass(slots=True)
@@ -147,15 +167,16 @@ class PartitionThreads:
         if run.halt.is_set():
             return "done"
         progressed = False
-        children: list[dict[str, Any]] = []
+        children: list[ChildPartitionsRecord] = []
         start = rfc3339(partition.read_watermark)
         try:
             records = self._query(partition.token, start, self._end_arg(), self._heartbeat_ms)
             with closing(records):
-                for record in records:
+                for raw in records:
                     if run.halt.is_set():
                         return "done"
-                    progressed = self._queue_record(partition, record, children, run) or progressed
+                    queued = self._queue_record(partition, parse(raw), raw, children, run)
+                    progressed = queued or progressed
         except IngestError as exc:
             if not exc.retriable or not (children or progressed):
                 raise
@@ -179,27 +200,25 @@ class PartitionThreads:
                      "the partition did")  # fmt: skip
 
     def _queue_record(
-        self, partition: Partition, record: dict[str, Any], children: list[dict[str, Any]],
-        run: Run,
+        self, partition: Partition, record: ChangeRecord | None, raw: dict[str, Any],
+        children: list[ChildPartitionsRecord], run: Run,
     ) -> bool:  # fmt: skip
         """Queue one record of the partition's query; whether it was progress."""
-        change = record.get("data_change_record")
-        if change is not None:
-            pos = position(change)
-            if not after(pos, partition.read_last):
-                return False  # handed before a retry or a restart
-            partition.read_last = pos
-            partition.read_watermark = max(partition.read_watermark, pos[0])
-            return run.put(Item("record", partition.token, record=record))
-        beat = record.get("heartbeat_record")
-        if beat is not None:
-            moment = to_micros(beat["timestamp"])
-            if moment <= partition.read_watermark:
-                return False
-            partition.read_watermark = moment
-            return run.put(Item("record", partition.token, record=record))
-        child = record.get("child_partitions_record")
-        if child is not None:
-            children.append(child)  # handed once the query has ended
-            return True
+        match record:
+            case DataChangeRecord():
+                pos = position(record)
+                if not after(pos, partition.read_last):
+                    return False  # handed before a retry or a restart
+                partition.read_last = pos
+                partition.read_watermark = max(partition.read_watermark, pos[0])
+                return run.put(Item("record", partition.token, record, raw))
+            case HeartbeatRecord():
+                moment = to_micros(record.timestamp)
+                if moment <= partition.read_watermark:
+                    return False
+                partition.read_watermark = moment
+                return run.put(Item("record", partition.token, record, raw))
+            case ChildPartitionsRecord():
+                children.append(record)  # handed once the query has ended
+                return True
         return False

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from ingest_sdk.change_records import DataChangeRecord
 from ingest_sdk.errors import ConfigurationError
 
 __all__ = ["Partition", "Position", "after", "position", "rfc3339", "to_datetime", "to_micros"]
@@ -70,7 +71,15 @@ def rfc3339(micros: int) -> str:
 Position = tuple[int, str, str, str]
 
 
-def position(change: dict[str, Any]) -> Position:
+def position(change: DataChangeRecord | dict[str, Any]) -> Position:
+    """A data change record's position: the record, or its body as JSON."""
+    if isinstance(change, DataChangeRecord):
+        return (
+            to_micros(change.commit_timestamp),
+            change.table_name,
+            change.record_sequence,
+            change.server_transaction_id,
+        )
     return (
         to_micros(change["commit_timestamp"]),
         str(change["table_name"]),

@@ -49,6 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from ingest_sdk.change_records import ChildPartitionsRecord, DataChangeRecord, HeartbeatRecord
 from ingest_sdk.change_stream_checkpoint import Checkpoint
 from ingest_sdk.change_stream_partitions import (
     POLL_S,
@@ -59,6 +60,7 @@ from ingest_sdk.change_stream_partitions import (
     Query,
     Run,
     closing,
+    parse,
 )
 from ingest_sdk.change_stream_positions import (
     Partition,
@@ -136,10 +138,12 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
         callback: ``callback(record, db)``, called from the thread running :meth:`run`,
             in order. ``record`` is a dict ``{"data_change_record": {...},
             "partition_token": ...}`` (with ``heartbeats``, ``{"heartbeat_record": ...}``
-            too). ``db`` is the checkpoint's connection inside the transaction that also
-            commits this record's progress: write through it for exactly-once effects;
-            never commit or roll back. An exception stops the reader: the batch is rolled
-            back and :meth:`run` raises it.
+            too), as the query returned it; :func:`~ingest_sdk.record_from_json` makes
+            it a :class:`~ingest_sdk.DataChangeRecord`. ``db`` is the checkpoint's
+            connection inside the transaction that also commits this record's progress:
+            write through it for exactly-once effects; never commit or roll back. An
+            exception stops the reader: the batch is rolled back and :meth:`run` raises
+            it.
         heartbeat_milliseconds: the queries' heartbeat interval; a stop is seen within it.
         end_timestamp: read up to this time and end (None: read until stopped); the same
             forms as ``start_timestamp``. A resumed reader may extend it (or drop it),
@@ -299,16 +303,16 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
         A refused or stopped first query writes nothing. The checkpoint's connection, or
         None if the reader stopped."""
 
-        def once() -> list[dict[str, Any]]:
-            found: list[dict[str, Any]] = []
+        def once() -> list[ChildPartitionsRecord]:
+            found: list[ChildPartitionsRecord] = []
             records = self._query(
                 None, rfc3339(self._start_us), self._end_arg(), self._heartbeat_ms
             )
             with closing(records):
-                for record in records:
-                    child = record.get("child_partitions_record")
-                    if child is not None:
-                        found.append(child)
+                for raw in records:
+                    record = parse(raw)
+                    if isinstance(record, ChildPartitionsRecord):
+                        found.append(record)
             return found
 
         try:
@@ -332,15 +336,15 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
 
     # ------------------------------------------------------------------ lineage
 
-    def _add_children(self, record: dict[str, Any], parent: str | None) -> None:
+    def _add_children(self, record: ChildPartitionsRecord, parent: str | None) -> None:
         """Know the children a child partitions record names (once each, whoever names
         them). A child starting after ``end_timestamp`` has nothing to read: it ends."""
-        start = to_micros(record["start_timestamp"])
-        for child in record.get("child_partitions", []):
-            token = str(child["token"])
+        start = to_micros(record.start_timestamp)
+        for child in record.child_partitions:
+            token = child.token
             if token in self._partitions:
                 continue
-            parents = tuple(str(t) for t in child.get("parent_partition_tokens") or () if t)
+            parents = tuple(t for t in child.parent_partition_tokens if t)
             if parent is not None and parent not in parents:
                 parents = (*parents, parent)
             ended = self._end_us is not None and start > self._end_us
@@ -442,20 +446,20 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
     def _handle(self, item: Item, db: sqlite3.Connection) -> int:
         """One queue entry, inside the open transaction; how many records were handed."""
         partition = self._partitions[item.token]
-        if item.kind == "record":
-            change = item.record.get("data_change_record")
-            if change is not None:
-                pos = position(change)
-                if not after(pos, partition.last):
-                    return 0
-                self._hand(item, db)
-                with self._state_lock:
-                    partition.last = pos
-                    partition.watermark = max(partition.watermark, pos[0])
-                    partition.dirty = True
-                    self._update_low()
-                return 1
-            moment = to_micros(item.record["heartbeat_record"]["timestamp"])
+        record = item.record
+        if isinstance(record, DataChangeRecord):
+            pos = position(record)
+            if not after(pos, partition.last):
+                return 0
+            self._hand(item, db)
+            with self._state_lock:
+                partition.last = pos
+                partition.watermark = max(partition.watermark, pos[0])
+                partition.dirty = True
+                self._update_low()
+            return 1
+        if isinstance(record, HeartbeatRecord):
+            moment = to_micros(record.timestamp)
             if moment <= partition.watermark:
                 return 0
             handed = 0
@@ -479,7 +483,7 @@ class ChangeStreamReader(PartitionThreads, Checkpoint):
 
     def _hand(self, item: Item, db: sqlite3.Connection) -> None:
         try:
-            self._callback({**item.record, "partition_token": item.token}, db)
+            self._callback({**item.raw, "partition_token": item.token}, db)
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -248,7 +248,8 @@ class AsyncStreamingIngestClient:
         come: ``async for record in client.read_change_stream(...)``.
 
         Each record is a dict holding one of ``data_change_record``, ``heartbeat_record``
-        and ``child_partitions_record`` (``docs/change-streams.md``). Without
+        and ``child_partitions_record`` (``docs/change-streams.md``);
+        :func:`~ingest_sdk.record_from_json` parses one into its class. Without
         ``partition_token`` this is the first query: it returns the partitions to read,
         as child partitions records, and ends. With one, the iterator ends when the
         partition ends (after its child partitions record) or ``end_timestamp`` is

@@ -10,6 +10,7 @@
     ├── InsertValidationError        ON_ERROR=ABORT met a bad row
     ├── ChannelClosedError           the handle was closed by its owner
     ├── CommitTimeoutError           wait_for_commit ran out of time
+    ├── MalformedRecordError         a change stream record not of the form of its kind
     ├── TransportError (retriable)   the server could not be reached
     │   └── ServiceUnreachableError  refused before the service ever answered (not retried)
     └── ServiceError                 the server answered with an error (status, code)
@@ -55,6 +56,7 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTypeError",
     "InvalidValueError",
+    "MalformedRecordError",
     "SchemaError",
     "ServerError",
     "ServiceError",
@@ -185,6 +187,11 @@ class ChannelClosedError(IngestError):
 
 class CommitTimeoutError(IngestError, TimeoutError):
     """``wait_for_commit`` ran out of time; the rows may still commit later."""
+
+
+class MalformedRecordError(IngestError, ValueError):
+    """A change stream record lacks a field of its kind or holds one not of its form
+    (:mod:`ingest_sdk.change_records`). Not retriable: the same read returns it again."""
 
 
 class TransportError(IngestError):

@@ -22,6 +22,7 @@ from typing import Any
 
 from catalog import Catalog, ChangeStreamRecord, PartitionRecord, Seal, TableInfo
 from flush.commit_clock import clock, commit_info, version_at
+from ingest_sdk.change_records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord
 from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
 from pipelines.change_streams.records import version_records as build_records
 from pipelines.change_streams.timeline import newest_version, seal, timestamps
@@ -175,10 +176,8 @@ def open_at(partitions: list[PartitionRecord], moment: int) -> list[PartitionRec
 
 def _first_query(partitions: list[PartitionRecord], start: int) -> Iterator[dict[str, Any]]:
     for sequence, partition in enumerate(open_at(partitions, start)):
-        yield {"child_partitions_record": {
-            "start_timestamp": rfc3339(start), "record_sequence": f"{sequence:08d}",
-            "child_partitions": [{"token": partition.token, "parent_partition_tokens": []}],
-        }}  # fmt: skip
+        child = ChildPartition(partition.token)
+        yield ChildPartitionsRecord(rfc3339(start), f"{sequence:08d}", (child,)).to_json()
 
 
 def _tag(table: TableInfo, version: int) -> tuple[str, bool]:
@@ -285,8 +284,10 @@ def read(
     catalog: Catalog, stream: ChangeStreamRecord, args: ReadArgs,
     stop: threading.Event | None = None, until_us: int | None = None,
 ) -> Iterator[dict[str, Any]]:  # fmt: skip
-    """The records of one read, as JSON-ready dicts, until the partition ends, the end
-    timestamp (or ``until_us``: a bounded read) is passed, or ``stop`` is set.
+    """The records of one read until the partition ends, the end timestamp (or
+    ``until_us``: a bounded read) is passed, or ``stop`` is set. Each is built as its
+    class (:mod:`ingest_sdk.change_records`) and yielded as its JSON form (``to_json``):
+    every face writes it with orjson, and a version's records are cached in that form.
 
     Raises:
         ObjectNotFoundError: the stream was dropped or replaced (before or during it).
@@ -352,18 +353,17 @@ def read(
             and (end is None or end >= partition.end_us - 1)
         ):
             children = [p for p in partitions if partition.token in p.parents]
-            yield {"child_partitions_record": {
-                "start_timestamp": rfc3339(partition.end_us), "record_sequence": "00000000",
-                "child_partitions": [{"token": c.token, "parent_partition_tokens": list(c.parents)}
-                                     for c in children],
-            }}  # fmt: skip
+            yield ChildPartitionsRecord(
+                rfc3339(partition.end_us), "00000000",
+                tuple(ChildPartition(c.token, c.parents) for c in children),
+            ).to_json()  # fmt: skip
             return
         if end is not None and upto >= end:
             if last_beat < end:  # the read's end, as progress a resumed read starts from
-                yield {"heartbeat_record": {"timestamp": rfc3339(end)}}
+                yield HeartbeatRecord(rfc3339(end)).to_json()
             return
         if time.monotonic() - quiet_since >= args.heartbeat_ms / 1000 and limit > last_beat:
             last_beat = limit
             quiet_since = time.monotonic()
-            yield {"heartbeat_record": {"timestamp": rfc3339(limit)}}
+            yield HeartbeatRecord(rfc3339(limit)).to_json()
         time.sleep(POLL_S)

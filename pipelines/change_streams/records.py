@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 
 from catalog import PartitionRecord, TableInfo
 from flush.tables import ROW_ID_COLUMN
+from ingest_sdk.change_records import DataChangeRecord
 from ingest_sdk.column_types import ColumnType, TypeKind
 
 __all__ = [
@@ -242,21 +243,21 @@ def version_records(
     by_token: dict[str, list[dict[str, Any]]] = {}
     for sequence, ((token, kind, listed), entries) in enumerate(chunks):
         shown = set(listed)
-        by_token.setdefault(token, []).append({"data_change_record": {
-            "commit_timestamp": stamp,
-            "record_sequence": f"{sequence:08d}",
-            "server_transaction_id": transaction_id,
-            "is_last_record_in_transaction_in_partition": last_of[token] == sequence,
-            "table_name": table_name,
-            "column_types": [t for t in types if t["is_primary_key"] or t["name"] in shown],
-            "mods": entries,
-            "mod_type": kind,
-            "value_capture_type": capture,
-            "number_of_records_in_transaction": len(chunks),
-            "number_of_partitions_in_transaction": len(tokens),
-            "transaction_tag": tag,
-            "is_system_transaction": system,
-        }})  # fmt: skip
+        by_token.setdefault(token, []).append(DataChangeRecord(
+            commit_timestamp=stamp,
+            record_sequence=f"{sequence:08d}",
+            server_transaction_id=transaction_id,
+            is_last_record_in_transaction_in_partition=last_of[token] == sequence,
+            table_name=table_name,
+            column_types=[t for t in types if t["is_primary_key"] or t["name"] in shown],
+            mods=entries,
+            mod_type=kind,
+            value_capture_type=capture,
+            number_of_records_in_transaction=len(chunks),
+            number_of_partitions_in_transaction=len(tokens),
+            transaction_tag=tag,
+            is_system_transaction=system,
+        ).to_json())  # fmt: skip
     return VersionRecords(timestamp_us, by_token, len(mods))
 
 

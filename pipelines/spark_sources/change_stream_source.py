@@ -49,6 +49,14 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 
 from catalog import ChangeStreamRecord, PartitionRecord, SqliteCatalog, did_you_mean, full_name
 from flush.commit_clock import clock
+from ingest_sdk.change_records import (
+    ChangeRecord,
+    ChildPartition,
+    ChildPartitionsRecord,
+    DataChangeRecord,
+    HeartbeatRecord,
+    record_from_json,
+)
 from pipelines.change_streams.read import (
     MAX_HEARTBEAT_MS,
     MIN_HEARTBEAT_MS,
@@ -81,11 +89,6 @@ SCHEMA = (
     "record_sequence STRING, record STRING"
 )
 _OPTIONS = ("warehouse", "name", "startTimestamp", "endTimestamp", "heartbeatMilliseconds")
-_KINDS = {
-    "data_change_record": "data_change",
-    "heartbeat_record": "heartbeat",
-    "child_partitions_record": "child_partitions",
-}
 _RESTART = "start a new query (a new checkpoint location)"
 
 
@@ -98,18 +101,20 @@ def _moment(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
-def _row(token: str | None, record: dict[str, Any]) -> tuple[Any, ...]:
-    """One record as a row of :data:`SCHEMA`."""
-    (key, body), *_ = record.items()
-    text = orjson.dumps(record).decode()
-    if key == "data_change_record":
-        moment = _moment(body["commit_timestamp"])
-        return (moment, token, "data_change", body["table_name"], body["mod_type"],
-                body["server_transaction_id"], body["record_sequence"], text)  # fmt: skip
-    if key == "heartbeat_record":
-        return (_moment(body["timestamp"]), token, "heartbeat", None, None, None, None, text)
-    return (_moment(body["start_timestamp"]), token, _KINDS[key], None, None, None,
-            body.get("record_sequence"), text)  # fmt: skip
+def _row(token: str | None, record: ChangeRecord, sent: dict[str, Any] | None = None
+         ) -> tuple[Any, ...]:  # fmt: skip
+    """One record as a row of :data:`SCHEMA`; ``sent``: its JSON form, if at hand."""
+    text = orjson.dumps(record.to_json() if sent is None else sent).decode()
+    match record:
+        case DataChangeRecord():
+            return (_moment(record.commit_timestamp), token, "data_change", record.table_name,
+                    record.mod_type, record.server_transaction_id, record.record_sequence,
+                    text)  # fmt: skip
+        case HeartbeatRecord():
+            return (_moment(record.timestamp), token, "heartbeat", None, None, None, None, text)
+        case ChildPartitionsRecord():
+            return (_moment(record.start_timestamp), token, "child_partitions", None, None,
+                    None, record.record_sequence, text)  # fmt: skip
 
 
 # The plan: which partitions a batch reads, and the state after it
@@ -322,11 +327,9 @@ class _Source:
         """The rows of one planned read (runs in a Spark task)."""
         if isinstance(part, _Announce):
             for sequence, token in enumerate(part.tokens):
-                yield _row(None, {"child_partitions_record": {
-                    "start_timestamp": rfc3339(part.start_us),
-                    "record_sequence": f"{sequence:08d}",
-                    "child_partitions": [{"token": token, "parent_partition_tokens": []}],
-                }})  # fmt: skip
+                announced = (ChildPartition(token),)
+                yield _row(None, ChildPartitionsRecord(rfc3339(part.start_us),
+                                                       f"{sequence:08d}", announced))  # fmt: skip
             return
         if not isinstance(part, _Read):  # Spark reads one empty partition for none
             return
@@ -335,16 +338,17 @@ class _Source:
             stream = self.find(catalog, part.stream_uid)
             args = ReadArgs(part.first_us, None, part.token, MAX_HEARTBEAT_MS)
             changed = False
-            for record in read(catalog, stream, args, until_us=part.until_us):
-                if "data_change_record" in record:
+            for sent in read(catalog, stream, args, until_us=part.until_us):
+                record = record_from_json(sent)
+                if isinstance(record, DataChangeRecord):
                     changed = True
-                    yield _row(part.token, record)
-                elif "child_partitions_record" in record and part.ends:
-                    yield _row(part.token, record)
+                    yield _row(part.token, record, sent)
+                elif isinstance(record, ChildPartitionsRecord) and part.ends:
+                    yield _row(part.token, record, sent)
             # Heartbeats are the plan's (read's own depend on when it ran): one at the
             # bound, for a partition that returned no change in this batch.
             if part.beat and not changed:
-                yield _row(part.token, {"heartbeat_record": {"timestamp": rfc3339(part.until_us)}})
+                yield _row(part.token, HeartbeatRecord(rfc3339(part.until_us)))
         finally:
             catalog.close()
 
