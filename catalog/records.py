@@ -358,8 +358,8 @@ class ChangeStreamRecord:
     def excluded_mod_types(self) -> frozenset[str]:
         """The mod types (``INSERT``, ``UPDATE``, ``DELETE``) whose records are not
         emitted (``exclude_ttl_deletes`` excludes none: no delete here is a TTL's)."""
-        return frozenset(EXCLUDE_OPTIONS[option] for option, on in self.exclusions
-                         if on and EXCLUDE_OPTIONS[option])  # fmt: skip
+        kinds = (EXCLUDE_OPTIONS.get(option) for option, on in self.exclusions if on)
+        return frozenset(kind for kind in kinds if kind)
 
 
 #: The ``exclude_*`` options of a change stream and the mod type each one excludes

@@ -16,7 +16,9 @@ NEW_ROW                       every column          nothing
 NEW_ROW_AND_OLD_VALUES        every column          changed columns, before
 ============================  ====================  ==================================
 
-(an INSERT changes every column; a DELETE's "new" side is empty). ``column_types`` lists
+(an INSERT changes every column; a DELETE's "new" side is empty; "every column" is every
+column a stream's column list names, when the table has one, and an UPDATE that changed
+none of them is no mod). ``column_types`` lists
 the key columns and the columns an UPDATE changed; every column for an INSERT, a
 DELETE, and any change under the NEW_ROW types. Mods of one partition, table, type and
 column set share a record, at most

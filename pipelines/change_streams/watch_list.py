@@ -35,6 +35,8 @@ __all__ = ["Watched", "read_watched", "watched_text"]
 
 #: One watched table of a FOR clause, with its column list if it has one.
 _ITEM = re.compile(rf"(?P<table>{NAME})(?:\s*\((?P<columns>[^()]*)\))?")
+#: One name of a column list (the header admits one-part names only there).
+_COLUMN = re.compile(NAME)
 #: How many of a table's columns an unknown column's error lists.
 _LISTED = 12
 
@@ -54,7 +56,7 @@ def _compile_error(message: str) -> SqlError:
 
 def _columns(table: TableInfo, text: str) -> tuple[str, ...]:
     """The column names of a list (``a, "b"``: unquoted names upper-cased), checked."""
-    written = [part.strip() for part in text.split(",")] if text.strip() else []
+    written = [found.group(0) for found in _COLUMN.finditer(text)]  # '"a,b"' is one
     names = [split_name(part)[0] for part in written]
     known, keys = table.schema.names, table.primary_key
     seen: set[str] = set()

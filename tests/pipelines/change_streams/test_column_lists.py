@@ -6,9 +6,16 @@ door refuses (with nothing changed)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from tests.pipelines.change_streams.test_read import changes, created, read
+from flush.commit_clock import now_us
+from pipelines import SqlError
+from pipelines.change_streams.read import ReadArgs
+from pipelines.change_streams.read import read as read_records
+from pipelines.sql.statements import classify
+from tests.pipelines.change_streams.test_read import changes
 from tests.pipelines.refusals import assert_refused
 
 TABLE = "CREATE TABLE A (ID NUMBER PRIMARY KEY, BALANCE NUMBER, OWNER VARCHAR, NOTE VARCHAR)"
@@ -17,10 +24,12 @@ CAPTURES = ("OLD_AND_NEW_VALUES", "NEW_VALUES", "NEW_ROW", "NEW_ROW_AND_OLD_VALU
 
 def mods(session, cs):
     """Every (mod_type, keys, new_values, old_values, column names) the stream's one
-    partition returns from its creation, in commit order."""
+    partition returns from its creation up to now, in commit order (read by the reader
+    every face runs; the SQL face is the one of test_exclusions)."""
     stream = session.catalog.get_change_stream("DB", "PUBLIC", cs)
     (partition,) = session.catalog.list_partitions(stream.uid)
-    found = changes(read(session, cs, created(session, cs), partition.token))
+    args = ReadArgs(stream.created_us, None, partition.token, 1000)
+    found = changes(read_records(session.catalog, stream, args, until_us=now_us()))
     return [(c["mod_type"], m["keys"], m["new_values"], m["old_values"],
              [t["name"] for t in c["column_types"]]) for c in found for m in c["mods"]]  # fmt: skip
 
@@ -105,6 +114,8 @@ _MANY = ", ".join(f"C{i}" for i in range(10_000))
       "its columns are ID, BALANCE, OWNER, NOTE")),
     ('CREATE CHANGE STREAM X FOR A("balance")', "SQL_COMPILATION_ERROR",
      ('"balance"', "does not exist (did you mean BALANCE?)")),
+    ('CREATE CHANGE STREAM X FOR A(OWNER, "NO,PE")', "SQL_COMPILATION_ERROR",
+     ('column "NO,PE" in the column list of DB.PUBLIC.A does not exist;',)),
     ("CREATE CHANGE STREAM X FOR A(ID)", "SQL_COMPILATION_ERROR",
      ("ID in the column list of DB.PUBLIC.A is a primary key column", "write A()")),
     ("CREATE CHANGE STREAM X FOR N(_INGEST_ROW_ID)", "SQL_COMPILATION_ERROR",
@@ -139,3 +150,25 @@ def test_bad_column_lists_are_refused_and_change_nothing(session, statement, cod
     error = assert_refused(session, statement, code, *fragments, collect=False,
                            unchanged=lambda s: s.catalog.list_change_streams())  # fmt: skip
     assert len(str(error)) < 1_000  # a 10,000-column list is not echoed back
+
+
+HOSTILE = [
+    "CREATE CHANGE STREAM S FOR " + "a(b), " * 20_000 + "(",
+    "CREATE CHANGE STREAM S FOR a(" + "b, " * 50_000,
+    "CREATE CHANGE STREAM S FOR a(" + "b " * 50_000 + ")",
+    "ALTER CHANGE STREAM S SET FOR " + "a ( b ) " * 20_000,
+    "CREATE CHANGE STREAM S FOR a(" + '"' * 100_001,
+    "CREATE CHANGE STREAM S FOR " + "a." * 50_000 + "(",
+    "CREATE CHANGE STREAM S FOR a(" + "b,)" * 30_000,
+    "CREATE CHANGE STREAM S FOR a(" + ", ".join(f'"c{i}' for i in range(20_000)) + ")",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE, ids=lambda text: f"{text[:30]}...{len(text)}")
+def test_hostile_for_clauses_are_refused_in_linear_time(text):
+    started = time.process_time()
+    with pytest.raises(SqlError) as refused:
+        classify(text)
+    assert refused.value.code == "SQL_COMPILATION_ERROR", refused.value
+    assert len(str(refused.value)) < 600
+    assert time.process_time() - started < 2.0
