@@ -140,6 +140,10 @@ _MANY = ", ".join(f"C{i}" for i in range(10_000))
     (f"ALTER CHANGE STREAM CS SET FOR A({_MANY}", "SQL_COMPILATION_ERROR",
      ("is never closed",)),
     ("ALTER CHANGE STREAM CS SET FOR A(NOPE)", "SQL_COMPILATION_ERROR", ("does not exist",)),
+    ("CREATE CHANGE STREAM X FOR ALL(BALANCE)", "SQL_COMPILATION_ERROR",
+     ("FOR ALL watches every column of every table: it takes no column list",)),
+    ("ALTER CHANGE STREAM CS SET FOR A, all", "SQL_COMPILATION_ERROR",
+     ("and no other table",)),
     ("CREATE CHANGE STREAM X FOR MISSING(BALANCE)", "OBJECT_NOT_FOUND",
      ("table DB.PUBLIC.MISSING does not exist",)),
 ])  # fmt: skip

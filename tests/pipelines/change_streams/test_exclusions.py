@@ -73,9 +73,11 @@ def test_excluded_mod_types_are_not_emitted_and_the_rest_are_numbered(session):
           "exclude_ttl_deletes = TRUE)")  # fmt: skip
     s.sql("CREATE CHANGE STREAM UPDATES FOR K OPTIONS (exclude_insert = true, partitions = 2, "
           "exclude_delete = true, exclude_update = false)")  # fmt: skip
+    # A column list of no column: the keys only, so inserts and deletes, never an update.
+    s.sql("CREATE CHANGE STREAM KEYS FOR K() OPTIONS (partitions = 2)")
     for text in WRITES:
         s.sql(text)
-    trees = {cs: read_partitions(s, cs) for cs in ("ALL_KINDS", "NO_UPDATES", "UPDATES")}
+    trees = {cs: read_partitions(s, cs) for cs in ("ALL_KINDS", "NO_UPDATES", "UPDATES", "KEYS")}
     every = mod_keys(trees["ALL_KINDS"])
     assert set(every.values()) == {1}
     assert Counter(kind for _, kind, _ in every) == {"INSERT": 40, "UPDATE": 15, "DELETE": 5}
@@ -83,6 +85,7 @@ def test_excluded_mod_types_are_not_emitted_and_the_rest_are_numbered(session):
     assert mod_keys(trees["NO_UPDATES"]) == Counter(
         {k: n for k, n in every.items() if k[1] != "UPDATE"})  # fmt: skip
     assert mod_keys(trees["UPDATES"]) == Counter({k: n for k, n in every.items() if k[1] == "UPDATE"})
+    assert mod_keys(trees["KEYS"]) == mod_keys(trees["NO_UPDATES"])
     # The MERGE: the newest version (a transaction id is "<table id>.<version>").
     merge = max(by_transaction(trees["ALL_KINDS"]), key=lambda t: int(t.split(".")[1]))
     assert {c["mod_type"] for _, c in by_transaction(trees["NO_UPDATES"])[merge]} == {
