@@ -207,7 +207,9 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
         watched = read_watched(session, parts["target"])
         with _dynamic_locks(session, watched.for_all, watched.table_ids):
             changed = session.catalog.alter_change_stream(
-                stream.id, for_all=watched.for_all, table_ids=watched.table_ids,
+                stream.id,
+                for_all=watched.for_all,
+                table_ids=watched.table_ids,
                 column_lists=watched.column_lists,
             )
     elif parts["split"] is not None:

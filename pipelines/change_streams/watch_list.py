@@ -103,9 +103,11 @@ def read_watched(session: StatementContext, target: str | None) -> Watched:
     lists: list[tuple[int, tuple[str, ...]]] = []
     for match in _ITEM.finditer(target):
         if match.group("table").upper() == "ALL":  # unquoted: the keyword, misplaced
-            raise _compile_error("FOR ALL watches every column of every table: it takes no "
-                                 "column list and no other table; write FOR ALL alone, or "
-                                 "list the tables (a table named ALL is written \"ALL\")")
+            raise _compile_error(
+                "FOR ALL watches every column of every table: it takes no "
+                "column list and no other table; write FOR ALL alone, or "
+                'list the tables (a table named ALL is written "ALL")'
+            )
         database, schema_name, name = session.qualify(match.group("table"))
         info = session.find_table(database, schema_name, name)
         if info is None:

@@ -36,11 +36,16 @@ def test_column_lists_and_exclusions_are_kept_replaced_and_merged(catalog, tmp_p
     assert made.exclusions == (("exclude_insert", False), ("exclude_delete", True))
     assert made.excluded_mod_types == frozenset({"DELETE"})
     # SET OPTIONS merges; the column lists stay.
-    assert catalog.alter_change_stream(made.id, exclusions={"exclude_update": True,
-                                                            "exclude_ttl_deletes": True})
+    assert catalog.alter_change_stream(
+        made.id, exclusions={"exclude_update": True, "exclude_ttl_deletes": True}
+    )
     merged = catalog.get_change_stream("DB", "S", "CS")
-    assert merged.exclusions == (("exclude_insert", False), ("exclude_update", True),
-                                 ("exclude_delete", True), ("exclude_ttl_deletes", True))
+    assert merged.exclusions == (
+        ("exclude_insert", False),
+        ("exclude_update", True),
+        ("exclude_delete", True),
+        ("exclude_ttl_deletes", True),
+    )
     assert merged.excluded_mod_types == frozenset({"UPDATE", "DELETE"})
     assert merged.column_lists == made.column_lists
     # SET FOR replaces the tables and their lists together; the options stay.

@@ -53,9 +53,15 @@ def test_each_value_capture_type_with_a_column_list(session):
         insert, ("UPDATE", key, {"BALANCE": 20}, {"BALANCE": 10}, changed),
         ("DELETE", key, {}, both, watched)]  # fmt: skip
     assert mods(s, "NEW_VALUES") == [
-        insert, ("UPDATE", key, {"BALANCE": 20}, {}, changed), ("DELETE", key, {}, {}, watched)]
+        insert,
+        ("UPDATE", key, {"BALANCE": 20}, {}, changed),
+        ("DELETE", key, {}, {}, watched),
+    ]
     assert mods(s, "NEW_ROW") == [
-        insert, ("UPDATE", key, both, {}, watched), ("DELETE", key, {}, {}, watched)]
+        insert,
+        ("UPDATE", key, both, {}, watched),
+        ("DELETE", key, {}, {}, watched),
+    ]
     assert mods(s, "NEW_ROW_AND_OLD_VALUES") == [
         insert, ("UPDATE", key, both, {"BALANCE": 10}, watched),
         ("DELETE", key, {}, both, watched)]  # fmt: skip
@@ -96,10 +102,14 @@ def test_alter_between_a_list_and_the_whole_table_shows_everywhere(session):
     s.sql('ALTER CHANGE STREAM CS SET FOR A, "Orders"()')
     assert state() == ('DB.PUBLIC.A, DB.PUBLIC."Orders"()', [("A", True), ("Orders", False)], [])
     assert [(kind, new) for kind, _, new, _, _ in mods(s, "CS")] == [
-        ("INSERT", {"BALANCE": 10, "OWNER": "ann", "NOTE": "x"}), ("UPDATE", {"NOTE": "y"})]
+        ("INSERT", {"BALANCE": 10, "OWNER": "ann", "NOTE": "x"}),
+        ("UPDATE", {"NOTE": "y"}),
+    ]
     s.sql("ALTER CHANGE STREAM CS SET FOR A(NOTE)")
     assert [(kind, new) for kind, _, new, _, _ in mods(s, "CS")] == [
-        ("INSERT", {"NOTE": "x"}), ("UPDATE", {"NOTE": "y"})]
+        ("INSERT", {"NOTE": "x"}),
+        ("UPDATE", {"NOTE": "y"}),
+    ]
     s.sql("ALTER CHANGE STREAM CS DROP FOR ALL")
     assert state() == ("", [], [])
     assert s.catalog.get_change_stream("DB", "PUBLIC", "CS").column_lists == ()

@@ -84,7 +84,9 @@ def test_excluded_mod_types_are_not_emitted_and_the_rest_are_numbered(session):
     assert len(trees["ALL_KINDS"]) == 2 and all(map(changes, trees["ALL_KINDS"].values()))
     assert mod_keys(trees["NO_UPDATES"]) == Counter(
         {k: n for k, n in every.items() if k[1] != "UPDATE"})  # fmt: skip
-    assert mod_keys(trees["UPDATES"]) == Counter({k: n for k, n in every.items() if k[1] == "UPDATE"})
+    assert mod_keys(trees["UPDATES"]) == Counter(
+        {k: n for k, n in every.items() if k[1] == "UPDATE"}
+    )
     assert mod_keys(trees["KEYS"]) == mod_keys(trees["NO_UPDATES"])
     # The MERGE: the newest version (a transaction id is "<table id>.<version>").
     merge = max(by_transaction(trees["ALL_KINDS"]), key=lambda t: int(t.split(".")[1]))
