@@ -74,6 +74,19 @@ def test_each_value_capture_type_with_a_column_list(session):
         ("UPDATE", {"BALANCE": 20, "NOTE": "z"}), ("DELETE", {})]  # fmt: skip
 
 
+def test_a_table_without_a_primary_key_keeps_its_row_id_key_under_a_list(session):
+    s = session
+    s.sql("CREATE TABLE N (K NUMBER, V VARCHAR, W VARCHAR)")
+    s.sql("CREATE CHANGE STREAM CS FOR N(W) OPTIONS (value_capture_type = 'NEW_ROW')")
+    s.sql("INSERT INTO N VALUES (1, 'a', 'b')")
+    s.sql("UPDATE N SET K = 2, V = 'c'")  # neither is watched: no record
+    s.sql("UPDATE N SET W = 'd'")
+    (insert, update) = mods(s, "CS")
+    assert insert[0] == "INSERT" and list(insert[1]) == ["METADATA$ROW_ID"]
+    assert insert[2:] == ({"W": "b"}, {}, ["METADATA$ROW_ID", "W"])
+    assert update == ("UPDATE", insert[1], {"W": "d"}, {}, ["METADATA$ROW_ID", "W"])
+
+
 def test_alter_between_a_list_and_the_whole_table_shows_everywhere(session):
     s = session
     s.sql(TABLE)
