@@ -33,8 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Watched", "read_watched", "watched_text"]
 
-#: One watched table of a FOR clause, with its column list if it has one.
-_ITEM = re.compile(rf"(?P<table>{NAME})(?:\s*\((?P<columns>[^()]*)\))?")
+#: One watched table of a FOR clause, with its column list if it has one (read name by
+#: name, as the header did: a quoted name may hold a parenthesis or a comma).
+_ITEM = re.compile(
+    rf"(?P<table>{NAME})(?:\s*\((?P<columns>(?:\s*{NAME}(?:\s*,\s*{NAME})*)?)\s*\))?"
+)
 #: One name of a column list (the header admits one-part names only there).
 _COLUMN = re.compile(NAME)
 #: How many of a table's columns an unknown column's error lists.

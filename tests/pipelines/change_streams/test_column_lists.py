@@ -139,6 +139,8 @@ _MANY = ", ".join(f"C{i}" for i in range(10_000))
      ('"balance"', "does not exist (did you mean BALANCE?)")),
     ('CREATE CHANGE STREAM X FOR A(OWNER, "NO,PE")', "SQL_COMPILATION_ERROR",
      ('column "NO,PE" in the column list of DB.PUBLIC.A does not exist;',)),
+    ('CREATE CHANGE STREAM X FOR A("NO)N") ', "SQL_COMPILATION_ERROR",
+     ('column "NO)N" in the column list of DB.PUBLIC.A does not exist;',)),
     ("CREATE CHANGE STREAM X FOR A(ID)", "SQL_COMPILATION_ERROR",
      ("ID in the column list of DB.PUBLIC.A is a primary key column", "write A()")),
     ("CREATE CHANGE STREAM X FOR N(_INGEST_ROW_ID)", "SQL_COMPILATION_ERROR",
