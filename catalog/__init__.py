@@ -15,6 +15,7 @@ from catalog.base import (
 )
 from catalog.records import (
     APPEND_INTENT,
+    EXCLUDE_OPTIONS,
     KEY_SPACE,
     REFRESH_PLAN_KEY,
     ROWS_INTENT,
@@ -42,6 +43,7 @@ from catalog.suggest import did_you_mean
 
 __all__ = [
     "APPEND_INTENT",
+    "EXCLUDE_OPTIONS",
     "KEY_SPACE",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",

@@ -329,9 +329,13 @@ class Catalog(ABC):
         self, database: str, schema_name: str, name: str, *, for_all: bool,
         table_ids: tuple[int, ...], value_capture_type: str, retention_s: int,
         created_us: int, replace: bool = False, partitions: int = 1,
+        column_lists: Sequence[tuple[int, Sequence[str]]] = (),
+        exclusions: Mapping[str, bool] | None = None,
     ) -> ChangeStreamRecord:  # fmt: skip
         """Record a change stream (replacing one of that name if ``replace``) and its first
-        ``partitions`` partitions (equal key ranges, starting at ``created_us``).
+        ``partitions`` partitions (equal key ranges, starting at ``created_us``);
+        ``column_lists``: the listed tables' watched columns, ``exclusions``: the
+        ``exclude_*`` options given (see :class:`ChangeStreamRecord`).
 
         Raises:
             ObjectAlreadyExistsError: the name is taken and ``replace`` is false.
@@ -350,8 +354,12 @@ class Catalog(ABC):
         self, stream_id: int, *, for_all: bool | None = None,
         table_ids: tuple[int, ...] | None = None, value_capture_type: str | None = None,
         retention_s: int | None = None,
+        column_lists: Sequence[tuple[int, Sequence[str]]] | None = None,
+        exclusions: Mapping[str, bool] | None = None,
     ) -> bool:  # fmt: skip
-        """Change what the stream watches or its options; False if it is gone."""
+        """Change what the stream watches (``table_ids`` with their ``column_lists``,
+        replaced together) or its options (``exclusions`` merged into those given
+        before); False if it is gone."""
 
     @abstractmethod
     def drop_change_stream(self, stream_id: int) -> bool: ...

@@ -10,6 +10,7 @@ from ingest_sdk.schema import quote_identifier
 
 __all__ = [
     "APPEND_INTENT",
+    "EXCLUDE_OPTIONS",
     "KEY_SPACE",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
@@ -325,6 +326,10 @@ class ChangeStreamRecord:
 
     ``created_us`` is the commit clock's time of its creation (microseconds since the
     epoch): no read may start before it. ``uid`` is new for every CREATE [OR REPLACE].
+    ``column_lists`` holds, for each listed table written with a column list
+    (``FOR t(a, b)``), the columns it watches (empty: keys only); a table without one is
+    watched whole. ``exclusions`` holds the ``exclude_*`` options given explicitly, in
+    :data:`EXCLUDE_OPTIONS` order (Spanner's ``CHANGE_STREAM_OPTIONS`` lists only those).
     """
 
     id: int
@@ -338,10 +343,33 @@ class ChangeStreamRecord:
     created_at: float
     created_us: int
     uid: str
+    column_lists: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    exclusions: tuple[tuple[str, bool], ...] = ()
 
     @property
     def full_name(self) -> str:
         return full_name(self.database, self.schema_name, self.name)
+
+    def watched_columns(self, table_id: int) -> tuple[str, ...] | None:
+        """The columns the stream watches of a table it lists; None: all of them."""
+        return next((columns for tid, columns in self.column_lists if tid == table_id), None)
+
+    @property
+    def excluded_mod_types(self) -> frozenset[str]:
+        """The mod types (``INSERT``, ``UPDATE``, ``DELETE``) whose records are not
+        emitted (``exclude_ttl_deletes`` excludes none: no delete here is a TTL's)."""
+        kinds = (EXCLUDE_OPTIONS.get(option) for option, on in self.exclusions if on)
+        return frozenset(kind for kind in kinds if kind)
+
+
+#: The ``exclude_*`` options of a change stream and the mod type each one excludes
+#: (None: deletes by a time-to-live policy, which this system never makes).
+EXCLUDE_OPTIONS: dict[str, str | None] = {
+    "exclude_insert": "INSERT",
+    "exclude_update": "UPDATE",
+    "exclude_delete": "DELETE",
+    "exclude_ttl_deletes": None,
+}
 
 
 #: The key space of change stream partitions: a key's hash is in [0, KEY_SPACE).

@@ -7,13 +7,19 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from catalog.base import ObjectAlreadyExistsError
-from catalog.records import KEY_SPACE, ChangeStreamRecord, PartitionRecord, Seal
+from catalog.records import (
+    EXCLUDE_OPTIONS,
+    KEY_SPACE,
+    ChangeStreamRecord,
+    PartitionRecord,
+    Seal,
+)
 from catalog.sqlite_layout import (
     CHANGE_STREAM_COLUMNS,
     ORPHAN_PARTITIONS,
@@ -76,7 +82,18 @@ def _record(row: tuple[Any, ...]) -> ChangeStreamRecord:
     values = list(row)
     values[4] = bool(values[4])
     values[5] = tuple(orjson.loads(values[5]))
+    values[11] = tuple((int(t), tuple(c)) for t, c in orjson.loads(values[11] or "[]"))
+    values[12] = tuple((str(o), bool(on)) for o, on in orjson.loads(values[12] or "[]"))
     return ChangeStreamRecord(*values)
+
+
+def _lists_text(column_lists: Iterable[tuple[int, Sequence[str]]]) -> str:
+    return orjson.dumps([[t, list(c)] for t, c in column_lists]).decode()
+
+
+def _exclusions_text(exclusions: Mapping[str, bool]) -> str:
+    """The explicit ``exclude_*`` options, in :data:`EXCLUDE_OPTIONS` order."""
+    return orjson.dumps([[o, exclusions[o]] for o in EXCLUDE_OPTIONS if o in exclusions]).decode()
 
 
 class ChangeStreamStore:
@@ -91,6 +108,8 @@ class ChangeStreamStore:
         self, database: str, schema_name: str, name: str, *, for_all: bool,
         table_ids: tuple[int, ...], value_capture_type: str, retention_s: int,
         created_us: int, replace: bool = False, partitions: int = 1,
+        column_lists: Sequence[tuple[int, Sequence[str]]] = (),
+        exclusions: Mapping[str, bool] | None = None,
     ) -> ChangeStreamRecord:  # fmt: skip
         key = (database, schema_name, name)
         now = time.time()
@@ -113,10 +132,11 @@ class ChangeStreamStore:
             try:
                 db.execute(
                     "INSERT INTO change_streams (database, schema_name, name, for_all, "
-                    "table_ids, value_capture_type, retention_s, created_at, created_us, uid)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "table_ids, value_capture_type, retention_s, created_at, created_us, uid,"
+                    " column_lists, exclusions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*key, int(for_all), orjson.dumps(list(table_ids)).decode(),
-                     value_capture_type, retention_s, now, created_us, uid),
+                     value_capture_type, retention_s, now, created_us, uid,
+                     _lists_text(column_lists), _exclusions_text(exclusions or {})),
                 )  # fmt: skip
             except sqlite3.IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
@@ -150,19 +170,29 @@ class ChangeStreamStore:
         self, stream_id: int, *, for_all: bool | None = None,
         table_ids: tuple[int, ...] | None = None, value_capture_type: str | None = None,
         retention_s: int | None = None,
+        column_lists: Sequence[tuple[int, Sequence[str]]] | None = None,
+        exclusions: Mapping[str, bool] | None = None,
     ) -> bool:  # fmt: skip
-        """Change what the stream watches or its options; False if it is gone."""
+        """Change what the stream watches or its options (``exclusions`` are merged into
+        those set before); False if it is gone."""
         changes: dict[str, Any] = {}
         if for_all is not None:
             changes["for_all"] = int(for_all)
         if table_ids is not None:
             changes["table_ids"] = orjson.dumps(list(table_ids)).decode()
+            changes["column_lists"] = _lists_text(column_lists or ())
         if value_capture_type is not None:
             changes["value_capture_type"] = value_capture_type
         if retention_s is not None:
             changes["retention_s"] = retention_s
-        assignments = ", ".join(f"{column}=?" for column in changes) or "id=id"
         with self._immediate() as db:
+            if exclusions:
+                found = db.execute(
+                    "SELECT exclusions FROM change_streams WHERE id=?", (stream_id,)
+                ).fetchone()
+                before = dict(orjson.loads(found[0] or "[]")) if found else {}
+                changes["exclusions"] = _exclusions_text({**before, **exclusions})
+            assignments = ", ".join(f"{column}=?" for column in changes) or "id=id"
             return db.execute(
                 f"UPDATE change_streams SET {assignments} WHERE id=?",
                 (*changes.values(), stream_id),

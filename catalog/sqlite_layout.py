@@ -152,6 +152,8 @@ ADDED_COLUMNS = {
     ("streams", "view_uids"): "TEXT NOT NULL DEFAULT '[]'",
     ("pending_commits", "state"): "TEXT NOT NULL DEFAULT 'decided'",
     ("pending_commits", "intents"): "TEXT NOT NULL DEFAULT ''",
+    ("change_streams", "column_lists"): "TEXT NOT NULL DEFAULT '[]'",
+    ("change_streams", "exclusions"): "TEXT NOT NULL DEFAULT '[]'",
 }
 TABLE_COLUMNS = (
     "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
@@ -168,7 +170,7 @@ ORPHAN_OFFSETS = "DELETE FROM stream_offsets WHERE stream_id NOT IN (SELECT id F
 PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
 CHANGE_STREAM_COLUMNS = (
     "id, database, schema_name, name, for_all, table_ids, value_capture_type, retention_s,"
-    " created_at, created_us, uid"
+    " created_at, created_us, uid, column_lists, exclusions"
 )
 PARTITION_COLUMNS = "token, stream_uid, lo, hi, start_us, end_us, parents"
 #: Partitions of change streams that no longer exist (dropped or replaced).

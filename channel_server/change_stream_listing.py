@@ -3,8 +3,10 @@ warehouse holds, as ``SHOW CHANGE STREAMS`` lists them, for clients that speak H
 not SQL (a consumer finding the stream to read, a dashboard).
 
 Each stream is one JSON object: its full name and parts, what it watches (``"ALL"`` or
-the full names of its tables; a dropped table drops out), its options as ``OPTIONS``
-writes them (``value_capture_type``, ``retention_period``), its creation time (epoch
+the full names of its tables; a dropped table drops out), the column lists of the
+tables that have one (``"columns"``: full name -> columns), its options as ``OPTIONS``
+writes them (``value_capture_type``, ``retention_period``, the four ``exclude_*``
+booleans), its creation time (epoch
 seconds, as ``GET /v1/tables`` gives ``created_at``) and its partitions open now (the
 tokens a reader resumes from are in ``SHOW CHANGE STREAM PARTITIONS``). The module
 registers its routes in the shared route table, as :mod:`channel_server.change_stream_api`
@@ -22,7 +24,7 @@ from catalog import Catalog, ChangeStreamRecord
 from channel_server.change_stream_api import change_stream_name, stream_named
 from channel_server.handlers import SERVICE, routes
 from ingest_sdk.errors import InvalidRequestError
-from pipelines.change_streams.definition import retention_text, watched_names
+from pipelines.change_streams.definition import exclusion_flags, retention_text, watched_names
 
 __all__ = [
     "change_stream_json", "describe_change_stream", "list_change_streams", "no_change_stream_named",
@@ -40,8 +42,10 @@ def change_stream_json(catalog: Catalog, stream: ChangeStreamRecord,
         "schema": stream.schema_name,
         "change_stream": stream.name,
         "for": watched,
+        "columns": {tables[t]: list(c) for t, c in stream.column_lists if t in tables},
         "value_capture_type": stream.value_capture_type,
         "retention_period": retention_text(stream.retention_s),
+        **exclusion_flags(stream),
         "created_at": stream.created_at,
         "open_partitions": open_partitions,
     }

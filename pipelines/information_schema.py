@@ -2,7 +2,8 @@
 database ``<db>`` holds, named as the systems we follow name them.
 
 Spanner's change stream views: ``CHANGE_STREAMS`` (one row per stream), its tables
-(``CHANGE_STREAM_TABLES``) and its options (``CHANGE_STREAM_OPTIONS``), with the catalog
+(``CHANGE_STREAM_TABLES``), the columns of its column lists (``CHANGE_STREAM_COLUMNS``)
+and its options (``CHANGE_STREAM_OPTIONS``), with the catalog
 and schema columns holding our database and schema (Spanner's are empty strings). The
 binder answers a name in the schema ``INFORMATION_SCHEMA`` with a frame from the catalog
 (through the session's :meth:`~pipelines.session.Session.information_schema_view`) before
@@ -47,9 +48,18 @@ def _change_stream_tables(session: StatementContext, database: str) -> list[tupl
     rows: list[tuple[object, ...]] = []
     for s in _streams(session, database):
         watched = tables if s.for_all else [by_id[i] for i in s.table_ids if i in by_id]
-        rows.extend((s.database, s.schema_name, s.name, t.database, t.schema_name, t.name, True)
-                    for t in watched)  # fmt: skip
+        rows.extend((s.database, s.schema_name, s.name, t.database, t.schema_name, t.name,
+                     s.watched_columns(t.id) is None) for t in watched)  # fmt: skip
     return rows
+
+
+def _change_stream_columns(session: StatementContext, database: str) -> list[tuple[object, ...]]:
+    """Each column a stream's column list names (a table watched whole has none here, as
+    in Spanner), of the tables that still exist."""
+    by_id = {t.id: t for t in session.catalog.list_tables()}
+    return [(s.database, s.schema_name, s.name, t.database, t.schema_name, t.name, column)
+            for s in _streams(session, database) for table_id, columns in s.column_lists
+            if (t := by_id.get(table_id)) is not None for column in columns]  # fmt: skip
 
 
 def _change_stream_options(session: StatementContext, database: str) -> list[tuple[object, ...]]:
@@ -59,6 +69,8 @@ def _change_stream_options(session: StatementContext, database: str) -> list[tup
                      s.value_capture_type))  # fmt: skip
         rows.append((s.database, s.schema_name, s.name, "retention_period", "STRING",
                      retention_text(s.retention_s)))  # fmt: skip
+        rows.extend((s.database, s.schema_name, s.name, option, "BOOL", str(on).upper())
+                    for option, on in s.exclusions)  # fmt: skip
     return rows
 
 
@@ -69,6 +81,11 @@ VIEWS: dict[str, tuple[str, Callable[[StatementContext, str], list[tuple[object,
         f"{_STREAM}, TABLE_CATALOG STRING, TABLE_SCHEMA STRING, TABLE_NAME STRING, "
         "ALL_COLUMNS BOOLEAN",
         _change_stream_tables,
+    ),
+    "CHANGE_STREAM_COLUMNS": (
+        f"{_STREAM}, TABLE_CATALOG STRING, TABLE_SCHEMA STRING, TABLE_NAME STRING, "
+        "COLUMN_NAME STRING",
+        _change_stream_columns,
     ),
     "CHANGE_STREAM_OPTIONS": (
         f"{_STREAM}, OPTION_NAME STRING, OPTION_TYPE STRING, OPTION_VALUE STRING",

@@ -2,6 +2,7 @@
 warehouse reads in parallel, per key range, in commit order per key (Spanner's change
 streams are the reference design).
 
-One module per concept: ``definition`` (the statements); records, partitions and their
-lineage, and the reader follow (issue 20).
+One module per concept: ``definition`` (the statements), ``watch_list`` (what a stream
+watches: tables and their column lists); records, partitions and their lineage, and the
+reader follow (issue 20).
 """

@@ -1,25 +1,28 @@
 """Change stream statements: CREATE, ALTER, DROP and SHOW CHANGE STREAM(S).
 
 A change stream names the tables whose changes it reports (``FOR t, u``, ``FOR ALL``
-tables, those created later too, or none), the shape of its records
-(``value_capture_type``) and how long they stay readable (``retention_period``). Its
-records are read through ``READ_<name>(...)``; the stream itself holds no data.
+tables, those created later too, or none; a table may carry a column list,
+:mod:`.watch_list`), the shape of its records (``value_capture_type``), the mod types it
+leaves out (``exclude_insert``, ``exclude_update``, ``exclude_delete``; and
+``exclude_ttl_deletes``, accepted as in Spanner but a no-op: nothing here deletes by a
+time to live) and how long they stay readable (``retention_period``). Its records are
+read through ``READ_<name>(...)``; the stream itself holds no data.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from catalog import ChangeStreamRecord, did_you_mean, full_name
+from catalog import EXCLUDE_OPTIONS, ChangeStreamRecord, did_you_mean, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
 from flush.table_locks import table_lock
 from ingest_sdk.durations import DURATION_FORMS, read_duration
 from ingest_sdk.schema import check_object_name
 from pipelines.change_streams.partitions import merge, split
+from pipelines.change_streams.watch_list import read_watched, watched_text
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import (
     drop_named,
@@ -30,14 +33,17 @@ from pipelines.sql.ddl_common import (
     status_frame,
     utc,
 )
-from pipelines.sql.statements import NAME, OPTION, Statement
+from pipelines.sql.statements import OPTION, Statement
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from pipelines.sql.context import StatementContext
 
-__all__ = ["CAPTURE_TYPES", "DEFAULT_RETENTION_S", "HANDLERS", "retention_text", "watched_names"]
+__all__ = [
+    "CAPTURE_TYPES", "DEFAULT_RETENTION_S", "HANDLERS", "exclusion_flags", "retention_text",
+    "watched_names",
+]  # fmt: skip
 
 CAPTURE_TYPES = ("OLD_AND_NEW_VALUES", "NEW_ROW", "NEW_VALUES", "NEW_ROW_AND_OLD_VALUES")
 DEFAULT_CAPTURE = "OLD_AND_NEW_VALUES"
@@ -47,7 +53,6 @@ MIN_RETENTION_S, MAX_RETENTION_S = 60, 30 * 86_400
 #: The most partitions a change stream starts with (the service may split further).
 MAX_PARTITIONS = 64
 _UNITS = {"s": 1, "m": 60, "h": 3_600, "d": 86_400}
-_TABLE_NAMES = re.compile(NAME)
 
 
 def retention_text(seconds: int) -> str:
@@ -58,22 +63,42 @@ def retention_text(seconds: int) -> str:
     return f"{seconds}s"
 
 
-def _options(text: str | None) -> dict[str, str]:
-    """``OPTIONS (key = 'value', ...)``: known keys, valid values, each once."""
+#: Every option OPTIONS takes (``partitions`` at CREATE only).
+_OPTION_NAMES = ("value_capture_type", "retention_period", *EXCLUDE_OPTIONS, "partitions")
+
+
+def _exclusions(found: dict[str, str]) -> dict[str, bool]:
+    """The ``exclude_*`` options among ``found``, each TRUE or FALSE (unquoted)."""
+    flags: dict[str, bool] = {}
+    for key in EXCLUDE_OPTIONS:
+        if key in found:
+            value = found.pop(key)
+            if value.upper() not in ("TRUE", "FALSE"):
+                raise SqlError(f"{key} must be TRUE or FALSE, got {value[:40]!r}; write "
+                               f"OPTIONS ({key} = TRUE)", "SQL_COMPILATION_ERROR")  # fmt: skip
+            flags[key] = value.upper() == "TRUE"
+    return flags
+
+
+def _options(text: str | None) -> tuple[dict[str, str], dict[str, bool]]:
+    """``OPTIONS (key = 'value', ...)``: known keys, valid values, each once; the
+    ``exclude_*`` options apart, as booleans."""
     if text is None:
-        return {}
+        return {}, {}
     found: dict[str, str] = {}
     rest = text
     for match in OPTION.finditer(text):
         rest = rest.replace(match.group(0), "", 1)
         key = match.group(1).lower()
-        value = literal(match.group(2)) if match.group(2).startswith("'") else match.group(2)
-        if key not in ("value_capture_type", "retention_period", "partitions"):
+        quoted = match.group(2).startswith("'")
+        value = literal(match.group(2)) if quoted else match.group(2)
+        if key not in _OPTION_NAMES:
             raise SqlError(
-                f"unknown change stream option {key!r}; the options are "
-                "value_capture_type, retention_period and partitions (at CREATE)",
-                "SQL_COMPILATION_ERROR",
-            )
+                f"unknown change stream option {key[:40]!r}; the options are "
+                f"{', '.join(_OPTION_NAMES)} (at CREATE)", "SQL_COMPILATION_ERROR",
+            )  # fmt: skip
+        if key in EXCLUDE_OPTIONS and quoted:
+            value = f"'{value}'"  # a string, not a boolean: refused by _exclusions
         if key in found:
             raise SqlError(f"the option {key} is given twice", "SQL_COMPILATION_ERROR")
         found[key] = value
@@ -94,7 +119,7 @@ def _options(text: str | None) -> dict[str, str]:
     ):
         raise SqlError(f"partitions must be a whole number from 1 to {MAX_PARTITIONS}, got "
                        f"{found['partitions'][:20]!r}", "SQL_COMPILATION_ERROR")  # fmt: skip
-    return found
+    return found, _exclusions(found)
 
 
 def _retention(text: str) -> int:
@@ -109,28 +134,6 @@ def _retention(text: str) -> int:
                        f"1 minute to 30 days ('90m', '36 hours', '7d'); a duration is "
                        f"{DURATION_FORMS}", "SQL_COMPILATION_ERROR")  # fmt: skip
     return int(seconds)
-
-
-def _watched(session: StatementContext, target: str | None) -> tuple[bool, tuple[int, ...]]:
-    """``FOR ALL`` (True, ()), ``FOR t, u`` (False, their table ids), none (False, ())."""
-    if target is None:
-        return False, ()
-    if target.strip().upper() == "ALL":
-        return True, ()
-    ids: list[int] = []
-    for match in _TABLE_NAMES.finditer(target):
-        database, schema_name, name = session.qualify(match.group(0))
-        info = session.find_table(database, schema_name, name)
-        if info is None:
-            kind = "a view" if session.catalog.get_view(database, schema_name, name) else "no table"
-            hint = did_you_mean(session.catalog, database, schema_name, name, ["table"])
-            raise ObjectNotFoundError(f"table {full_name(database, schema_name, name)} does not "
-                                      f"exist{hint} ({kind}); a change stream watches tables "
-                                      "and dynamic tables")  # fmt: skip
-        if info.id in ids:
-            raise SqlError(f"the table {info.full_name} is listed twice", "SQL_COMPILATION_ERROR")
-        ids.append(info.id)
-    return False, tuple(ids)
 
 
 def _dynamic_locks(
@@ -175,18 +178,20 @@ def create_change_stream(session: StatementContext, statement: Statement) -> Dat
     if parts["replace"] and parts["if_not_exists"]:
         raise SqlError("OR REPLACE and IF NOT EXISTS cannot be used together",
                        "SQL_COMPILATION_ERROR")  # fmt: skip
-    options = _options(parts["options"])
-    for_all, table_ids = _watched(session, parts["target"])
+    options, exclusions = _options(parts["options"])
+    watched = read_watched(session, parts["target"])
     if parts["if_not_exists"] and session.catalog.get_change_stream(database, schema_name, name):
         return status_frame(session, f"{name} already exists, statement succeeded.")
     try:
-        with _dynamic_locks(session, for_all, table_ids):
+        with _dynamic_locks(session, watched.for_all, watched.table_ids):
             session.catalog.create_change_stream(
-                database, schema_name, name, for_all=for_all, table_ids=table_ids,
+                database, schema_name, name, for_all=watched.for_all,
+                table_ids=watched.table_ids,
                 value_capture_type=options.get("value_capture_type", DEFAULT_CAPTURE),
                 retention_s=int(options.get("retention_period", DEFAULT_RETENTION_S)),
                 created_us=clock(), replace=bool(parts["replace"]),
                 partitions=int(options.get("partitions", 1)),
+                column_lists=watched.column_lists, exclusions=exclusions,
             )  # fmt: skip
     except ObjectAlreadyExistsError as exc:
         raise SqlError(str(exc), "OBJECT_ALREADY_EXISTS") from None
@@ -199,10 +204,13 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
     if parts["drop_all"]:
         changed = session.catalog.alter_change_stream(stream.id, for_all=False, table_ids=())
     elif parts["target"] is not None:
-        for_all, table_ids = _watched(session, parts["target"])
-        with _dynamic_locks(session, for_all, table_ids):
+        watched = read_watched(session, parts["target"])
+        with _dynamic_locks(session, watched.for_all, watched.table_ids):
             changed = session.catalog.alter_change_stream(
-                stream.id, for_all=for_all, table_ids=table_ids
+                stream.id,
+                for_all=watched.for_all,
+                table_ids=watched.table_ids,
+                column_lists=watched.column_lists,
             )
     elif parts["split"] is not None:
         split(session.catalog, stream, parts["split"].strip("'").lower(),
@@ -213,7 +221,7 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
         merge(session.catalog, stream, tokens)
         changed = True
     else:
-        options = _options(parts["options"])
+        options, exclusions = _options(parts["options"])
         if "partitions" in options:
             raise SqlError("partitions is set at CREATE only; split or merge partitions with "
                            "ALTER CHANGE STREAM ... SPLIT PARTITION / MERGE PARTITIONS",
@@ -222,6 +230,7 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
         changed = session.catalog.alter_change_stream(
             stream.id, value_capture_type=options.get("value_capture_type"),
             retention_s=int(retention) if retention is not None else None,
+            exclusions=exclusions,
         )  # fmt: skip
     if not changed:  # dropped meanwhile
         raise ObjectNotFoundError(f"change stream {stream.full_name} does not exist")
@@ -236,8 +245,15 @@ def drop_change_stream(session: StatementContext, statement: Statement) -> DataF
 
 _SHOW_SCHEMA = (
     "created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
-    "`for` STRING, value_capture_type STRING, retention_period STRING"
+    "`for` STRING, value_capture_type STRING, retention_period STRING, "
+    + ", ".join(f"{option} BOOLEAN" for option in EXCLUDE_OPTIONS)
 )
+
+
+def exclusion_flags(stream: ChangeStreamRecord) -> dict[str, bool]:
+    """Every ``exclude_*`` option of the stream: as given, else false (the default)."""
+    given = dict(stream.exclusions)
+    return {option: given.get(option, False) for option in EXCLUDE_OPTIONS}
 
 
 def watched_names(stream: ChangeStreamRecord, tables: dict[int, str]) -> str | list[str]:
@@ -253,11 +269,10 @@ def show_change_streams(session: StatementContext, statement: Statement) -> Data
     for stream in session.catalog.list_change_streams():
         if not pattern(stream.name) or not scope(stream.database, stream.schema_name):
             continue
-        watched = watched_names(stream, tables)
-        watched = watched if isinstance(watched, str) else ", ".join(watched)
         rows.append((utc(stream.created_at), stream.name, stream.database, stream.schema_name,
-                     watched, stream.value_capture_type,
-                     retention_text(stream.retention_s)))  # fmt: skip
+                     watched_text(stream, tables), stream.value_capture_type,
+                     retention_text(stream.retention_s),
+                     *exclusion_flags(stream).values()))  # fmt: skip
     return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
 
 

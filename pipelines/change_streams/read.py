@@ -213,9 +213,13 @@ def _records(
 ) -> VersionRecords:  # fmt: skip
     open_now = open_at(partitions, moment)
     label = table_label(stream, table)  # a renamed table's records carry its new name
+    watched = stream.watched_columns(table.id)
+    excluded = stream.excluded_mod_types
     key = (
         stream.uid,
         stream.value_capture_type,
+        watched,
+        excluded,
         table.id,
         version,
         tuple(p.token for p in open_now),
@@ -232,7 +236,8 @@ def _records(
             ) from exc
         tag, system = _tag(table, version)
         return build_records(table, events, stream.value_capture_type, moment,
-                             f"{table.id}.{version}", tag, system, open_now, label)  # fmt: skip
+                             f"{table.id}.{version}", tag, system, open_now, label,
+                             watched, excluded)  # fmt: skip
 
     return _CACHE.get(key, build)
 

@@ -16,7 +16,9 @@ NEW_ROW                       every column          nothing
 NEW_ROW_AND_OLD_VALUES        every column          changed columns, before
 ============================  ====================  ==================================
 
-(an INSERT changes every column; a DELETE's "new" side is empty). ``column_types`` lists
+(an INSERT changes every column; a DELETE's "new" side is empty; "every column" is every
+column a stream's column list names, when the table has one, and an UPDATE that changed
+none of them is no mod). ``column_types`` lists
 the key columns and the columns an UPDATE changed; every column for an INSERT, a
 DELETE, and any change under the NEW_ROW types. Mods of one partition, table, type and
 column set share a record, at most
@@ -165,10 +167,13 @@ def _columns(table: TableInfo) -> tuple[list[str], list[str], list[dict[str, Any
 
 
 def _mods(
-    table: TableInfo, events: pa.Table, capture: str
+    table: TableInfo, events: pa.Table, capture: str, watched: Sequence[str] | None
 ) -> list[tuple[str, tuple[str, ...], dict[str, Any], list[Any]]]:
-    """``(mod_type, value columns, mod, key)`` of one version's events, by row id."""
+    """``(mod_type, value columns, mod, key)`` of one version's events, by row id; of the
+    ``watched`` value columns only (None: all), in the table's order."""
     key, value_columns, _ = _columns(table)
+    if watched is not None:
+        value_columns = [c for c in value_columns if c in watched]
     events = events.sort_by([(ROW_ID_COLUMN, "ascending"), ("_change_type", "descending")])
     columns = {c.name: json_values(events.column(c.name), c.type) for c in table.schema}
     columns[ROW_ID_KEY] = events.column(ROW_ID_COLUMN).to_pylist()
@@ -219,17 +224,24 @@ def _mods(
 def version_records(
     table: TableInfo, events: pa.Table, capture: str, timestamp_us: int,
     transaction_id: str, tag: str, system: bool, partitions: Sequence[PartitionRecord],
-    table_name: str,
+    table_name: str, watched: Sequence[str] | None = None,
+    excluded: frozenset[str] = frozenset(),
 ) -> VersionRecords:  # fmt: skip
     """The records of one version (``events``: its change feed) in every partition of
-    ``partitions`` (those open at ``timestamp_us``); ``table_name`` as records name it."""
+    ``partitions`` (those open at ``timestamp_us``); ``table_name`` as records name it.
+
+    ``watched``: the value columns a column list names (None: every column); an UPDATE
+    that changed none of them is no mod. Mods of the ``excluded`` types are left out
+    before records are made, so the transaction's count and sequence numbers are those
+    of the records emitted (Spanner's filters leave nothing to count either)."""
     _, _, types = _columns(table)
     token_of = partition_of(partitions)
     groups: OrderedDict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
     # A transaction's DELETEs come first, its INSERTs last: a key one row left and another
     # took is deleted before it is inserted, whichever row has the lower id (applied in
     # record_sequence order, the records then give the key's state after the version).
-    mods = sorted(_mods(table, events, capture), key=lambda mod: _KIND_ORDER[mod[0]])
+    made = _mods(table, events, capture, watched)
+    mods = sorted((m for m in made if m[0] not in excluded), key=lambda mod: _KIND_ORDER[mod[0]])
     for kind, listed, mod, key in mods:
         groups.setdefault((token_of(key), kind, listed), []).append(mod)
     chunks = [

@@ -64,6 +64,8 @@ def near_miss(text: str) -> SqlError | None:
         message = _alter(text)
     if message is None:
         message = _show(text)
+    if message is None:
+        message = _change_stream(text)
     if isinstance(message, str):
         return SqlError(message, "SQL_COMPILATION_ERROR")
     return message
@@ -82,6 +84,43 @@ def _show(text: str) -> str | None:
     what = " ".join(found.group("what").upper().split())
     return (f"SHOW {what}: LIKE goes before IN, as in Snowflake: write SHOW {what} "
             "[LIKE '<pattern>'] [IN ACCOUNT | IN DATABASE [<db>] | IN [SCHEMA] [<db>.]<schema>]")
+
+
+#: The start of a CREATE or ALTER CHANGE STREAM whose FOR clause or OPTIONS follow.
+_CHANGE_STREAM = re.compile(
+    rf"\s*(?:(?P<create>CREATE)\s+(?:OR\s+REPLACE\s+)?|ALTER\s+)CHANGE\s+STREAM\s+"
+    rf"(?:IF\s+NOT\s+EXISTS\s+)?{NAME}(?:\s+SET)?\s+(?P<clause>FOR|OPTIONS)\b", _FLAGS
+)
+_FOR_FORM = "FOR ALL, or FOR <table>[(<column>, ...)] [, <table>[(<column>, ...)] ...]"
+#: Parentheses, and what they cannot be counted in: quoted names and strings.
+_PARENTHESES = re.compile(r"\"(?:[^\"]|\"\")*\"?|'(?:[^']|'')*'?|[()]")
+
+
+def _change_stream(text: str) -> str | None:
+    """A change stream's FOR clause (or OPTIONS) that cannot be read: a parenthesis
+    never closed or closing nothing, or a list of the wrong form."""
+    head = _CHANGE_STREAM.match(text)
+    if head is None:
+        return None
+    opened: list[int] = []
+    for token in _PARENTHESES.finditer(text, head.start("clause")):
+        if token.group(0) == "(":
+            opened.append(token.start())
+        elif token.group(0) == ")" and not opened:
+            return (f"a ')' at {_shown(text, token.start())!r} closes no parenthesis; a column "
+                    f"list is written {_FOR_FORM}")  # fmt: skip
+        elif token.group(0) == ")":
+            opened.pop()
+    if opened:
+        before = text[: opened[0]].split()
+        near = (before[-1] if before else "")[-40:] + text[opened[0] : opened[0] + 20]
+        return (f"the parenthesis opened at {near!r} is never closed; end it with ')': a "
+                f"column list is written {_FOR_FORM}, options OPTIONS (<option> = <value>, "
+                "...)")  # fmt: skip
+    if head.group("clause").upper() == "FOR":
+        return (f"cannot read what the change stream watches from "
+                f"{_shown(text, head.end())!r} on; write {_FOR_FORM} [OPTIONS (...)]")
+    return None
 
 
 def _create(text: str) -> str | None:

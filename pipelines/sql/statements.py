@@ -50,6 +50,11 @@ _IN = (r"(?:\s+IN\s+(?:ACCOUNT|(?P<scope>DATABASE|SCHEMA)"
 #: (``NUMBER(10,2)``), unrolled so that every character has one place to go.
 _COLUMN_LIST = r"\((?P<columns>[^()]*(?:\([^()]*\)[^()]*)*)\)"
 
+#: What a change stream watches: ALL, or tables, each with an optional column list
+#: (``t(a, "b")``, ``t()``: its key columns only).
+_WATCHED = (rf"ALL|{NAME}(?:\s*\((?:\s*{_PART}(?:\s*,\s*{_PART})*)?\s*\))?"
+            rf"(?:\s*,\s*{NAME}(?:\s*\((?:\s*{_PART}(?:\s*,\s*{_PART})*)?\s*\))?)*")  # fmt: skip
+
 #: Statement kinds by header, first match wins; the pattern must match the whole text.
 #: Each character of a header has one place to go in its pattern (a trailing ``.*`` at most
 #: gives back once, to a closing ``)``), so a hostile header costs time linear in its length
@@ -109,13 +114,13 @@ _HEADERS: list[tuple[str, str]] = [
         "create_change_stream",
         rf"CREATE\s+(?P<replace>OR\s+REPLACE\s+)?CHANGE\s+STREAM\s+"
         rf"(?P<if_not_exists>IF\s+NOT\s+EXISTS\s+)?(?P<name>{NAME})"
-        rf"(?:\s+FOR\s+(?P<target>ALL|{NAME}(?:\s*,\s*{NAME})*))?"
+        rf"(?:\s+FOR\s+(?P<target>{_WATCHED}))?"
         r"(?:\s+OPTIONS\s*\((?P<options>[^()]*)\))?",
     ),
     (
         "alter_change_stream",
         rf"ALTER\s+CHANGE\s+STREAM\s+(?P<name>{NAME})\s+(?:SET\s+FOR\s+"
-        rf"(?P<target>ALL|{NAME}(?:\s*,\s*{NAME})*)|(?P<drop_all>DROP\s+FOR\s+ALL)|"
+        rf"(?P<target>{_WATCHED})|(?P<drop_all>DROP\s+FOR\s+ALL)|"
         r"SET\s+OPTIONS\s*\((?P<options>[^()]*)\)|"
         r"SPLIT\s+PARTITION\s+(?P<split>'[0-9a-fA-F]{1,64}')(?:\s+INTO\s+(?P<parts>[0-9]{1,3}))?|"
         r"MERGE\s+PARTITIONS\s+(?P<merge>'[0-9a-fA-F]{1,64}'(?:\s*,\s*'[0-9a-fA-F]{1,64}'){1,15}))",

@@ -25,8 +25,9 @@ def test_the_list_and_one_stream_say_what_show_change_streams_says(server, sessi
     assert get(server, "/v1/change-streams") == (200, {"change_streams": []})
     session.sql("CREATE TABLE ACCOUNTS (ID NUMBER, BALANCE NUMBER)")
     session.sql("CREATE TABLE ORDERS (ID NUMBER)")
-    session.sql("CREATE CHANGE STREAM BALANCES FOR ACCOUNTS "
-                "OPTIONS (value_capture_type = 'NEW_VALUES', retention_period = '36h')")
+    session.sql("CREATE CHANGE STREAM BALANCES FOR ACCOUNTS(BALANCE) "
+                "OPTIONS (value_capture_type = 'NEW_VALUES', retention_period = '36h', "
+                "exclude_delete = true)")
     session.sql("CREATE CHANGE STREAM EVERYTHING FOR ALL")
     session.sql('CREATE CHANGE STREAM "lower" FOR ACCOUNTS, ORDERS')
 
@@ -39,13 +40,19 @@ def test_the_list_and_one_stream_say_what_show_change_streams_says(server, sessi
     assert {k: v for k, v in balances.items() if k != "created_at"} == {
         "name": "DB.PUBLIC.BALANCES", "database": "DB", "schema": "PUBLIC",
         "change_stream": "BALANCES", "for": ["DB.PUBLIC.ACCOUNTS"],
+        "columns": {"DB.PUBLIC.ACCOUNTS": ["BALANCE"]},
         "value_capture_type": "NEW_VALUES", "retention_period": "36h", "open_partitions": 1,
+        "exclude_insert": False, "exclude_update": False, "exclude_delete": True,
+        "exclude_ttl_deletes": False,
     }  # fmt: skip
     assert listed["DB.PUBLIC.EVERYTHING"]["for"] == "ALL"
     assert listed['DB.PUBLIC."lower"']["for"] == ["DB.PUBLIC.ACCOUNTS", "DB.PUBLIC.ORDERS"]
     # The same values SHOW CHANGE STREAMS answers.
     shown = {r["name"]: r for r in session.sql("SHOW CHANGE STREAMS").collect()}
     assert shown["BALANCES"]["retention_period"] == "36h"
+    assert shown["BALANCES"]["for"] == "DB.PUBLIC.ACCOUNTS(BALANCE)"
+    assert [shown["BALANCES"][f"exclude_{kind}"] for kind in
+            ("insert", "update", "delete", "ttl_deletes")] == [False, False, True, False]
     assert shown["BALANCES"]["created_on"].timestamp() == pytest.approx(
         balances["created_at"], abs=1e-3)
 

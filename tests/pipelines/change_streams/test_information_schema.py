@@ -63,7 +63,8 @@ def test_a_dropped_table_leaves_its_streams_tables(session):
 
 def test_an_unknown_view_names_those_there_are_and_the_schema_is_reserved(session):
     with pytest.raises(SqlError, match="INFORMATION_SCHEMA holds CHANGE_STREAMS, "
-                                       "CHANGE_STREAM_OPTIONS, CHANGE_STREAM_TABLES"):
+                                       "CHANGE_STREAM_COLUMNS, CHANGE_STREAM_OPTIONS, "
+                                       "CHANGE_STREAM_TABLES"):
         session.sql("SELECT * FROM INFORMATION_SCHEMA.NOPE")
     with pytest.raises(SqlError, match="reserved"):
         session.sql("CREATE SCHEMA INFORMATION_SCHEMA")
