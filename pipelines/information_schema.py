@@ -3,8 +3,10 @@ database ``<db>`` holds, named as the systems we follow name them.
 
 Spanner's change stream views: ``CHANGE_STREAMS`` (one row per stream), its tables
 (``CHANGE_STREAM_TABLES``), the columns of its column lists (``CHANGE_STREAM_COLUMNS``)
-and its options (``CHANGE_STREAM_OPTIONS``), with the catalog
-and schema columns holding our database and schema (Spanner's are empty strings). The
+and its options (``CHANGE_STREAM_OPTIONS``), with the catalog and schema columns holding
+our database and schema (Spanner's are empty strings); and ``STREAMS``, one row per
+Snowflake-style stream as SHOW STREAMS describes it (ours: Snowflake's INFORMATION_SCHEMA
+has no such view; its dynamic tables are the table function ``DYNAMIC_TABLES()``). The
 binder answers a name in the schema ``INFORMATION_SCHEMA`` with a frame from the catalog
 (through the session's :meth:`~pipelines.session.Session.information_schema_view`) before
 Spark runs the query, so the views join and filter like tables. The schema name is
@@ -74,6 +76,22 @@ def _change_stream_options(session: StatementContext, database: str) -> list[tup
     return rows
 
 
+def _snowflake_streams(session: StatementContext, database: str) -> list[tuple[object, ...]]:
+    """``STREAMS`` (ours: Snowflake's INFORMATION_SCHEMA has no such view): one row per
+    stream of the database, as SHOW STREAMS describes it."""
+    from pipelines.sql.ddl import stream_row
+
+    rows: list[tuple[object, ...]] = []
+    for stream in session.catalog.list_streams():
+        if stream.database != database:
+            continue
+        (created, name, db, schema, comment, table, source_type, bases, kind, stale, mode,
+         stale_after, *_) = stream_row(session, stream)  # fmt: skip
+        rows.append((db, schema, name, comment or None, table, source_type, bases, kind, mode,
+                     stale, stale_after, created))  # fmt: skip
+    return sorted(rows, key=lambda row: (str(row[1]), str(row[2])))
+
+
 #: View name -> (its columns, its rows in a database).
 VIEWS: dict[str, tuple[str, Callable[[StatementContext, str], list[tuple[object, ...]]]]] = {
     "CHANGE_STREAMS": (f"{_STREAM}, `ALL` BOOLEAN", _change_streams),
@@ -91,32 +109,13 @@ VIEWS: dict[str, tuple[str, Callable[[StatementContext, str], list[tuple[object,
         f"{_STREAM}, OPTION_NAME STRING, OPTION_TYPE STRING, OPTION_VALUE STRING",
         _change_stream_options,
     ),
+    "STREAMS": (
+        "STREAM_CATALOG STRING, STREAM_SCHEMA STRING, STREAM_NAME STRING, COMMENT STRING, "
+        "TABLE_NAME STRING, SOURCE_TYPE STRING, BASE_TABLES STRING, TYPE STRING, MODE STRING, "
+        "STALE BOOLEAN, STALE_AFTER TIMESTAMP, CREATED TIMESTAMP",
+        _snowflake_streams,
+    ),
 }
-
-
-def _snowflake_streams(session: StatementContext, database: str) -> list[tuple[object, ...]]:
-    """``STREAMS`` (ours: Snowflake's INFORMATION_SCHEMA has no such view): one row per
-    stream of the database, as SHOW STREAMS describes it."""
-    from pipelines.sql.ddl import stream_row
-
-    rows: list[tuple[object, ...]] = []
-    for stream in session.catalog.list_streams():
-        if stream.database != database:
-            continue
-        (created, name, db, schema, comment, table, source_type, bases, kind, stale, mode,
-         stale_after, *_) = stream_row(session, stream)  # fmt: skip
-        rows.append((db, schema, name, comment or None, table, source_type, bases, kind, mode,
-                     stale, stale_after, created))  # fmt: skip
-    return sorted(rows, key=lambda row: (str(row[1]), str(row[2])))
-
-
-#: Snowflake's names for its own objects, beside Spanner's (kept apart for merges).
-VIEWS["STREAMS"] = (
-    "STREAM_CATALOG STRING, STREAM_SCHEMA STRING, STREAM_NAME STRING, COMMENT STRING, "
-    "TABLE_NAME STRING, SOURCE_TYPE STRING, BASE_TABLES STRING, TYPE STRING, MODE STRING, "
-    "STALE BOOLEAN, STALE_AFTER TIMESTAMP, CREATED TIMESTAMP",
-    _snowflake_streams,
-)
 
 
 def view_frame(session: StatementContext, database: str, name: str) -> DataFrame:
