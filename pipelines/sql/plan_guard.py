@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import SqlError, spark_errors
 from pipelines.sql.plan_classes import ALLOWED_CLASSES
+from pipelines.sql.type_names import parse_plan_text
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -151,7 +152,7 @@ def guarded_frame(spark: SparkSession, text: str, views: Collection[str]) -> Dat
     try:
         with spark_errors("SQL_COMPILATION_ERROR"):
             walker = _walker(spark)
-            parsed = state.sqlParser().parsePlan(text)
+            parsed, text = parse_plan_text(jspark, text)
             if walker.is_command(parsed):
                 raise RefusedStatementError(
                     "this statement cannot run here: statements may only query and change the "

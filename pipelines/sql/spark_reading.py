@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import SqlError, spark_errors
 from pipelines.sql.plan_guard import members
+from pipelines.sql.type_names import parse_plan_text
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -62,7 +63,7 @@ def parse_plan(spark: SparkSession, text: str) -> Any:
     jspark: Any = spark._jsparkSession  # type: ignore[attr-defined]
     try:
         with spark_errors("SQL_COMPILATION_ERROR"):
-            return jspark.sessionState().sqlParser().parsePlan(text)
+            return parse_plan_text(jspark, text)[0]
     except SqlError as exc:
         if "FAILED_TO_PARSE_TOO_COMPLEX" not in str(exc):
             raise

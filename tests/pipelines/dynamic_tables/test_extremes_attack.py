@@ -117,9 +117,6 @@ def test_odd_column_names_compaction_and_time_travel_read_as_written(wh):
     assert len(before) == 2 and before[0][1] == "d1"
 
 
-@pytest.mark.xfail(strict=True, reason="CAST(x AS VARCHAR) without a length (valid Snowflake, "
-                   "and VARCHAR is accepted in CREATE TABLE) fails with Spark's "
-                   "DATATYPE_MISSING_SIZE; ::VARCHAR too")  # fmt: skip
 def test_cast_as_varchar_without_a_length(wh):
     assert wh.sql("SELECT CAST(12 AS VARCHAR) AS S, 3::VARCHAR AS T").collect()[0] == ("12", "3")
 
