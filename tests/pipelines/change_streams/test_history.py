@@ -8,13 +8,17 @@ stream whose catalog kept no history reads under its current definition."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import flush.commit_clock as commit_clock
 from flush.commit_clock import now_us
 from pipelines.change_streams.history import definition_at
 from pipelines.change_streams.records import rfc3339
 from tests.pipelines.change_streams.test_partitions import check_progress, reader
-from tests.pipelines.change_streams.test_read import changes, micros, read
+from tests.pipelines.change_streams.test_read import changes, flush_rows, micros, read
+
+#: A wait for the writer thread that takes longer than this has hung (seconds).
+TIMEOUT = 60
 
 
 def keys(found):
@@ -114,6 +118,55 @@ def test_a_writer_whose_clock_is_behind_commits_after_the_alter(watched, monkeyp
     moment = s.catalog.change_stream_history(stream.uid)[-1].from_us
     late = micros(changes(found)[-1]["commit_timestamp"])
     assert late >= moment
+
+
+def test_commits_racing_an_alter_fall_on_the_side_their_commit_is_on(watched):
+    """A writer commits one key after another while the ALTER runs: every key comes
+    once; one committed before the ALTER began is under the old definition, one whose
+    commit began after it returned under the new one (those in between: either)."""
+    s, token = watched
+    start = now_us()
+    altering, altered = threading.Event(), threading.Event()
+    some_before, some_after = threading.Event(), threading.Event()
+    sides: dict[int, str] = {}
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        key = 0
+        try:
+            while sum(side == "after" for side in sides.values()) < 3:
+                key += 1
+                begun_after = altered.is_set()
+                flush_rows(s, "T", [{"ID": key, "V": "x"}])
+                done_before = not altering.is_set()
+                sides[key] = "before" if done_before else "after" if begun_after else "either"
+                if key >= 3 and done_before:
+                    some_before.set()
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+        finally:
+            some_before.set()
+            some_after.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert some_before.wait(TIMEOUT)
+    altering.set()
+    s.sql("ALTER CHANGE STREAM CS SET OPTIONS (value_capture_type = 'NEW_ROW')")
+    altered.set()
+    assert some_after.wait(TIMEOUT)
+    writer.join(TIMEOUT)
+    assert not failed, failed
+    found = read(s, "CS", rfc3339(start), token)
+    check_progress(found)
+    captured = [(k[2], k[3]) for k in keys(found)]
+    assert sorted(key for key, _ in captured) == sorted(sides)  # each key once
+    expected = {"before": {"OLD_AND_NEW_VALUES"}, "after": {"NEW_ROW"},
+                "either": {"OLD_AND_NEW_VALUES", "NEW_ROW"}}  # fmt: skip
+    assert all(capture in expected[sides[key]] for key, capture in captured), (captured, sides)
+    # In commit order, the old definition's records all come before the new one's.
+    order = [capture for _, capture in captured]
+    assert order == sorted(order, key=lambda c: c == "NEW_ROW")
 
 
 def test_a_stream_without_history_reads_under_its_current_definition(watched):
