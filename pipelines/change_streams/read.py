@@ -335,14 +335,12 @@ class _Watch:
     def found(self, seals: Mapping[int, Seal], limit: int) -> Iterator[tuple[int, str, int, int]]:
         """The sealed versions up to ``limit`` of every table, in timestamp order; of a
         past table (sealed by the ALTER that left it) up to its last moment."""
-        lasts: dict[int, int | None] = {t.id: None for t in self.current}
-        lasts.update({t.id: last for t, last in self.past})
-        tables = [t for t in [*self.current, *(t for t, _ in self.past)] if t.id in seals]
+        watched: list[tuple[TableInfo, int | None]] = [(t, None) for t in self.current]
         return heapq.merge(*(
             _versions(self.catalog, self.stream, t, self.progress[t.id], seals[t.id].version,
-                      self.start, limit if lasts[t.id] is None else min(limit, lasts[t.id]),
-                      self.progress, self.ended, lasts[t.id])
-            for t in tables
+                      self.start, limit if last is None else min(limit, last), self.progress,
+                      self.ended, last)
+            for t, last in [*watched, *self.past] if t.id in seals
         ))  # fmt: skip
 
 
