@@ -313,6 +313,8 @@ class _Watch:
         or now (``force``: the history changed)."""
         if not force and time.monotonic() - self.read_at < TABLES_EVERY_S:
             return
+        if not self.history:  # dropped or replaced since the read began
+            raise _gone(self.stream)
         found = read_tables(self.catalog, self.history, self.start)
         self.current, self.read_at = found.current, time.monotonic()
         self.past = [(t, last) for t, last in found.past if self.ended.get(t.id) != last]
