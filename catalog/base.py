@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from catalog.records import (
+    AlterSeal,
+    ChangeStreamDefinition,
     ChangeStreamRecord,
     ChannelRecord,
     CommitIntent,
@@ -355,11 +357,22 @@ class Catalog(ABC):
         table_ids: tuple[int, ...] | None = None, value_capture_type: str | None = None,
         retention_s: int | None = None,
         column_lists: Sequence[tuple[int, Sequence[str]]] | None = None,
-        exclusions: Mapping[str, bool] | None = None,
+        exclusions: Mapping[str, bool] | None = None, at_seal: AlterSeal | None = None,
     ) -> bool:  # fmt: skip
         """Change what the stream watches (``table_ids`` with their ``column_lists``,
         replaced together) or its options (``exclusions`` merged into those given
-        before); False if it is gone."""
+        before), in one transaction; False if it is gone. With ``at_seal``, the new
+        definition joins the stream's history at the seal's moment (:class:`AlterSeal`).
+
+        Raises:
+            ValueError: the stream was altered since ``at_seal.expected`` was read.
+        """
+
+    @abstractmethod
+    def change_stream_history(self, stream_uid: str) -> list[ChangeStreamDefinition]:
+        """The stream's definitions, oldest first, each in force from its ``from_us`` to
+        the next one's (a stream made before histories were kept: its current one, from
+        its creation)."""
 
     @abstractmethod
     def drop_change_stream(self, stream_id: int) -> bool: ...

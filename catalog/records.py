@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,8 @@ __all__ = [
     "KEY_SPACE",
     "REFRESH_PLAN_KEY",
     "ROWS_INTENT",
+    "AlterSeal",
+    "ChangeStreamDefinition",
     "ChangeStreamRecord",
     "ChannelProgress",
     "ChannelRecord",
@@ -350,8 +353,44 @@ class ChangeStreamRecord:
     def full_name(self) -> str:
         return full_name(self.database, self.schema_name, self.name)
 
+    @property
+    def definition(self) -> ChangeStreamDefinition:
+        """What the stream reports now, as one entry of its history (in force since its
+        creation: an ALTER appends a later one)."""
+        return ChangeStreamDefinition(self.created_us, self.for_all, self.table_ids,
+                                      self.value_capture_type, self.column_lists,
+                                      self.exclusions)  # fmt: skip
+
     def watched_columns(self, table_id: int) -> tuple[str, ...] | None:
         """The columns the stream watches of a table it lists; None: all of them."""
+        return self.definition.watched_columns(table_id)
+
+    @property
+    def excluded_mod_types(self) -> frozenset[str]:
+        """The mod types whose records are not emitted (see :class:`ChangeStreamDefinition`)."""
+        return self.definition.excluded_mod_types
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeStreamDefinition:
+    """One entry of a change stream's history: what it reports of the changes whose
+    change stream timestamp is at or after ``from_us`` (until the next entry's). As in
+    Spanner, an ALTER applies to changes committed from then on; earlier ones keep the
+    definition they were captured under, so a re-read returns the same records."""
+
+    from_us: int
+    for_all: bool
+    table_ids: tuple[int, ...]
+    value_capture_type: str
+    column_lists: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    exclusions: tuple[tuple[str, bool], ...] = ()
+
+    def watches(self, table_id: int) -> bool:
+        """Whether the changes of that table are reported (``for_all``: every table's)."""
+        return self.for_all or table_id in self.table_ids
+
+    def watched_columns(self, table_id: int) -> tuple[str, ...] | None:
+        """The columns watched of a listed table; None: all of them."""
         return next((columns for tid, columns in self.column_lists if tid == table_id), None)
 
     @property
@@ -360,6 +399,21 @@ class ChangeStreamRecord:
         emitted (``exclude_ttl_deletes`` excludes none: no delete here is a TTL's)."""
         kinds = (EXCLUDE_OPTIONS.get(option) for option, on in self.exclusions if on)
         return frozenset(kind for kind in kinds if kind)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterSeal:
+    """How an ALTER takes its moment: it seals ``table_ids`` (the tables watched before
+    or after it) with ``compute`` in its own catalog transaction, and its definition is
+    in force from the new heartbeat + 1 (at least ``floor_us`` + 1): every version that
+    seal covers is before it, every later one after it (``compute``: given the tables'
+    newest seals, their new ones). ``expected``: the definition the
+    tables were chosen from; another ALTER since makes it raise :class:`ValueError`."""
+
+    table_ids: tuple[int, ...]
+    compute: Callable[[dict[int, Seal]], dict[int, Seal]]
+    expected: ChangeStreamDefinition
+    floor_us: int
 
 
 #: The ``exclude_*`` options of a change stream and the mod type each one excludes

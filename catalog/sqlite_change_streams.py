@@ -16,12 +16,16 @@ from catalog.base import ObjectAlreadyExistsError
 from catalog.records import (
     EXCLUDE_OPTIONS,
     KEY_SPACE,
+    AlterSeal,
+    ChangeStreamDefinition,
     ChangeStreamRecord,
     PartitionRecord,
     Seal,
 )
 from catalog.sqlite_layout import (
     CHANGE_STREAM_COLUMNS,
+    DEFINITION_COLUMNS,
+    ORPHAN_HISTORY,
     ORPHAN_PARTITIONS,
     PARTITION_COLUMNS,
     namespace_statements,
@@ -39,7 +43,8 @@ SealCompute = Callable[[dict[int, Seal]], dict[int, Seal]]
 Repartition = Callable[
     [int, list[PartitionRecord]], tuple[Sequence[str], Sequence[PartitionRecord]]
 ]
-#: Seals older than the longest retention (and a day) are forgotten.
+#: Seals older than the longest retention (and a day) are forgotten; so are entries of
+#: a stream's history superseded that long ago (whatever its retention becomes).
 _SEAL_KEPT_US = 31 * 86_400 * 1_000_000
 
 
@@ -85,6 +90,55 @@ def _record(row: tuple[Any, ...]) -> ChangeStreamRecord:
     values[11] = tuple((int(t), tuple(c)) for t, c in orjson.loads(values[11] or "[]"))
     values[12] = tuple((str(o), bool(on)) for o, on in orjson.loads(values[12] or "[]"))
     return ChangeStreamRecord(*values)
+
+
+def _definition(row: tuple[Any, ...]) -> ChangeStreamDefinition:
+    """A history row: ``from_us`` then :data:`DEFINITION_COLUMNS`."""
+    from_us, for_all, table_ids, capture, lists, exclusions = row
+    return ChangeStreamDefinition(
+        from_us, bool(for_all), tuple(orjson.loads(table_ids)), capture,
+        tuple((int(t), tuple(c)) for t, c in orjson.loads(lists or "[]")),
+        tuple((str(o), bool(on)) for o, on in orjson.loads(exclusions or "[]")),
+    )  # fmt: skip
+
+
+#: A stream's history, oldest first; a stream made before histories were kept (no row)
+#: has its current definition since its creation.
+_HISTORY = (
+    f"SELECT from_us, {DEFINITION_COLUMNS} FROM change_stream_history WHERE stream_uid=?"
+    f" UNION ALL SELECT created_us, {DEFINITION_COLUMNS} FROM change_streams WHERE uid=?"
+    " AND NOT EXISTS (SELECT 1 FROM change_stream_history WHERE stream_uid=?) ORDER BY 1"
+)
+#: Append the stream's current definition to its history, from a moment (the row of a
+#: stream made before histories were kept goes in first, from its creation).
+_APPEND_HISTORY = (
+    f"INSERT OR REPLACE INTO change_stream_history (stream_uid, from_us, {DEFINITION_COLUMNS})"
+    f" SELECT uid, ?, {DEFINITION_COLUMNS} FROM change_streams WHERE id=?"
+)
+_LEGACY_HISTORY = (
+    f"INSERT INTO change_stream_history (stream_uid, from_us, {DEFINITION_COLUMNS})"
+    f" SELECT uid, created_us, {DEFINITION_COLUMNS} FROM change_streams WHERE id=? AND NOT"
+    " EXISTS (SELECT 1 FROM change_stream_history h WHERE h.stream_uid = change_streams.uid)"
+)
+
+
+def _seal(
+    db: sqlite3.Connection, table_ids: Iterable[int], compute: SealCompute
+) -> dict[int, Seal]:
+    """Write the seals ``compute`` makes from the tables' newest ones (and forget the
+    seals older than any retention)."""
+    sealed = compute(_latest(db.execute(*_latest_query(table_ids)).fetchall()))
+    for table_id, seal in sealed.items():
+        db.execute(
+            "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
+            " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
+            (table_id, seal.version, seal.heartbeat_us, seal.heartbeat_us),
+        )
+        db.execute(
+            "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ? AND version < ?",
+            (table_id, seal.heartbeat_us - _SEAL_KEPT_US, seal.version),
+        )
+    return sealed
 
 
 def _lists_text(column_lists: Iterable[tuple[int, Sequence[str]]]) -> str:
@@ -144,7 +198,12 @@ class ChangeStreamStore:
                     "CHANGE STREAM to replace it, or IF NOT EXISTS to keep it"
                 ) from exc
             db.execute(ORPHAN_PARTITIONS)
+            db.execute(ORPHAN_HISTORY)
             _insert_partitions(db, first)
+            stream_id = db.execute(
+                "SELECT id FROM change_streams WHERE database=? AND schema_name=? AND name=?", key
+            ).fetchone()[0]
+            db.execute(_APPEND_HISTORY, (created_us, stream_id))
         found = self.get_change_stream(database, schema_name, name)
         assert found is not None
         return found
@@ -171,10 +230,16 @@ class ChangeStreamStore:
         table_ids: tuple[int, ...] | None = None, value_capture_type: str | None = None,
         retention_s: int | None = None,
         column_lists: Sequence[tuple[int, Sequence[str]]] | None = None,
-        exclusions: Mapping[str, bool] | None = None,
+        exclusions: Mapping[str, bool] | None = None, at_seal: AlterSeal | None = None,
     ) -> bool:  # fmt: skip
         """Change what the stream watches or its options (``exclusions`` are merged into
-        those set before); False if it is gone."""
+        those set before), in one catalog transaction; False if it is gone. With
+        ``at_seal``, the new definition joins the stream's history from the seal's moment
+        (:class:`AlterSeal`); a retention change alone needs none.
+
+        Raises:
+            ValueError: the stream was altered since ``at_seal.expected`` was read.
+        """
         changes: dict[str, Any] = {}
         if for_all is not None:
             changes["for_all"] = int(for_all)
@@ -186,22 +251,44 @@ class ChangeStreamStore:
         if retention_s is not None:
             changes["retention_s"] = retention_s
         with self._immediate() as db:
+            found = db.execute(
+                f"SELECT {CHANGE_STREAM_COLUMNS} FROM change_streams WHERE id=?", (stream_id,)
+            ).fetchone()
+            if found is None:
+                return False
+            current = _record(found)
             if exclusions:
-                found = db.execute(
-                    "SELECT exclusions FROM change_streams WHERE id=?", (stream_id,)
-                ).fetchone()
-                before = dict(orjson.loads(found[0] or "[]")) if found else {}
-                changes["exclusions"] = _exclusions_text({**before, **exclusions})
+                changes["exclusions"] = _exclusions_text({**dict(current.exclusions),
+                                                          **exclusions})  # fmt: skip
+            if at_seal is not None:
+                history = [_definition(r) for r in db.execute(_HISTORY, (current.uid,) * 3)]
+                if history[-1] != at_seal.expected:
+                    raise ValueError(f"change stream {current.full_name} was altered meanwhile")
+                sealed = _seal(db, at_seal.table_ids, at_seal.compute)
+                heartbeat = max([at_seal.floor_us, *(x.heartbeat_us for x in sealed.values())])
+                moment = max(heartbeat + 1, history[-1].from_us + 1)
+                db.execute(_LEGACY_HISTORY, (stream_id,))
             assignments = ", ".join(f"{column}=?" for column in changes) or "id=id"
-            return db.execute(
-                f"UPDATE change_streams SET {assignments} WHERE id=?",
-                (*changes.values(), stream_id),
-            ).rowcount == 1  # fmt: skip
+            db.execute(f"UPDATE change_streams SET {assignments} WHERE id=?",
+                       (*changes.values(), stream_id))  # fmt: skip
+            if at_seal is not None:
+                db.execute(_APPEND_HISTORY, (moment, stream_id))
+                db.execute(
+                    "DELETE FROM change_stream_history WHERE stream_uid=? AND from_us < (SELECT"
+                    " max(from_us) FROM change_stream_history WHERE stream_uid=? AND from_us < ?)",
+                    (current.uid, current.uid, moment - _SEAL_KEPT_US),
+                )
+            return True
+
+    def change_stream_history(self, stream_uid: str) -> list[ChangeStreamDefinition]:
+        """The stream's definitions, oldest first, each in force from its ``from_us``."""
+        return [_definition(row) for row in self._read(_HISTORY, (stream_uid,) * 3)]
 
     def drop_change_stream(self, stream_id: int) -> bool:
         with self._immediate() as db:
             dropped = db.execute("DELETE FROM change_streams WHERE id=?", (stream_id,)).rowcount
             db.execute(ORPHAN_PARTITIONS)
+            db.execute(ORPHAN_HISTORY)
             return dropped == 1
 
     def list_partitions(self, stream_uid: str) -> list[PartitionRecord]:
@@ -240,18 +327,7 @@ class ChangeStreamStore:
             ValueError: a partition to end is not open (another repartition ended it).
         """
         with self._immediate() as db:
-            sealed = compute(_latest(db.execute(*_latest_query(table_ids)).fetchall()))
-            for table_id, seal in sealed.items():
-                db.execute(
-                    "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
-                    " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
-                    (table_id, seal.version, seal.heartbeat_us, seal.heartbeat_us),
-                )
-                db.execute(
-                    "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ?"
-                    " AND version < ?",
-                    (table_id, seal.heartbeat_us - _SEAL_KEPT_US, seal.version),
-                )
+            sealed = _seal(db, table_ids, compute)
             if repartition is None or stream_uid is None:
                 return sealed, []
             heartbeat = max([floor_us, *(s.heartbeat_us for s in sealed.values())])

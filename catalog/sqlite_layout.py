@@ -33,10 +33,12 @@ __all__ = [
     "ADDED_COLUMNS",
     "CHANGE_STREAM_COLUMNS",
     "CHANNEL_COLUMNS",
+    "DEFINITION_COLUMNS",
     "DYNAMIC_COLUMNS",
     "MIGRATION_COLUMNS",
     "NAMED_DATABASES",
     "NAMED_SCHEMAS",
+    "ORPHAN_HISTORY",
     "ORPHAN_OFFSETS",
     "ORPHAN_PARTITIONS",
     "PARTITION_COLUMNS",
@@ -141,6 +143,10 @@ CREATE INDEX IF NOT EXISTS change_stream_partitions_by_stream
 CREATE TABLE IF NOT EXISTS change_stream_seals (
     table_id INTEGER NOT NULL, version INTEGER NOT NULL, heartbeat_us INTEGER NOT NULL,
     covers_us INTEGER NOT NULL, PRIMARY KEY (table_id, version));
+CREATE TABLE IF NOT EXISTS change_stream_history (
+    stream_uid TEXT NOT NULL, from_us INTEGER NOT NULL, for_all INTEGER NOT NULL,
+    table_ids TEXT NOT NULL, value_capture_type TEXT NOT NULL, column_lists TEXT NOT NULL,
+    exclusions TEXT NOT NULL, PRIMARY KEY (stream_uid, from_us));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
@@ -176,6 +182,13 @@ PARTITION_COLUMNS = "token, stream_uid, lo, hi, start_us, end_us, parents"
 #: Partitions of change streams that no longer exist (dropped or replaced).
 ORPHAN_PARTITIONS = (
     "DELETE FROM change_stream_partitions WHERE stream_uid NOT IN (SELECT uid FROM change_streams)"
+)
+#: The definition columns of a change stream, in :class:`ChangeStreamDefinition` order
+#: (after ``from_us``): the same names in ``change_streams`` and its history.
+DEFINITION_COLUMNS = "for_all, table_ids, value_capture_type, column_lists, exclusions"
+#: History of change streams that no longer exist (dropped or replaced).
+ORPHAN_HISTORY = (
+    "DELETE FROM change_stream_history WHERE stream_uid NOT IN (SELECT uid FROM change_streams)"
 )
 VIEW_COLUMNS = (
     "id, database, schema_name, name, query, default_database, default_schema, created_at,"
@@ -347,6 +360,7 @@ def drop_contents(
     db.execute(f"DELETE FROM views WHERE {where}", args)
     db.execute(f"DELETE FROM change_streams WHERE {where}", args)
     db.execute(ORPHAN_PARTITIONS)
+    db.execute(ORPHAN_HISTORY)
     db.execute(ORPHAN_OFFSETS)
     return tables
 

@@ -21,6 +21,7 @@ from flush.commit_clock import clock
 from flush.table_locks import table_lock
 from ingest_sdk.durations import DURATION_FORMS, read_duration
 from ingest_sdk.schema import check_object_name
+from pipelines.change_streams.history import alter
 from pipelines.change_streams.partitions import merge, split
 from pipelines.change_streams.watch_list import read_watched, watched_text
 from pipelines.errors import ObjectNotFoundError, SqlError
@@ -202,16 +203,13 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
     parts = statement.parts
     stream = _find(session, parts["name"] or "")
     if parts["drop_all"]:
-        changed = session.catalog.alter_change_stream(stream.id, for_all=False, table_ids=())
+        changed = alter(session.catalog, stream, for_all=False, table_ids=())
     elif parts["target"] is not None:
         watched = read_watched(session, parts["target"])
         with _dynamic_locks(session, watched.for_all, watched.table_ids):
-            changed = session.catalog.alter_change_stream(
-                stream.id,
-                for_all=watched.for_all,
-                table_ids=watched.table_ids,
-                column_lists=watched.column_lists,
-            )
+            changed = alter(session.catalog, stream, for_all=watched.for_all,
+                            table_ids=watched.table_ids,
+                            column_lists=watched.column_lists)  # fmt: skip
     elif parts["split"] is not None:
         split(session.catalog, stream, parts["split"].strip("'").lower(),
               int(parts["parts"] or 2))  # fmt: skip
@@ -227,8 +225,8 @@ def alter_change_stream(session: StatementContext, statement: Statement) -> Data
                            "ALTER CHANGE STREAM ... SPLIT PARTITION / MERGE PARTITIONS",
                            "SQL_COMPILATION_ERROR")  # fmt: skip
         retention = options.get("retention_period")
-        changed = session.catalog.alter_change_stream(
-            stream.id, value_capture_type=options.get("value_capture_type"),
+        changed = alter(
+            session.catalog, stream, value_capture_type=options.get("value_capture_type"),
             retention_s=int(retention) if retention is not None else None,
             exclusions=exclusions,
         )  # fmt: skip

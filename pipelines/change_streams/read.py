@@ -20,9 +20,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from catalog import Catalog, ChangeStreamRecord, PartitionRecord, Seal, TableInfo
+from catalog import (
+    Catalog,
+    ChangeStreamDefinition,
+    ChangeStreamRecord,
+    PartitionRecord,
+    Seal,
+    TableInfo,
+)
 from flush.commit_clock import clock, commit_info, version_at
 from ingest_sdk.change_records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord
+from pipelines.change_streams.history import definition_at, read_tables, tables_of
 from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
 from pipelines.change_streams.records import version_records as build_records
 from pipelines.change_streams.timeline import newest_version, seal, timestamps
@@ -153,10 +161,7 @@ def read_args(
 
 def stream_tables(catalog: Catalog, stream: ChangeStreamRecord) -> list[TableInfo]:
     """The tables a stream watches now (``FOR ALL``: every table of the warehouse)."""
-    if stream.for_all:
-        return catalog.list_tables()
-    found = (catalog.get_table_by_id(table_id) for table_id in stream.table_ids)
-    return [t for t in found if t is not None]
+    return tables_of(catalog, stream.definition)
 
 
 def table_label(stream: ChangeStreamRecord, table: TableInfo) -> str:
@@ -208,16 +213,18 @@ def _first_version(table: TableInfo, catalog: Catalog, start: int) -> int:
 
 
 def _records(
-    catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, version: int, moment: int,
-    partitions: list[PartitionRecord],
+    stream: ChangeStreamRecord, definition: ChangeStreamDefinition, table: TableInfo,
+    version: int, moment: int, partitions: list[PartitionRecord],
 ) -> VersionRecords:  # fmt: skip
+    """A version's records under the definition in force at its timestamp."""
     open_now = open_at(partitions, moment)
     label = table_label(stream, table)  # a renamed table's records carry its new name
-    watched = stream.watched_columns(table.id)
-    excluded = stream.excluded_mod_types
+    watched = definition.watched_columns(table.id)
+    excluded = definition.excluded_mod_types
+    capture = definition.value_capture_type
     key = (
         stream.uid,
-        stream.value_capture_type,
+        capture,
         watched,
         excluded,
         table.id,
@@ -235,7 +242,7 @@ def _records(
                 f"or vacuum removed it); start the read later: {str(exc)[:160]}"
             ) from exc
         tag, system = _tag(table, version)
-        return build_records(table, events, stream.value_capture_type, moment,
+        return build_records(table, events, capture, moment,
                              f"{table.id}.{version}", tag, system, open_now, label,
                              watched, excluded)  # fmt: skip
 
@@ -272,17 +279,71 @@ def _gone(stream: ChangeStreamRecord) -> ObjectNotFoundError:
 
 def _versions(
     catalog: Catalog, stream: ChangeStreamRecord, table: TableInfo, after: int, sealed: int,
-    start: int, limit: int, progress: dict[int, int],
+    start: int, limit: int, progress: dict[int, int], ended: dict[int, int], last: int | None,
 ) -> Iterator[tuple[int, str, int, int]]:  # fmt: skip
     """``(timestamp, table name, table id, version)`` of the sealed versions of ``table`` after
-    ``after`` up to ``limit``, in order; ``progress`` follows what was handed out."""
+    ``after`` up to ``limit``, in order; ``progress`` follows what was handed out. A table
+    watched up to ``last`` only is ``ended`` there once a version after it is found."""
     label = table_label(stream, table)
     for version, moment in timestamps(catalog, table, after, sealed).items():
+        if last is not None and moment > last:
+            ended[table.id] = last
         if moment > limit:
             return
         if moment >= start:
             yield moment, label, table.id, version
         progress[table.id] = version
+
+
+class _Watch:
+    """What one read watches as it goes: the stream's history and the tables it names
+    from the read's start on, with each table's reading progress."""
+
+    def __init__(self, catalog: Catalog, stream: ChangeStreamRecord, start: int) -> None:
+        self.catalog, self.stream, self.start = catalog, stream, start
+        self.history = catalog.change_stream_history(stream.uid)
+        self.current: list[TableInfo] = []
+        self.past: list[tuple[TableInfo, int]] = []
+        self.progress: dict[int, int] = {}
+        self.ended: dict[int, int] = {}
+        self.read_at = -TABLES_EVERY_S
+
+    def tables(self, force: bool = False) -> None:
+        """Look again at the tables (a new one under ``FOR ALL``, a rename) now and then,
+        or now (``force``: the history changed)."""
+        if not force and time.monotonic() - self.read_at < TABLES_EVERY_S:
+            return
+        if not self.history:  # dropped or replaced since the read began
+            raise _gone(self.stream)
+        found = read_tables(self.catalog, self.history, self.start)
+        self.current, self.read_at = found.current, time.monotonic()
+        self.past = [(t, last) for t, last in found.past if self.ended.get(t.id) != last]
+        for table in [*self.current, *(t for t, _ in self.past)]:
+            if table.id not in self.progress:
+                self.progress[table.id] = _first_version(table, self.catalog, self.start)
+
+    def changed(self) -> bool:
+        """Whether an ALTER changed the history: read after the seals, as the partitions
+        are, so it knows every ALTER before their heartbeats."""
+        history = self.catalog.change_stream_history(self.stream.uid)
+        if history == self.history:
+            return False
+        if not history:
+            raise _gone(self.stream)
+        self.history = history
+        self.tables(force=True)
+        return True
+
+    def found(self, seals: Mapping[int, Seal], limit: int) -> Iterator[tuple[int, str, int, int]]:
+        """The sealed versions up to ``limit`` of every table, in timestamp order; of a
+        past table (sealed by the ALTER that left it) up to its last moment."""
+        watched: list[tuple[TableInfo, int | None]] = [(t, None) for t in self.current]
+        return heapq.merge(*(
+            _versions(self.catalog, self.stream, t, self.progress[t.id], seals[t.id].version,
+                      self.start, limit if last is None else min(limit, last), self.progress,
+                      self.ended, last)
+            for t, last in [*watched, *self.past] if t.id in seals
+        ))  # fmt: skip
 
 
 def read(
@@ -293,6 +354,7 @@ def read(
     ``until_us``: a bounded read) is passed, or ``stop`` is set. Each is built as its
     class (:mod:`ingest_sdk.change_records`) and yielded as its JSON form (``to_json``):
     every face writes it with orjson, and a version's records are cached in that form.
+    A version's records follow the stream's definition at its timestamp (:mod:`.history`).
 
     Raises:
         ObjectNotFoundError: the stream was dropped or replaced (before or during it).
@@ -305,27 +367,26 @@ def read(
     if partition is None:
         raise _gone(stream)
     end = min((e for e in (args.end_us, until_us) if e is not None), default=None)
-    progress: dict[int, int] = {}
+    watch = _Watch(catalog, stream, args.start_us)
     last_beat = args.start_us - 1
     quiet_since = time.monotonic()
-    tables: list[TableInfo] = []
-    tables_read = 0.0
     while stop is None or not stop.is_set():
-        if time.monotonic() - tables_read >= TABLES_EVERY_S:
-            tables, tables_read = stream_tables(catalog, stream), time.monotonic()
-            for table in tables:
-                if table.id not in progress:
-                    progress[table.id] = _first_version(table, catalog, args.start_us)
-        seals = catalog.latest_seals(progress)
+        watch.tables()
+        tables = watch.current
+        seals = catalog.latest_seals(watch.progress)
         beat_due = time.monotonic() - quiet_since >= args.heartbeat_ms / 1000
         if _must_seal(tables, seals, partition, end, beat_due):
-            seals, _ = seal(catalog, tables)
+            sealed, _ = seal(catalog, tables)
+            seals = {**seals, **sealed}
         # Read after the seals: a split or merge ends partitions in its seal's catalog
-        # transaction, so this list knows every end the seals imply.
+        # transaction, so this list knows every end the seals imply (and an ALTER its
+        # moment, so the history read after them is final up to their heartbeats).
         partitions = catalog.list_partitions(stream.uid)
         partition = next((p for p in partitions if p.token == args.token), None)
         if partition is None:
             raise _gone(stream)
+        if watch.changed():
+            continue  # seal the tables it watches now first
         upto = min((seals[t.id].heartbeat_us for t in tables), default=clock())
         limit = upto
         if partition.end_us is not None:
@@ -333,15 +394,12 @@ def read(
         if end is not None:
             limit = min(limit, end)
         # Version by version in timestamp order (tables merged), each built on demand.
-        found = heapq.merge(*(
-            _versions(catalog, stream, t, progress[t.id], seals[t.id].version, args.start_us,
-                      limit, progress)
-            for t in tables
-        ))  # fmt: skip
-        by_id = {t.id: t for t in tables}
-        for moment, _, table_id, version in found:
-            table = by_id[table_id]
-            built = _records(catalog, stream, table, version, moment, partitions)
+        by_id = {t.id: t for t in [*tables, *(t for t, _ in watch.past)]}
+        for moment, _, table_id, version in watch.found(seals, limit):
+            definition = definition_at(watch.history, moment)
+            if definition is None or not definition.watches(table_id):
+                continue  # not watched at that moment
+            built = _records(stream, definition, by_id[table_id], version, moment, partitions)
             records = built.by_token.get(partition.token, ())
             yield from records
             if records:

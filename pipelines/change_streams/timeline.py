@@ -24,11 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from catalog import Catalog, PartitionRecord, Seal, TableInfo
-from catalog.sqlite_change_streams import Repartition
+from catalog.sqlite_change_streams import Repartition, SealCompute
 from flush.commit_clock import clock, commit_ts
 from flush.tables import logged_versions
 
-__all__ = ["newest_version", "seal", "timestamps"]
+__all__ = ["newest_version", "seal", "sealing", "timestamps"]
 
 #: The newest version seen per table folder, to probe the next one from.
 _NEWEST: dict[str, int] = {}
@@ -73,15 +73,10 @@ def timestamps(catalog: Catalog, table: TableInfo, after: int, to: int) -> dict[
     return found
 
 
-def seal(
-    catalog: Catalog, tables: Iterable[TableInfo], stream_uid: str | None = None,
-    repartition: Repartition | None = None,
-) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
-    """Seal ``tables`` now with one heartbeat for all: their newest versions, at this
-    process's clock, or later if an earlier seal is later or too close for the versions
-    since it (each takes a microsecond). With ``repartition``, change ``stream_uid``'s
-    partitions at that heartbeat in the same catalog write (:mod:`.partitions`). Returns
-    the seals and new partitions."""
+def sealing(tables: Iterable[TableInfo]) -> tuple[int, SealCompute]:
+    """This process's clock and how ``tables`` are sealed at it: their newest versions, at
+    that clock or later if an earlier seal is later or too close for the versions since it
+    (each takes a microsecond). The computation runs inside the catalog's write."""
     by_id = {table.id: table for table in tables}
     now = clock()
 
@@ -96,4 +91,17 @@ def seal(
                 heartbeat = max(heartbeat, last.heartbeat_us + max(0, version - last.version))
         return {table_id: Seal(version, heartbeat) for table_id, version in newest.items()}
 
-    return catalog.seal_tables(by_id, compute, stream_uid, repartition, floor_us=now)
+    return now, compute
+
+
+def seal(
+    catalog: Catalog, tables: Iterable[TableInfo], stream_uid: str | None = None,
+    repartition: Repartition | None = None,
+) -> tuple[dict[int, Seal], list[PartitionRecord]]:  # fmt: skip
+    """Seal ``tables`` now with one heartbeat for all (:func:`sealing`). With
+    ``repartition``, change ``stream_uid``'s partitions at that heartbeat in the same
+    catalog write (:mod:`.partitions`). Returns the seals and new partitions."""
+    tables = list(tables)
+    now, compute = sealing(tables)
+    return catalog.seal_tables([t.id for t in tables], compute, stream_uid, repartition,
+                               floor_us=now)  # fmt: skip

@@ -121,21 +121,30 @@ def test_alter_turns_exclusions_on_and_off_and_a_resumed_read_returns_each_once(
 
     everything = [("INSERT", [1, 2]), ("UPDATE", [1, 2]), ("DELETE", [1]), ("INSERT", [3])]
     assert kinds() == everything and options() == []
+    # The exclusions apply to the changes from the ALTER on; earlier ones keep theirs.
     s.sql("ALTER CHANGE STREAM CS SET OPTIONS (exclude_insert = TRUE, exclude_delete = true)")
-    assert kinds() == [("UPDATE", [1, 2])]
+    assert kinds() == everything
     assert options() == [("exclude_delete", "BOOL", "TRUE"), ("exclude_insert", "BOOL", "TRUE")]
-    # A read resumed from where the first one ended returns the rest, once.
+    s.sql("INSERT INTO K VALUES (4, 0)")
+    s.sql("UPDATE K SET V = 2")
+    s.sql("DELETE FROM K WHERE ID = 2")
+    excluded = [*everything, ("UPDATE", [2, 3, 4])]
+    assert kinds() == excluded
+    # A read resumed from where the first one ended returns the rest, once, across ALTERs.
     first = read(s, "CS", start, partition.token, end=rfc3339(middle))
     resume = rfc3339(micros(first[-1]["heartbeat_record"]["timestamp"]) + 1)
     s.sql("ALTER CHANGE STREAM CS SET OPTIONS (exclude_insert = false, retention_period = '2d')")
+    s.sql("INSERT INTO K VALUES (5, 0)")
+    s.sql("DELETE FROM K WHERE ID = 5")
     assert kinds(start, rfc3339(middle)) + kinds(resume) == kinds() == [
-        ("INSERT", [1, 2]), ("UPDATE", [1, 2]), ("INSERT", [3])]  # fmt: skip
+        *excluded, ("INSERT", [5])]  # fmt: skip
     assert options() == [("exclude_delete", "BOOL", "TRUE"), ("exclude_insert", "BOOL", "FALSE")]
     shown = s.sql("SHOW CHANGE STREAMS LIKE 'CS'").collect()[0]
     assert (shown["exclude_insert"], shown["exclude_delete"], shown["retention_period"]) == (
         False, True, "2d")  # fmt: skip
     s.sql("ALTER CHANGE STREAM CS SET OPTIONS (exclude_delete = false)")
-    assert kinds() == everything
+    s.sql("DELETE FROM K WHERE ID = 4")
+    assert kinds() == [*excluded, ("INSERT", [5]), ("DELETE", [4])]
 
 
 @pytest.mark.parametrize(("options", "fragments"), [

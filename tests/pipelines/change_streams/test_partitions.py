@@ -446,9 +446,6 @@ def test_heartbeat_bounds_stream_names_and_tokens(watched):
 
 
 # Known gap (strict: a fix makes it pass, and then the marker goes)
-@pytest.mark.xfail(strict=True, reason="the catalog keeps no moment a table joined a stream: "
-                   "an open read keeps the tables it started with, a new read returns the "
-                   "table's changes from before it was watched")  # fmt: skip
 def test_a_table_added_to_the_stream_reports_its_changes_from_then_on(watched):
     s, token = watched
     s.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")

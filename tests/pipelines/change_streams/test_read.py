@@ -683,8 +683,6 @@ def test_compaction_is_no_record(watched, spark):
 
 
 # Known gaps (strict: a fix makes these pass, and then the marker goes)
-@pytest.mark.xfail(strict=True, reason="records take the stream's value capture type at "
-                   "the read, not the one of when the change was captured")  # fmt: skip
 def test_a_record_keeps_the_value_capture_type_of_its_change(watched):
     s, token = watched
     start = now()
