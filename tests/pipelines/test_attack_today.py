@@ -35,13 +35,13 @@ class _CountingParser:
         self.real = jspark.sessionState().sqlParser()
         self.calls = 0
 
-    def sessionState(self):  # noqa: N802 (the JVM's name)
+    def sessionState(self):  # (the JVM object's names)
         return self
 
-    def sqlParser(self):  # noqa: N802
+    def sqlParser(self):
         return self
 
-    def parsePlan(self, text):  # noqa: N802
+    def parsePlan(self, text):
         self.calls += 1
         return self.real.parsePlan(text)
 
@@ -155,6 +155,17 @@ def test_streams_view_of_a_new_warehouse_is_empty(tmp_path, spark):
         assert fresh.sql("SELECT STREAM_NAME FROM INFORMATION_SCHEMA.STREAMS").collect() == []
     finally:
         fresh.close()
+
+
+@pytest.mark.xfail(strict=True, reason="'2026-12-01 10:00:00.000 -0800', the form Snowflake "
+                   "prints a TIMESTAMP_LTZ/TZ in (fraction, a space, the offset), is refused as "
+                   "'takes a timestamp as a string', while '2026-12-01 10:00:00 -0800' (no "
+                   "fraction) is read: Python's fromisoformat quirk decides")  # fmt: skip
+def test_refresh_data_timestamp_start_reads_snowflakes_printed_form(session):
+    session.sql("SELECT NAME FROM TABLE(DYNAMIC_TABLES("
+                "REFRESH_DATA_TIMESTAMP_START => '2026-12-01 10:00:00 -0800'))").collect()  # fmt: skip
+    session.sql("SELECT NAME FROM TABLE(DYNAMIC_TABLES("
+                "REFRESH_DATA_TIMESTAMP_START => '2026-12-01 10:00:00.000 -0800'))").collect()  # fmt: skip
 
 
 # --- The dynamic table header ----------------------------------------------------------
