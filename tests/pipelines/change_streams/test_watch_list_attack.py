@@ -128,3 +128,23 @@ def test_records_under_lists_parse_as_the_sdk_reader_parses_them(session):
     assert seen == [("NK_KEYS", "INSERT", {}), ("NK_KEYS", "DELETE", {}),
                     ("NK_ROW", "INSERT", {"W": "b"}), ("NK_ROW", "UPDATE", {"W": "d"}),
                     ("NK_ROW", "DELETE", {})]  # fmt: skip
+
+
+@pytest.mark.xfail(strict=True, reason="after CREATE OR REPLACE TABLE of a watched table, a "
+                   "read from before the replace returns nothing: the INSERT committed (and "
+                   "returned) before it, well within the retention period, is gone for a "
+                   "reader that had not caught up")  # fmt: skip
+def test_records_committed_before_a_replace_stay_readable_within_retention(session):
+    """The stream stops watching the replaced table (docs), but what it recorded of that
+    table before stays readable for the retention period, as Spanner keeps every record
+    of its retention period (a reader resuming from before the replace must not lose a
+    committed change)."""
+    s = session
+    s.sql("USE SCHEMA DB.PUBLIC")
+    s.sql("CREATE TABLE RP (ID NUMBER PRIMARY KEY, V NUMBER)")
+    s.sql("CREATE CHANGE STREAM RPS FOR RP(V)")
+    s.sql("INSERT INTO RP VALUES (1, 10)")
+    before = mods(s, "RPS")
+    assert before == [("INSERT", {"ID": 1}, {"V": 10}, {})]
+    s.sql("CREATE OR REPLACE TABLE RP (ID NUMBER PRIMARY KEY, V NUMBER)")
+    assert mods(s, "RPS") == before
