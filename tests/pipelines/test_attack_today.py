@@ -46,10 +46,6 @@ class _CountingParser:
         return self.real.parsePlan(text)
 
 
-@pytest.mark.xfail(strict=True, reason="one full Spark parse per VARCHAR: 25 VARCHARs cost 26 "
-                   "parses of the whole text, so time grows with n x length (measured: 200 "
-                   "casts 50 s, 800 casts 171 s against 2-3 s for STRING); a 1,000,000-"
-                   "character statement of ~55,000 x::VARCHAR holds the worker for hours")  # fmt: skip
 def test_varchar_types_are_found_in_a_bounded_number_of_parses(spark):
     """Every VARCHAR without a length should be made STRING in a few parses (the parser
     names one position per error, but the text can be scanned for the others), not one

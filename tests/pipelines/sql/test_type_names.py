@@ -52,3 +52,15 @@ def test_char_without_a_length_and_other_parse_errors_stay_spark_errors(session)
         session.sql("SELECT CAST(1 AS CHAR) AS C")
     with pytest.raises(SqlError, match="PARSE_SYNTAX_ERROR"):
         session.sql("SELECT CAST(1 AS VARCHAR FROM T")
+
+
+def test_past_the_reparse_limit_spark_error_stands(session):
+    """VARCHARs the scan cannot place (here after an expression with a call) cost a parse
+    each: past MAX_REPARSES the statement gets Spark's error, which names the fix."""
+    from pipelines.sql.type_names import MAX_REPARSES
+
+    casts = ", ".join(f"CAST(abs({i}) AS VARCHAR) AS C{i}" for i in range(MAX_REPARSES + 1))
+    with pytest.raises(SqlError, match="DATATYPE_MISSING_SIZE"):
+        session.sql(f"SELECT {casts}")
+    fewer = ", ".join(f"CAST(abs({i}) AS VARCHAR) AS C{i}" for i in range(MAX_REPARSES - 1))
+    assert session.sql(f"SELECT {fewer}").collect()[0][0] == "0"
