@@ -22,6 +22,7 @@ from catalog import ChangeStreamRecord
 from ingest_sdk.schema import quote_identifier
 from pipelines.change_streams.definition import retention_text
 from pipelines.errors import ObjectNotFoundError
+from pipelines.sql.statements import DEFAULT_DATABASE
 from pipelines.sql.statements import INFORMATION_SCHEMA as SCHEMA
 
 if TYPE_CHECKING:
@@ -124,14 +125,16 @@ def view_frame(session: StatementContext, database: str, name: str) -> DataFrame
     Raises:
         ObjectNotFoundError: no such view, naming those there are.
     """
-    found = VIEWS.get(name.upper())
+    found = VIEWS.get(name)  # (as stored: an unquoted name comes upper-cased, a quoted exact)
     if found is None:
         raise ObjectNotFoundError(
             f"{database}.{SCHEMA}.{name[:80]} does not exist; {SCHEMA} holds "
             f"{', '.join(sorted(VIEWS))}"
         )
+    columns, rows = found
     if session.catalog.get_database(database) is None:
+        if database == DEFAULT_DATABASE:  # there before its first table, as SHOW says
+            return session.spark.createDataFrame([], columns)
         raise ObjectNotFoundError(f"database {quote_identifier(database)} does not exist; "
                                   "SHOW DATABASES lists them")  # fmt: skip
-    columns, rows = found
     return session.spark.createDataFrame(rows(session, database), columns)

@@ -134,15 +134,24 @@ def _table_function(table: exp.Table) -> tuple[exp.Anonymous, str | None] | None
 
 def _refuse_uncalled(name: exp.Column) -> None:
     """``TABLE(<built-in>)`` without the call's parentheses, or ``TABLE(INFORMATION_SCHEMA.
-    <view>)``: the form to write (Spark would answer UNRESOLVED_COLUMN)."""
-    written = name.sql(dialect="spark")
-    qualifier = name.args.get("table")
+    <view>)``: the form to write (Spark would answer UNRESOLVED_COLUMN). The form is built
+    from the names, not the text (a comment inside stays out of it)."""
+    parts = [part for part in (name.args.get(k) for k in ("catalog", "db", "table", "this"))
+             if isinstance(part, exp.Identifier)]  # fmt: skip
+    written = ".".join(quote_identifier(p.name) if p.quoted else p.name for p in parts)
+    qualifier = parts[-2] if len(parts) > 1 else None
+    in_schema = qualifier is not None and _information_schema(qualifier) is not None
     if name.name.upper() in TABLE_FUNCTIONS:
+        call = written
+        if qualifier is not None and not in_schema:  # DB.PUBLIC.F: F lives in INFORMATION_SCHEMA
+            call = ".".join([*([written.split(".")[0]] if len(parts) > 2 else []),
+                             INFORMATION_SCHEMA, parts[-1].name])  # fmt: skip
         raise SqlError(f"TABLE({written}) names the table function without calling it: "
-                       f"write TABLE({written}())", "SQL_COMPILATION_ERROR")  # fmt: skip
-    if isinstance(qualifier, exp.Identifier) and _information_schema(qualifier) is not None:
-        raise SqlError(f"{written} is a view, not a table function: write SELECT ... FROM "
-                       f"{written}, without TABLE(...)", "SQL_COMPILATION_ERROR")  # fmt: skip
+                       f"write TABLE({call}())", "SQL_COMPILATION_ERROR")  # fmt: skip
+    if in_schema:
+        raise SqlError(f"{written} is not a table function; the names of "
+                       f"{INFORMATION_SCHEMA} are read as tables: write SELECT ... FROM "
+                       f"{written}", "SQL_COMPILATION_ERROR")  # fmt: skip
 
 
 def _information_schema(node: exp.Expression) -> str | None:

@@ -113,7 +113,7 @@ def test_table_function_with_comments_and_case_between_its_tokens(session):
         ("SELECT * FROM TABLE( dynamic_tables )", "write TABLE(dynamic_tables())"),
         ("SELECT * FROM TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_GRAPH_HISTORY)",
          "write TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLE_GRAPH_HISTORY())"),
-        ("SELECT * FROM TABLE(DB.INFORMATION_SCHEMA.STREAMS)", "is a view, not a table function"),
+        ("SELECT * FROM TABLE(DB.INFORMATION_SCHEMA.STREAMS)", "is not a table function"),
     ],
 )  # fmt: skip
 def test_uncalled_table_forms_name_the_form_to_write(session, text, fragment):
@@ -122,18 +122,12 @@ def test_uncalled_table_forms_name_the_form_to_write(session, text, fragment):
     assert fragment in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason="the hint for TABLE(DYNAMIC_TABLES -- note<newline>) "
-                   "is 'write TABLE(DYNAMIC_TABLES /* note */())': sqlglot's rewrite of the "
-                   "user's comment is pasted between the name and its parentheses")  # fmt: skip
 def test_the_uncalled_hint_does_not_carry_a_comment_into_the_call(session):
     with pytest.raises(SqlError) as caught:
         session.sql("SELECT * FROM TABLE(DYNAMIC_TABLES -- note\n)")
     assert "write TABLE(DYNAMIC_TABLES())" in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason="TABLE(DB.PUBLIC.DYNAMIC_TABLES) is answered 'write "
-                   "TABLE(DB.PUBLIC.DYNAMIC_TABLES())', and that form is refused: 'the function "
-                   "DB.PUBLIC.DYNAMIC_TABLES is not a built-in SQL function'")  # fmt: skip
 def test_the_uncalled_hint_is_a_form_that_runs(session):
     with pytest.raises(SqlError) as caught:
         session.sql("SELECT * FROM TABLE(DB.PUBLIC.DYNAMIC_TABLES)")
@@ -141,18 +135,12 @@ def test_the_uncalled_hint_is_a_form_that_runs(session):
     session.sql(f"SELECT NAME FROM {hinted}").collect()
 
 
-@pytest.mark.xfail(strict=True, reason="TABLE(INFORMATION_SCHEMA.NOPE) is answered 'INFORMATION"
-                   "_SCHEMA.NOPE is a view, not a table function: write SELECT ... FROM "
-                   "INFORMATION_SCHEMA.NOPE', a view that does not exist")  # fmt: skip
 def test_an_unknown_information_schema_name_is_not_called_a_view(session):
     with pytest.raises(SqlError) as caught:
         session.sql("SELECT * FROM TABLE(INFORMATION_SCHEMA.NOPE)")
     assert "is a view" not in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason='INFORMATION_SCHEMA."streams" (quoted, lower case) reads '
-                   "the STREAMS view, though a quoted name is exact (docs/pipelines.md) and "
-                   "Snowflake answers that it does not exist")  # fmt: skip
 def test_a_quoted_view_name_of_information_schema_is_exact(session):
     with pytest.raises(SqlError, match="does not exist"):
         session.sql('SELECT * FROM INFORMATION_SCHEMA."streams"').collect()
@@ -161,10 +149,6 @@ def test_a_quoted_view_name_of_information_schema_is_exact(session):
 # --- INFORMATION_SCHEMA views on a new warehouse ---------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="on a warehouse with no table yet, SELECT * FROM "
-                   "INFORMATION_SCHEMA.STREAMS (and CHANGE_STREAMS) raises ObjectNotFoundError "
-                   "'database DB does not exist' while SHOW STREAMS answers no rows and "
-                   "TABLE(INFORMATION_SCHEMA.DYNAMIC_TABLES()) an empty table")  # fmt: skip
 def test_streams_view_of_a_new_warehouse_is_empty(tmp_path, spark):
     """A monitoring query (docs/pipelines.md: ``... FROM INFORMATION_SCHEMA.STREAMS WHERE
     NOT STALE``) run before the first table should answer no rows, as SHOW STREAMS does,
