@@ -35,9 +35,9 @@ _NAME = re.compile(NAME)
 _STRING = r"'(?:[^']|'')*'"
 #: One well-formed option, as the CREATE header reads it.
 _OPTION = re.compile(
-    rf"(?:\s+|(?<='))[A-Za-z_]+\s*=\s*(?:{_STRING}|[A-Za-z_][A-Za-z0-9_$]*(?![\w$']))", _FLAGS
+    rf"(?:\s+|(?<=[\'\"]))[A-Za-z_]+\s*=\s*(?:{_STRING}|[A-Za-z_][A-Za-z0-9_$]*(?![\w$']))", _FLAGS
 )
-_AS = re.compile(r"(?:\s+|(?<='))AS(?=[\s(])\s*\S", _FLAGS)
+_AS = re.compile(r"(?:\s+|(?<=[\'\"]))AS(?=[\s(])\s*\S", _FLAGS)
 _WORD = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_$]*)?", _FLAGS)
 _EQUALS = re.compile(r"\s*=\s*", _FLAGS)
 _LAG_VALUE = re.compile(rf"(?:{_STRING}|[A-Za-z]+(?![\w$']))", _FLAGS)

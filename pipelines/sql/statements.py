@@ -40,8 +40,9 @@ _POINT = (
 #: One ``KEY = value`` option of a CREATE DYNAMIC TABLE header: a quoted string or a word.
 _OPTION = r"[A-Za-z_]+\s*=\s*(?:'(?:[^']|'')*'|[A-Za-z_][A-Za-z0-9_$]*)"
 #: What separates a header's words: spaces, or none after a closing quote (a lexer ends a
-#: string at its quote, so ``TARGET_LAG='1 minute'AS SELECT 1`` reads as in Snowflake).
-_SPACE_OR_QUOTE = r"(?:\s+|(?<='))"
+#: string or a quoted name at its quote, so ``TARGET_LAG='1 minute'AS SELECT 1`` and
+#: ``"D"TARGET_LAG = ...`` read as in Snowflake).
+_SPACE_OR_QUOTE = r"(?:\s+|(?<=['\"]))"
 _LIKE = r"(?:\s+LIKE\s+(?P<like>'(?:[^']|'')*'))?"
 #: SHOW's scope: ``IN ACCOUNT | IN DATABASE [db] | IN [SCHEMA] [[db.]schema]``.
 _IN = (r"(?:\s+IN\s+(?:ACCOUNT|(?P<scope>DATABASE|SCHEMA)"
@@ -395,19 +396,32 @@ def classify(text: str) -> Statement:
     if not isinstance(text, str) or not text.strip():
         raise SqlError("the statement is empty; send one SQL statement", "SQL_COMPILATION_ERROR")
     check_nesting(text)
+    header = blank_comments(text)
     for kind, pattern in _COMPILED:
-        match = pattern.fullmatch(text)
+        match = pattern.fullmatch(header)
         if match is not None:
-            return Statement(kind, text, match.groupdict())
+            parts = match.groupdict()
+            if parts.get("query") is not None:  # kept as written, its comments too
+                parts["query"] = text[match.start("query") : match.end("query")]
+            return Statement(kind, text, parts)
     stripped = LITERALS.sub(" ", text).lstrip().lstrip("(")
     first = re.match(r"[A-Za-z]+", stripped)
     word = "(" if text.lstrip().startswith("(") else (first.group(0) if first else "")
     query_kind = _QUERY_KINDS.get(word.upper())
     if query_kind is not None:
         return Statement(query_kind, text)
-    _raise_near_miss(text)
+    _raise_near_miss(header)
     shown = " ".join(text.split())[:80]
     raise UnsupportedStatementError(f"unsupported statement {shown!r}; supported: {SUPPORTED}")
+
+
+def blank_comments(text: str) -> str:
+    """``text`` with each comment (outside strings and quoted names) made spaces of its
+    length: a statement's header reads a comment as a space, wherever it stands, and
+    every position in it is the text's."""
+    return LITERALS.sub(
+        lambda m: " " * len(m.group(0)) if m.group(0)[:2] in ("--", "/*") else m.group(0), text
+    )
 
 
 def _raise_near_miss(text: str) -> None:

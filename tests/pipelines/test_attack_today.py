@@ -188,25 +188,17 @@ def test_a_closing_quote_ends_the_lag_before_as_or_an_option(session):
         session.sql("CREATE DYNAMIC TABLE DQ3 TARGET_LAG='1 minute'ASSELECT ID FROM T")
 
 
-@pytest.mark.xfail(strict=True, reason="a comment between the header's words is refused: "
-                   "\"cannot read the statement from '/*' on\" (Snowflake reads a comment "
-                   "wherever a space goes)")  # fmt: skip
 def test_a_comment_between_the_lag_and_as_is_a_space(session):
     session.sql("CREATE DYNAMIC TABLE DC1 TARGET_LAG = '1 minute' /* hourly later */ "
                 "AS SELECT ID FROM T")  # fmt: skip
     assert "DC1" in {r.name for r in session.sql("SHOW DYNAMIC TABLES").collect()}
 
 
-@pytest.mark.xfail(strict=True, reason="AS/* c */SELECT is refused with 'CREATE DYNAMIC TABLE "
-                   "needs a query after AS' although a query follows the comment")  # fmt: skip
 def test_a_comment_right_after_as_is_a_space(session):
     session.sql("CREATE DYNAMIC TABLE DC2 TARGET_LAG = '1 minute' AS/* c */SELECT ID FROM T")
     assert "DC2" in {r.name for r in session.sql("SHOW DYNAMIC TABLES").collect()}
 
 
-@pytest.mark.xfail(strict=True, reason="a closing double quote does not end the name as a "
-                   "closing single quote now ends the lag: CREATE DYNAMIC TABLE \"DQ4\"TARGET_LAG"
-                   " = ... is refused with \"cannot read the statement from '=' on\"")  # fmt: skip
 def test_a_closing_double_quote_ends_the_name(session):
     session.sql("CREATE DYNAMIC TABLE \"DQ4\"TARGET_LAG = '1 minute' AS SELECT ID FROM T")
     assert "DQ4" in {r.name for r in session.sql("SHOW DYNAMIC TABLES").collect()}
