@@ -23,6 +23,7 @@ __all__ = [
     "ParsedMoment",
     "days_from_civil",
     "epoch_to_nanos",
+    "moment_micros",
     "parse_moment",
     "parse_time_of_day",
     "truncate_fraction",
@@ -161,6 +162,21 @@ def parse_moment(text: str) -> ParsedMoment | None:
     has_time = match["h"] is not None
     nanos = _nanos_of_day(match) if has_time else 0
     return ParsedMoment(days, nanos, _offset_seconds(match["tz"]), year, has_time)
+
+
+def moment_micros(text: str) -> int | None:
+    """Microseconds since the epoch of a moment written as :func:`parse_moment` reads it
+    (UTC when it has no offset; Snowflake's printed ``2026-12-01 10:00:00.000 -0800``
+    too; a day alone is its midnight); None when it is not one.
+
+    Raises:
+        InvalidValueError: the layout matches but the date or time does not exist.
+    """
+    parsed = parse_moment(text.strip())
+    if parsed is None:
+        return None
+    local = parsed.days * 86_400_000_000 + parsed.nanos_of_day // 1000
+    return local - (parsed.offset_seconds or 0) * 1_000_000
 
 
 def parse_time_of_day(text: str) -> int | None:

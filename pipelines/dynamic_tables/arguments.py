@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
 from catalog import TableInfo, did_you_mean, full_name
+from ingest_sdk.errors import InvalidValueError
+from ingest_sdk.temporal import moment_micros
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import NAME, qualified, split_name
 
@@ -100,17 +101,15 @@ def timestamp_us(value: exp.Expression, function: str, key: str) -> int:
     offset), as ``AT(TIMESTAMP => ...)`` reads one; microseconds since the epoch."""
     written = value.name if isinstance(value, exp.Literal) and value.is_string else None
     try:
-        moment = datetime.fromisoformat(written.strip()) if written is not None else None
-    except ValueError:
-        moment = None
-    if moment is None:
+        micros = moment_micros(written) if written is not None else None
+    except InvalidValueError:
+        micros = None
+    if micros is None:
         raise SqlError(f"{function}: {key} takes a timestamp as a string, e.g. {key} => "
                        "'2026-12-01 10:00:00' (UTC unless it has an offset); an expression "
                        "such as DATEADD(...) is not evaluated here: write the moment it "
                        "gives", _CODE)  # fmt: skip
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return micros
 
 
 def dynamic_table(

@@ -164,10 +164,6 @@ def test_streams_view_of_a_new_warehouse_is_empty(tmp_path, spark):
         fresh.close()
 
 
-@pytest.mark.xfail(strict=True, reason="'2026-12-01 10:00:00.000 -0800', the form Snowflake "
-                   "prints a TIMESTAMP_LTZ/TZ in (fraction, a space, the offset), is refused as "
-                   "'takes a timestamp as a string', while '2026-12-01 10:00:00 -0800' (no "
-                   "fraction) is read: Python's fromisoformat quirk decides")  # fmt: skip
 def test_refresh_data_timestamp_start_reads_snowflakes_printed_form(session):
     session.sql("SELECT NAME FROM TABLE(DYNAMIC_TABLES("
                 "REFRESH_DATA_TIMESTAMP_START => '2026-12-01 10:00:00 -0800'))").collect()  # fmt: skip
