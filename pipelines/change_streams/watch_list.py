@@ -75,7 +75,7 @@ def _columns(table: TableInfo, text: str) -> tuple[str, ...]:
             raise _compile_error(
                 f"{quote_identifier(name)} in {where} is a primary key column: every record's "
                 "keys carry the key columns, so a column list names only other columns (as in "
-                f"Spanner); write {table.name}() to watch the keys only"
+                f"Spanner); write {table.full_name}() to watch the keys only"
             )
         if name not in known:
             close = close_names(name, known)

@@ -143,7 +143,7 @@ _MANY = ", ".join(f"C{i}" for i in range(10_000))
     ('CREATE CHANGE STREAM X FOR A("NO)N") ', "SQL_COMPILATION_ERROR",
      ('column "NO)N" in the column list of DB.PUBLIC.A does not exist;',)),
     ("CREATE CHANGE STREAM X FOR A(ID)", "SQL_COMPILATION_ERROR",
-     ("ID in the column list of DB.PUBLIC.A is a primary key column", "write A()")),
+     ("ID in the column list of DB.PUBLIC.A is a primary key column", "write DB.PUBLIC.A()")),
     ("CREATE CHANGE STREAM X FOR N(_INGEST_ROW_ID)", "SQL_COMPILATION_ERROR",
      ("is the hidden row id", "METADATA$ROW_ID")),
     ("CREATE CHANGE STREAM X FOR N(METADATA$ROW_ID)", "SQL_COMPILATION_ERROR",

@@ -89,9 +89,6 @@ def test_a_list_dropping_updates_keeps_the_transactions_counts_true(session):
         (1, 1)]  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="the hint names the table unqualified and unquoted: "
-                   "for S2.\"Ord\"(K) it says 'write Ord() to watch the keys only', which "
-                   "names ORD of the current schema, another table (or none)")  # fmt: skip
 def test_the_primary_key_hint_names_the_table_as_it_must_be_written(session):
     s = session
     s.sql("CREATE SCHEMA IF NOT EXISTS DB.S2")
