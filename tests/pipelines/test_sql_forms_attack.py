@@ -1,4 +1,4 @@
-"""Attack of the day's SQL work: VARCHAR without a length, the TABLE(...) forms of our
+"""Attack of the SQL forms Snowflake users type: VARCHAR without a length, the TABLE(...) forms of our
 functions and views, DYNAMIC_TABLES(), the STREAMS view and the dynamic table header
 whose closing quote ends a word.
 
