@@ -1,5 +1,5 @@
-"""Attack of the SQL forms Snowflake users type: VARCHAR without a length, the TABLE(...) forms of our
-functions and views, DYNAMIC_TABLES(), the STREAMS view and the dynamic table header
+"""Attack of the SQL forms Snowflake users type: VARCHAR without a length, the TABLE(...)
+forms of our functions and views, DYNAMIC_TABLES(), the STREAMS view and the dynamic table header
 whose closing quote ends a word.
 
 Strict xfails are defects found (each says what is observed and what should happen);
