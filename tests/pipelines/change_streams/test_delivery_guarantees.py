@@ -24,6 +24,7 @@ from pipelines.change_streams.partitions import merge, open_partitions, split
 from pipelines.change_streams.read import ReadArgs, read_args
 from pipelines.change_streams.read import read as read_records
 from pipelines.change_streams.records import key_hash, rfc3339
+from tests.pipelines.change_streams.test_exclusions import assert_numbered, by_transaction
 from tests.pipelines.change_streams.test_read import (
     changes,
     created,
@@ -145,21 +146,9 @@ def test_a_transaction_over_many_partitions_numbers_its_records(session):
     s.sql("INSERT INTO K SELECT id, id FROM range(3000)")
     s.sql("UPDATE K SET V = V + 1 WHERE ID % 3 = 0")
     tree = read_tree(s, "CS", created(s, "CS"))
-    by_tx: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for token, records in tree.items():
-        for c in changes(records):
-            by_tx.setdefault(c["server_transaction_id"], []).append((token, c))
+    by_tx = by_transaction(tree)
     assert len(by_tx) == 2
-    for found in by_tx.values():
-        seqs = sorted(int(c["record_sequence"]) for _, c in found)
-        assert seqs == list(range(len(found)))
-        assert {c["number_of_records_in_transaction"] for _, c in found} == {len(found)}
-        tokens = {t for t, _ in found}
-        assert {c["number_of_partitions_in_transaction"] for _, c in found} == {len(tokens)}
-        for token in tokens:
-            mine = sorted((int(c["record_sequence"]), c) for t, c in found if t == token)
-            flags = [c["is_last_record_in_transaction_in_partition"] for _, c in mine]
-            assert flags == [False] * (len(flags) - 1) + [True]
+    assert_numbered(tree)
     total = sum(len(c["mods"]) for f in by_tx.values() for _, c in f)
     assert total == 3000 + 1000
 
