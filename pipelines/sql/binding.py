@@ -138,14 +138,14 @@ def _refuse_uncalled(name: exp.Column) -> None:
     from the names, not the text (a comment inside stays out of it)."""
     parts = [part for part in (name.args.get(k) for k in ("catalog", "db", "table", "this"))
              if isinstance(part, exp.Identifier)]  # fmt: skip
-    written = ".".join(quote_identifier(p.name) if p.quoted else p.name for p in parts)
+    shown = [quote_identifier(p.name) if p.quoted else p.name for p in parts]
+    written = ".".join(shown)
     qualifier = parts[-2] if len(parts) > 1 else None
     in_schema = qualifier is not None and _information_schema(qualifier) is not None
     if name.name.upper() in TABLE_FUNCTIONS:
         call = written
         if qualifier is not None and not in_schema:  # DB.PUBLIC.F: F lives in INFORMATION_SCHEMA
-            call = ".".join([*([written.split(".")[0]] if len(parts) > 2 else []),
-                             INFORMATION_SCHEMA, parts[-1].name])  # fmt: skip
+            call = ".".join([*shown[:-2][-1:], INFORMATION_SCHEMA, shown[-1]])
         raise SqlError(f"TABLE({written}) names the table function without calling it: "
                        f"write TABLE({call}())", "SQL_COMPILATION_ERROR")  # fmt: skip
     if in_schema:
