@@ -168,3 +168,21 @@ def client_factory():
     for client in made:
         with contextlib.suppress(Exception):
             client.close()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """The seconds each of the costliest files took (setup, calls and teardown), printed
+    last: a CI log keeps its tail, where pytest's own ``--durations`` list is cut off."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(getattr(report, "duration", None), float) and hasattr(report, "when"):
+                path = report.nodeid.split("::")[0]
+                seconds[path] = seconds.get(path, 0.0) + report.duration
+    if not seconds:
+        return
+    costliest = sorted(seconds.items(), key=lambda item: -item[1])[:15]
+    terminalreporter.write_sep("-", f"worker-seconds: {sum(seconds.values()):.0f} in all; the costliest files")
+    for path, spent in costliest:
+        terminalreporter.write_line(f"{spent:8.0f}  {path}")
