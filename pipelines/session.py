@@ -379,17 +379,19 @@ class Session:
         return version
 
     def _version_at(self, info: TableInfo, text: str, strictly_before: bool) -> int:
-        from datetime import UTC, datetime, timedelta
+        from ingest_sdk.errors import InvalidValueError
+        from ingest_sdk.temporal import moment_micros
 
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            raise SqlError(f"cannot read the timestamp {text!r}; write 'YYYY-MM-DD HH:MM:SS'",
+        try:  # the one reading of moments in statements, options and arguments
+            micros = moment_micros(text)
+        except InvalidValueError as error:
+            raise SqlError(f"cannot read the timestamp {text!r}: {error}",
                            "SQL_COMPILATION_ERROR") from None  # fmt: skip
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
+        if micros is None:
+            raise SqlError(f"cannot read the timestamp {text!r}; write 'YYYY-MM-DD HH:MM:SS' "
+                           "(UTC unless it ends with an offset such as +01:00)",
+                           "SQL_COMPILATION_ERROR")  # fmt: skip
         # The commits' monotonic stamps (flush.commit_clock), not the writers' clocks.
-        micros = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
         found = version_at(info.uri, micros, strictly_before)
         if found is None:
             raise SqlError(f"{info.full_name} has no version at or before {text}",

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -30,6 +30,8 @@ from catalog import (
 )
 from flush.commit_clock import clock, commit_info, version_at
 from ingest_sdk.change_records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord
+from ingest_sdk.errors import InvalidValueError
+from ingest_sdk.temporal import moment_micros
 from pipelines.change_streams.history import definition_at, read_tables, tables_of
 from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
 from pipelines.change_streams.records import version_records as build_records
@@ -70,8 +72,9 @@ class ReadArgs:
 
 
 #: Moments a read may name (µs): the calendar's, a day inside its ends in every zone.
-_EARLIEST_US = int(datetime(1, 1, 2, tzinfo=UTC).timestamp() * 1_000_000)
-_LATEST_US = int(datetime(9999, 12, 30, tzinfo=UTC).timestamp() * 1_000_000)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EARLIEST_US = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_LATEST_US = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
 
 
 def _micros(name: str, value: Any) -> int | None:
@@ -79,20 +82,25 @@ def _micros(name: str, value: Any) -> int | None:
         return None
     if isinstance(value, datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-        micros = int(moment.timestamp() * 1_000_000)
+        micros = (moment - _EPOCH) // timedelta(microseconds=1)
         if not _EARLIEST_US <= micros <= _LATEST_US:
             raise _error(f"{name} {moment.isoformat()[:40]} is outside the calendar; give a "
                          "moment within the stream's retention period")  # fmt: skip
         return micros
     if isinstance(value, str) and value.strip().upper() != "NULL":
-        text = value.strip().replace(" ", "T", 1)
         try:
-            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            raise _error(f"{name} {value[:60]!r} is not a timestamp; write it as "
-                         "'2026-01-31T12:00:00Z' (RFC 3339, UTC unless an offset is given)"
-                         ) from None  # fmt: skip
-        return _micros(name, moment)
+            parsed = moment_micros(value)
+        except InvalidValueError as error:
+            raise _error(f"{name} {value[:60]!r} is not a timestamp: {error}") from None
+        if parsed is None:
+            raise _error(
+                f"{name} {value[:60]!r} is not a timestamp; write it as "
+                "'2026-01-31T12:00:00Z' (RFC 3339, UTC unless an offset is given)"
+            )
+        if not _EARLIEST_US <= parsed <= _LATEST_US:
+            raise _error(f"{name} {value[:40]!r} is outside the calendar; give a moment "
+                         "within the stream's retention period")  # fmt: skip
+        return parsed
     if isinstance(value, str):
         return None
     raise _error(f"{name} must be a timestamp such as '2026-01-31T12:00:00Z'")

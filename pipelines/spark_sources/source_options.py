@@ -20,11 +20,12 @@ import contextlib
 import re
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from catalog import SqliteCatalog, TableInfo, did_you_mean
-from ingest_sdk.errors import IngestError
+from ingest_sdk.errors import IngestError, InvalidValueError
+from ingest_sdk.temporal import moment_micros
 from pipelines import errors
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, SqlError
 from pipelines.sql.statements import NAME, qualified, split_name
@@ -34,6 +35,7 @@ __all__ = ["SourceOptions", "is_warehouse", "source_errors"]
 CATALOG_FILE = "catalog.sqlite"
 #: The last line of a worker's traceback when one of our errors ended it: Python's own
 #: ``module.Class: message`` (also what Spark shows with its traceback hidden).
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _RAISED = re.compile(r"\bpipelines\.errors\.(?P<kind>[A-Za-z]+Error): (?P<message>[^\n]*)")
 
 
@@ -136,18 +138,18 @@ class SourceOptions:
         return int(text)
 
     def timestamp(self, name: str) -> datetime | None:
-        """An optional ISO timestamp option (UTC unless it names a zone)."""
+        """An optional timestamp option (UTC unless it names an offset)."""
         value = self.get(name)
         if value is None:
             return None
-        try:
-            moment = datetime.fromisoformat(value.strip())
-        except ValueError:
-            raise InvalidOptionError(
-                f"{self.source}: cannot read the option {name}={value[:40]!r} as a timestamp; "
-                "write 'YYYY-MM-DD HH:MM:SS' (UTC) or an ISO timestamp with a zone"
-            ) from None
-        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+        with contextlib.suppress(InvalidValueError, OverflowError):  # not one; before year 1
+            micros = moment_micros(value)  # as statements and change stream reads read it
+            if micros is not None:
+                return _EPOCH + timedelta(microseconds=micros)
+        raise InvalidOptionError(
+            f"{self.source}: cannot read the option {name}={value[:40]!r} as a timestamp; "
+            "write 'YYYY-MM-DD HH:MM:SS' (UTC) or a timestamp with an offset (+01:00)"
+        )
 
     def warehouse(self) -> Path:
         """The warehouse folder; it must hold the service's catalog (checked read-only:
