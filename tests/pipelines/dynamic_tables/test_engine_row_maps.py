@@ -22,18 +22,20 @@ ROWS = [
     "(2, 'b', '[]', '{}')",
     "(3, 'a', NULL, NULL)",
     """(4, NULL, '[null, 5]', '{"z": null}')""",
+    """(7, 'a', '[1, 2, 2]', '{"x": 1, "y": 2}')""",  # 1's collections, updated below
+    """(8, 'c', '[7]', '{"x": 7}')""",
+    "(9, 'b', '[3, 3]', '{}')",
 ]
-#: Each step is followed by a refresh. The cases of a step touch rows of their own
-#: (inserts, deletes and updates in each; cut from six steps, then three, for time).
+#: One change, then one refresh: its cases touch rows of their own (inserts, deletes and
+#: updates of each kind; cut for time from six steps, then three, then two, to one).
 STEPS: list[str | list[str]] = [
     ["""INSERT INTO G VALUES (5, 'c', '[7]', '{"x": 7}'), (6, 'b', '[3, 3]', '{}')""",
-     "DELETE FROM G WHERE ID = 4",  # a NULL key, a NULL element
-     "UPDATE G SET K = 'z' WHERE ID = 1"],  # the collection as it was
-    # 1: one element moves, one is new; 5: to NULL; 2 and 3: from empty and NULL
-    ["UPDATE G SET A = CASE ID WHEN 1 THEN '[9, 1, 2]' WHEN 5 THEN NULL ELSE '[4]' END, "
-     """M = CASE ID WHEN 1 THEN M WHEN 5 THEN NULL ELSE '{"w": 4}' END """
-     "WHERE ID IN (1, 2, 3, 5)",
-     "DELETE FROM G WHERE ID = 6"],  # repeated elements
+     "DELETE FROM G WHERE ID IN (4, 9)",  # a NULL key, a NULL element; repeated elements
+     "UPDATE G SET K = 'z' WHERE ID = 1",  # the collection as it was
+     # 7: one element moves, one is new; 8: to NULL; 2 and 3: from empty and NULL
+     "UPDATE G SET A = CASE ID WHEN 7 THEN '[9, 1, 2]' WHEN 8 THEN NULL ELSE '[4]' END, "
+     """M = CASE ID WHEN 7 THEN M WHEN 8 THEN NULL ELSE '{"w": 4}' END """
+     "WHERE ID IN (2, 3, 7, 8)"],
 ]
 
 QUERIES = {
@@ -86,13 +88,13 @@ VALUES_ROWS = [
     "(3, 'a', 3, NULL, 'not json')",
     "(4, NULL, NULL, NULL, NULL)",
     "(5, 'c', 5, 50, '[1, 2]')",  # JSON, not an object
+    """(9, 'b', 6, 60, '{"b": "y", "a": 6}')""",
 ]
-VALUES_STEPS = [  # 8: a field that is an object (inserts, updates and deletes in two steps)
+VALUES_STEPS = [  # 8: a field that is an object (inserts, updates and deletes in one step)
     ["""INSERT INTO S VALUES (6, 'b', 6, 60, '{"b": "y", "a": 6}'), (7, 'c', 7, 70, '{"a": 7'), """
      """(8, 'a', 8, 80, '{"a": {"n": [1]}, "b": 8}')""",
-     "DELETE FROM S WHERE ID = 4"],
-    ["""UPDATE S SET J = '{"a": 2, "b": "z"}', X = 2 WHERE ID = 2""",
-     "DELETE FROM S WHERE ID = 6"],
+     "DELETE FROM S WHERE ID IN (4, 9)",
+     """UPDATE S SET J = '{"a": 2, "b": "z"}', X = 2 WHERE ID = 2"""],
 ]
 VALUES_QUERIES = {
     "stack": "SELECT ID, P, V FROM S LATERAL VIEW stack(3, 'x', X, 'y', Y, 'xy', X + Y) t AS P, V",

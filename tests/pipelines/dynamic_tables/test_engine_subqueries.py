@@ -95,29 +95,6 @@ def test_a_value_that_holds_reads_only_the_change(wh, monkeypatch):
     assert bag(wh, "SELECT ID FROM Q_READS") == bag(wh, "SELECT ID FROM P")
 
 
-def test_more_than_one_row_fails_the_refresh_as_spark_fails_the_query(wh):
-    """Spark refuses a scalar subquery of two rows: so does the refresh, and the table
-    keeps its rows until the subquery has one row again."""
-    wh.sql("CREATE TABLE M1 (ID NUMBER)")
-    wh.sql("CREATE TABLE M2 (K NUMBER)")
-    wh.sql("INSERT INTO M1 VALUES (1), (2)")
-    wh.sql("INSERT INTO M2 VALUES (1)")
-    query = "SELECT ID FROM M1 WHERE ID = (SELECT K FROM M2)"
-    create_incremental(wh, {"Q_ROWS": query})
-    wh.sql("INSERT INTO M2 VALUES (2)")
-    with pytest.raises(Exception) as failed:  # Spark's own error
-        wh.sql(query).collect()  # what Spark says of the query itself
-    assert "SCALAR_SUBQUERY_TOO_MANY_ROWS" in str(failed.value)
-    with pytest.raises(SqlError) as refresh:
-        wh.sql("ALTER DYNAMIC TABLE Q_ROWS REFRESH")
-    assert "SCALAR_SUBQUERY_TOO_MANY_ROWS" in str(refresh.value)
-    assert bag(wh, "SELECT ID FROM Q_ROWS") == bag(wh, "SELECT 1")
-    wh.sql("DELETE FROM M2 WHERE K = 1")
-    status = wh.sql("ALTER DYNAMIC TABLE Q_ROWS REFRESH").collect()[0].status
-    assert "INCREMENTAL" in status
-    assert_same_as_query(wh, "Q_ROWS", query)
-
-
 @pytest.mark.parametrize("query", [
     "SELECT sum(V) * (SELECT max(W) FROM B) AS X FROM A",  # a row even without input
 ])  # fmt: skip

@@ -439,8 +439,12 @@ def _check(session, stream, view, before):
     return after
 
 
+# Two examples (was three): each is slow (two streams read, consumed and checked twice, some
+# 25 s), and the shapes it draws from (the join and GROUP BY views under inserts of
+# duplicates, updates, deletes, NULL keys and updates undone) are each followed by the
+# deterministic tests above and in test_view_stream_attacks.py.
 @settings(
-    max_examples=3,
+    max_examples=2,
     deadline=None,
     derandomize=True,
     database=None,
