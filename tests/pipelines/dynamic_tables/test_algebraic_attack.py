@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 
 from flush.tables import state_columns
 from pipelines import Session
-from tests.pipelines.dynamic_tables.batched import bags
+from tests.pipelines.dynamic_tables.batched import assert_all_same_as_queries, bags
 from tests.pipelines.dynamic_tables.checks import assert_same_as_query, bag, refresh_status
 
 SOURCES = [
@@ -326,45 +326,71 @@ def test_group_by_a_literal(wh2, query):
     assert_same_as_query(wh2, "G_L", query)
 
 
-def _follow(session: Session, name: str, query: str, steps: list[str]) -> None:
-    """Create the table, then after each step: an INCREMENTAL refresh, equal to the query."""
-    session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' REFRESH_MODE = "
+#: name -> (its source's statements, its query, three steps): tables followed in step
+#: (the i-th step of each run together, one refresh each, compared in one Spark job).
+FOLLOWED = {
+    "G_EM": (
+        ["CREATE TABLE EM (ID NUMBER, V INT, D NUMBER(10, 2))"],
+        "SELECT count(*) AS N, sum(V) AS S, avg(D) AS M, count(V) AS C FROM EM",
+        ["INSERT INTO EM VALUES (1, NULL, NULL)", "INSERT INTO EM VALUES (2, 2, 2.5)",
+         "DELETE FROM EM"],
+    ),
+    "G_FK": (
+        ["CREATE TABLE FK (ID NUMBER, F DOUBLE, T TIMESTAMP, V INT)",
+         "INSERT INTO FK VALUES (1, 0.0, '2024-03-10 02:30:00', 1), "
+         "(2, -0.0, '2024-03-10 02:30:00', 2), (3, NULL, NULL, 3)"],
+        "SELECT F, T, count(*) AS N, sum(V) AS S FROM FK GROUP BY F, T",
+        ["INSERT INTO FK VALUES (4, -0.0, '2024-11-03 01:30:00', 4), "
+         "(5, 1.5, '1900-01-01 00:00:00', 5)",
+         "DELETE FROM FK WHERE ID = 1",
+         "UPDATE FK SET F = -F"],
+    ),
+    "G_SK": (
+        ["CREATE TABLE SK (ID NUMBER, K VARCHAR, BO BOOLEAN, B BIGINT)",
+         "INSERT INTO SK VALUES (1, 'a', TRUE, 1), (2, NULL, NULL, 2), (3, 'a', NULL, 3)"],
+        "SELECT to_json(named_struct('k', K, 'b', BO)) AS SK, array_join(array(K, K), "
+        "',', '~') AS AK, count(*) AS N, sum(B) AS S FROM SK GROUP BY "
+        "named_struct('k', K, 'b', BO), array(K, K)",
+        ["INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
+         "DELETE FROM SK WHERE ID IN (1, 2)", "UPDATE SK SET K = NULL"],
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def followed(wh2) -> dict[str, list]:
+    """The FOLLOWED tables created, then after each step an INCREMENTAL refresh equal
+    to the query: name -> what went otherwise."""
+    logs: dict[str, list] = {name: [] for name in FOLLOWED}
+    for name, (sources, query, _) in FOLLOWED.items():
+        for statement in sources:
+            wh2.sql(statement)
+        wh2.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' REFRESH_MODE = "
                 f"INCREMENTAL AS {query}")  # fmt: skip
-    assert_same_as_query(session, name, query)
-    for step in steps:
-        session.sql(step)
-        assert "INCREMENTAL" in refresh_status(session, name), step
-        assert_same_as_query(session, name, query)
+    tables = {name: query for name, (_, query, _) in FOLLOWED.items()}
+    for index in range(-1, 3):  # -1: as created
+        for name, (_, _, steps) in FOLLOWED.items():
+            if index >= 0:
+                wh2.sql(steps[index])
+                if "INCREMENTAL" not in (status := refresh_status(wh2, name)):
+                    logs[name].append((steps[index], status))
+        for name, (content, fresh) in bags(wh2, tables).items():
+            if content != fresh:
+                logs[name].append((index, f"only in {name}: {list((content - fresh).items())}; "
+                                          f"only in the query: {list((fresh - content).items())}"))  # fmt: skip
+    return logs
 
 
-def test_scalar_created_over_an_empty_source(wh2):
-    wh2.sql("CREATE TABLE EM (ID NUMBER, V INT, D NUMBER(10, 2))")
-    query = "SELECT count(*) AS N, sum(V) AS S, avg(D) AS M, count(V) AS C FROM EM"
-    _follow(wh2, "G_EM", query, ["INSERT INTO EM VALUES (1, NULL, NULL)",
-                                 "INSERT INTO EM VALUES (2, 2, 2.5)", "DELETE FROM EM"])
+def test_scalar_created_over_an_empty_source(followed):
+    assert followed["G_EM"] == []
 
 
-def test_float_and_timestamp_keys(wh2):
-    wh2.sql("CREATE TABLE FK (ID NUMBER, F DOUBLE, T TIMESTAMP, V INT)")
-    wh2.sql("INSERT INTO FK VALUES (1, 0.0, '2024-03-10 02:30:00', 1), "
-            "(2, -0.0, '2024-03-10 02:30:00', 2), (3, NULL, NULL, 3)")  # fmt: skip
-    query = "SELECT F, T, count(*) AS N, sum(V) AS S FROM FK GROUP BY F, T"
-    _follow(wh2, "G_FK", query, [
-        "INSERT INTO FK VALUES (4, -0.0, '2024-11-03 01:30:00', 4), "
-        "(5, 1.5, '1900-01-01 00:00:00', 5)",
-        "DELETE FROM FK WHERE ID = 1",
-        "UPDATE FK SET F = -F",
-    ])
+def test_float_and_timestamp_keys(followed):
+    assert followed["G_FK"] == []
 
 
-def test_struct_and_array_keys(wh2):
-    wh2.sql("CREATE TABLE SK (ID NUMBER, K VARCHAR, BO BOOLEAN, B BIGINT)")
-    wh2.sql("INSERT INTO SK VALUES (1, 'a', TRUE, 1), (2, NULL, NULL, 2), (3, 'a', NULL, 3)")
-    query = ("SELECT to_json(named_struct('k', K, 'b', BO)) AS SK, array_join(array(K, K), "
-             "',', '~') AS AK, count(*) AS N, sum(B) AS S FROM SK GROUP BY "
-             "named_struct('k', K, 'b', BO), array(K, K)")  # fmt: skip
-    _follow(wh2, "G_SK", query, ["INSERT INTO SK VALUES (4, NULL, TRUE, 4), (5, 'a', TRUE, 5)",
-                                 "DELETE FROM SK WHERE ID IN (1, 2)", "UPDATE SK SET K = NULL"])
+def test_struct_and_array_keys(followed):
+    assert followed["G_SK"] == []
 
 
 def test_full_refreshes_rewrite_the_state(wh2):
@@ -385,15 +411,14 @@ def test_full_refreshes_rewrite_the_state(wh2):
     for name in ("G_F1", "G_F2"):
         assert "FULL" in refresh_status(wh2, name)
         assert_same_as_query(wh2, name, query)
-    for step in (
-        "UPDATE F SET V = V + 1 WHERE ID = 2001",
-        "DELETE FROM F WHERE G = 3",
-        "INSERT INTO F VALUES (1, 3, 1, 0.001), (2, 9, NULL, NULL)",
-    ):
-        wh2.sql(step)
-        for name in ("G_F1", "G_F2"):
-            assert "INCREMENTAL" in refresh_status(wh2, name), (step, name)
-            assert_same_as_query(wh2, name, query)
+    # One small change of every kind (a group gone and back, a new one of NULLs), one
+    # refresh each: the state the FULL refreshes wrote is what they read.
+    wh2.sql("UPDATE F SET V = V + 1 WHERE ID = 2001")
+    wh2.sql("DELETE FROM F WHERE G = 3")
+    wh2.sql("INSERT INTO F VALUES (1, 3, 1, 0.001), (2, 9, NULL, NULL)")
+    for name in ("G_F1", "G_F2"):
+        assert "INCREMENTAL" in refresh_status(wh2, name), name
+    assert_all_same_as_queries(wh2, dict.fromkeys(("G_F1", "G_F2"), query), "small changes")
 
 
 def test_auto_and_full_modes_keep_correct_state(wh2):
@@ -428,14 +453,12 @@ def test_compaction_of_the_stateful_table_and_its_source(wh2):
     for name in ("G_C", "C"):
         compact_table(wh2.spark, wh2.require_table(name).uri, CompactionPolicy())
     assert _state(wh2, "G_C")
-    for step in (
-        "INSERT INTO C VALUES (30, 'a', 30)",
-        "DELETE FROM C WHERE K = 'b'",
-        "UPDATE C SET V = V * 2",
-    ):
-        wh2.sql(step)
-        assert "INCREMENTAL" in refresh_status(wh2, "G_C"), step
-        assert_same_as_query(wh2, "G_C", query)
+    # an insert, a group gone and every row updated, in one refresh of the compacted table
+    wh2.sql("INSERT INTO C VALUES (30, 'a', 30)")
+    wh2.sql("DELETE FROM C WHERE K = 'b'")
+    wh2.sql("UPDATE C SET V = V * 2")
+    assert "INCREMENTAL" in refresh_status(wh2, "G_C")
+    assert_same_as_query(wh2, "G_C", query)
 
 
 @pytest.mark.parametrize("replacement", [

@@ -9,7 +9,7 @@ query run fresh (every table of a round in one Spark job). Every refresh after t
 first is INCREMENTAL or NO_DATA (never a silent FULL), and every table's row ids stay
 unique. One warehouse serves every example, each going on from the state the last one
 left: an explicit example of one round holding every kind of change on both tables,
-then two generated ones (seeded).
+then one generated one (seeded; each round refreshes every table).
 """
 
 from __future__ import annotations
@@ -131,8 +131,12 @@ EVERY_KIND = [
 ]
 
 
+#: One generated example besides the explicit one (two, before: each round refreshes
+#: every definition, a minute here; the seeded examples this small draw a few inserts and
+#: updates the explicit one holds too, and the shapes meet every kind of change one by
+#: one in the other engine tests, test_engine_attack.py and test_engine_*.py).
 @settings(
-    max_examples=2,
+    max_examples=1,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
