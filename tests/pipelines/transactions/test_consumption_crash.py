@@ -100,12 +100,16 @@ class Child:
     err: Path
 
     @classmethod
-    def start(cls, warehouse: Path, body: str, failpoints: str = "", name: str = "child"):
+    def start(
+        cls, warehouse: Path, body: str, failpoints: str = "", name: str = "child",
+        out_dir: Path | None = None,
+    ):  # fmt: skip
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_MASTER": "local[2]"}
         env.pop("INGEST_FAILPOINTS", None)
         if failpoints:
             env["INGEST_FAILPOINTS"] = failpoints
-        out, err = warehouse.parent / f"{name}.out", warehouse.parent / f"{name}.err"
+        out_dir = out_dir or warehouse.parent
+        out, err = out_dir / f"{name}.out", out_dir / f"{name}.err"
         with out.open("w") as stdout, err.open("w") as stderr:
             proc = subprocess.Popen(
                 [sys.executable, "-c", child_script(warehouse, body)],
