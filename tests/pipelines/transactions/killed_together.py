@@ -7,9 +7,10 @@ opens a Session on each scenario's warehouse (one Spark), runs each scenario's b
 on a thread named after it, and holds each thread at the failpoint the first time it
 reaches it, until every thread is there; then the product's own failpoint
 (``INGEST_FAILPOINTS=<point>=kill``) SIGKILLs the process, so every warehouse is left
-as a process killed at that point leaves it (no thread of it runs on). If a body
-raises, or ends without reaching the point, the child exits 3 instead, and the
-scenarios' tests fail showing its output.
+as a process killed at that point leaves it (no thread of it runs on). Each thread
+reports reaching the point first, and :meth:`Member.wait` refuses a kill its scenario
+did not reach. If a body raises, or ends without reaching the point, the child exits 3
+instead, and the scenarios' tests fail showing its output.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _failpoint = _commit.failpoint
 
 def _held_failpoint(name):
     if name == _POINT:
+        report(reached=_POINT)  # flushed before any thread can pass the barrier
         try:
             _barrier.wait()  # every scenario at the point: the real failpoint kills
         except threading.BrokenBarrierError:
@@ -86,19 +88,31 @@ class Member:
         return self.group.proc
 
     def wait(self) -> int:
-        return self.group.wait()
+        """The child's exit code; SIGKILLed (-9) only after this scenario reached the point."""
+        code = self.group.wait()
+        reached = any("reached" in r for r in self._own())
+        if code == -9 and not reached:
+            raise AssertionError(f"killed before {self.name} reached the failpoint\n"
+                                 f"{self.describe()}")  # fmt: skip
+        return code
 
     def stop(self) -> None:
         self.group.stop()
 
-    def results(self) -> list[dict]:
+    def _own(self) -> list[dict]:
         return [r for r in self.group.results() if r.pop("scenario", None) == self.name]
+
+    def results(self) -> list[dict]:
+        """What this scenario's body reported (as a child of its own would)."""
+        return [r for r in self._own() if "reached" not in r]
 
     def describe(self) -> str:
         return f"scenario {self.name} of a group child: {self.group.describe()}"
 
 
-def start_group(point: str, bodies: dict[str, tuple[Path, str]], folder: Path) -> dict[str, Member]:
+def start_group(
+    point: str, bodies: dict[str, tuple[Path, str]], folder: Path
+) -> dict[str, Member]:
     """Start one child killed at ``point`` running each scenario's ``(warehouse, body)``;
     its output goes to ``folder``. Returns each scenario's :class:`Member`."""
     listed = {name: (str(warehouse), body) for name, (warehouse, body) in bodies.items()}
