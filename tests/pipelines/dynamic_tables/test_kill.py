@@ -10,15 +10,18 @@ MIN/MAX aggregation whose change took one group's MIN and another group's MAX (s
 two groups are aggregated again from their rows) and inserted into a third; the
 ``subquery_`` scenarios refresh a filter by an uncorrelated scalar subquery (``V > (SELECT
 avg(V) ...)``) whose change moves the subquery's value, so the filter is evaluated whole
-at both versions (some untouched rows leave). A new session on the warehouse (whose opening
+at both versions (some untouched rows leave); the ``replace_`` scenarios kill a CREATE
+OR REPLACE DYNAMIC TABLE, and the ``union_`` one an INCREMENTAL_STRICT refresh of a
+UNION ALL with a stream on the table, after its Delta commit (these three came from the
+review in ``test_refresh_exactly_once``). A new session on the warehouse (whose opening
 recovers) must then find the refresh applied once or not at all: the table holds the
 query's result at the data timestamp recorded (the new one if the commit was decided,
 the old one otherwise), the history row says SUCCEEDED or FAILED (INTERRUPTED), no
 pending commit is left, the table's log holds the refresh at most once, and the next
 refresh brings the table to the query's result.
 
-The children start together in the module fixture (a JVM each); helpers come from
-``test_consumption_crash``.
+The scenarios killed at one point die together in one child (a JVM each, started in
+the module fixture; see ``killed_together``); helpers come from ``test_consumption_crash``.
 """
 
 from __future__ import annotations
@@ -36,10 +39,17 @@ from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.tables import state_columns
 from pipelines import Session, SqlError
 from tests.pipelines.conftest import rows
-from tests.pipelines.dynamic_tables.checks import assert_consistent, assert_same_as_query, bag
+from tests.pipelines.dynamic_tables.checks import (
+    assert_consistent,
+    assert_same_as_query,
+    bag,
+    history_rows,
+    orphan_folders,
+)
+from tests.pipelines.dynamic_tables.test_refresh_exactly_once import UNION
+from tests.pipelines.transactions.killed_together import Member, start_group
 from tests.pipelines.transactions.test_consumption_crash import (
     KILL_POINTS,
-    Child,
     catalog_of,
     pending_of,
 )
@@ -113,6 +123,12 @@ CREATE = f"""
 session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
 report(outcome="created")
 """
+#: CREATE OR REPLACE of a dynamic table, whose new table is built beside the old one.
+NEW_DEFINITION = "SELECT ID * 10 AS X, V FROM T"
+REPLACE = f"""
+session.sql("CREATE OR REPLACE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {NEW_DEFINITION}")
+report(outcome="replaced")
+"""
 #: Scenario -> (what the child runs, the failpoint it is killed at).
 SCENARIOS = {
     **{f"refresh_{point}": (REFRESH, point) for point in KILL_POINTS},
@@ -128,6 +144,9 @@ SCENARIOS = {
        ("pipeline_after_validate", "pipeline_after_decide")},
     "create_pipeline_after_validate": (CREATE, "pipeline_after_validate"),
     "create_pipeline_after_decide": (CREATE, "pipeline_after_decide"),
+    "replace_pipeline_after_validate": (REPLACE, "pipeline_after_validate"),
+    "replace_pipeline_after_decide": (REPLACE, "pipeline_after_decide"),
+    "union_pipeline_between_tables": (REFRESH, "pipeline_between_tables"),
 }  # fmt: skip
 
 
@@ -166,6 +185,25 @@ def setup_subquery(session: Session) -> Counter:
     for statement in SUBQUERY_CHANGE:
         session.sql(statement)
     return before
+
+
+def setup_replace_or_union(session: Session, name: str) -> int:
+    """T, and D over it: for ``union_``, an INCREMENTAL_STRICT D of UNION with a stream
+    on it and a change to refresh; for ``replace_``, D of DEFINITION and a stream on T
+    (another object, to outlive the replace). Returns D's id."""
+    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
+    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
+    if name.startswith("union_"):
+        session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = "
+                    f"INCREMENTAL_STRICT AS {UNION}")  # fmt: skip
+        session.sql("CREATE STREAM S ON TABLE D AT(VERSION => 0)")
+        session.sql("UPDATE T SET V = 'x' WHERE ID IN (2, 3)")
+        session.sql("DELETE FROM T WHERE ID = 1")
+        session.sql("INSERT INTO T VALUES (6, 'f')")
+    else:
+        session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
+        session.sql("CREATE STREAM S ON TABLE T")
+    return session.require_table("D").id
 
 
 def hidden_state(session: Session, name: str) -> dict:
@@ -208,32 +246,45 @@ _DEFINITIONS = {"join": JOIN_DEFINITION, "aggregate": AGGREGATE_DEFINITION}
 @dataclass
 class Scenario:
     warehouse: Path
-    child: Child
-    before: object  # D's content before the child ran ([] for CREATE; a bag: extremes_, subquery_)
+    child: Member
+    before: object = None  # D's content before the child ran ([] for CREATE; a bag for some)
     state: dict | None = None  # extremes_: D's hidden state before the child ran
+    old_id: int | None = None  # replace_, union_: D's id before the child ran
+
+
+def prepare(session: Session, name: str, body: str) -> dict:
+    """Set up the scenario's warehouse; what its Scenario records of it before the kill."""
+    if name.startswith("extremes_"):
+        setup_extremes(session)
+        return {"before": bag(session, "SELECT * FROM D"), "state": hidden_state(session, "D")}
+    if name.startswith("subquery_"):
+        return {"before": setup_subquery(session)}
+    if name.startswith(("replace_", "union_")):
+        return {"old_id": setup_replace_or_union(session, name)}
+    setup_warehouse(session, create=body is CREATE, full=name.startswith("overwrite_"),
+                    definition=_DEFINITIONS.get(name.split("_")[0], DEFINITION))  # fmt: skip
+    return {"before": [] if body is CREATE else content(session, "D")}
 
 
 @pytest.fixture(scope="module")
 def kills(tmp_path_factory, spark):
+    """Scenario name -> its warehouse and the child that ran it. One child per kill
+    point runs every scenario killed there (:mod:`killed_together`), each on its own
+    warehouse: 6 JVMs, not one per scenario; each starts once its scenarios are set up."""
     started: dict[str, Scenario] = {}
     try:
-        for name, (body, point) in SCENARIOS.items():
-            warehouse = tmp_path_factory.mktemp(name) / "warehouse"
-            state = None
-            with Session(warehouse, spark=spark) as session:
-                if name.startswith("extremes_"):
-                    setup_extremes(session)
-                    before, state = bag(session, "SELECT * FROM D"), hidden_state(session, "D")
-                elif name.startswith("subquery_"):
-                    before = setup_subquery(session)
-                else:
-                    setup_warehouse(session, create=body is CREATE,
-                                    full=name.startswith("overwrite_"),
-                                    definition=_DEFINITIONS.get(name.split("_")[0],
-                                                                DEFINITION))  # fmt: skip
-                    before = [] if body is CREATE else content(session, "D")
-            child = Child.start(warehouse, body, f"{point}=kill", name=name)
-            started[name] = Scenario(warehouse, child, before, state)
+        for point in KILL_POINTS:
+            names = [name for name, (_, at) in SCENARIOS.items() if at == point]
+            prepared, bodies = {}, {}
+            for name in names:
+                body = SCENARIOS[name][0]
+                warehouse = tmp_path_factory.mktemp(name) / "warehouse"
+                with Session(warehouse, spark=spark) as session:
+                    prepared[name] = prepare(session, name, body)
+                bodies[name] = (warehouse, body)
+            folder = tmp_path_factory.mktemp(f"group-{point}")
+            for name, member in start_group(point, bodies, folder).items():
+                started[name] = Scenario(bodies[name][0], member, **prepared[name])
         yield started
     finally:
         for scenario in started.values():
@@ -391,3 +442,48 @@ def test_a_killed_create_leaves_the_table_whole_or_nothing(kills, session_factor
             session.sql("SELECT * FROM D")
         session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {DEFINITION}")
         assert content(session, "D") == content(session, "T WHERE ID <> 2")
+
+
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n.startswith(("replace_", "union_"))])
+def test_a_killed_refresh_or_replace_is_whole_or_nothing(kills, session_factory, name):
+    """CREATE OR REPLACE killed before and after its decision, and an INCREMENTAL_STRICT
+    refresh of a UNION ALL with a stream on it killed after its Delta commit: after
+    recovery one table D, the old or (decided) the new, equal to its query, no table
+    being built, no folder left over; the stream on D shows D's rows once."""
+    scenario = kills[name]
+    decided = KILL_POINTS[SCENARIOS[name][1]]
+    assert scenario.child.wait() == -9, scenario.child.describe()
+    assert len(pending_of(scenario.warehouse)) == 1
+    session = session_factory(scenario.warehouse)  # opening it recovers
+    assert session.catalog.pending_commits() == []
+    names = sorted(t.name for t in session.catalog.list_tables())
+    assert not [n for n in names if "$BUILDING$" in n], names
+    assert orphan_folders(session) == set()
+    assert [r.name for r in session.sql("SHOW DYNAMIC TABLES").collect()] == ["D"]
+    assert len(session.catalog.list_dynamic_tables()) == 1
+    if name.startswith("union_"):
+        assert_same_as_query(session, "D", UNION)
+        assert_consistent(session, "D")
+        assert history_rows(session, "D")[0][1:3] == ("SUCCEEDED", "INCREMENTAL")
+        stream = bag(session, 'SELECT ID, V, "METADATA$ACTION" FROM S')
+        assert stream == Counter(
+            {(*row, "INSERT"): n for row, n in bag(session, "SELECT * FROM D").items()}
+        )
+        session.sql("INSERT INTO T VALUES (7, 'g')")
+        session.sql("ALTER DYNAMIC TABLE D REFRESH")
+        assert_same_as_query(session, "D", UNION)
+        assert_consistent(session, "D")
+        return
+    replaced = session.require_table("D").id != scenario.old_id
+    if not decided:
+        assert not replaced
+    assert_same_as_query(session, "D", NEW_DEFINITION if replaced else DEFINITION)
+    assert_consistent(session, "D")
+    session.sql("INSERT INTO T VALUES (7, 'g')")
+    session.sql("ALTER DYNAMIC TABLE D REFRESH")
+    assert_same_as_query(session, "D", NEW_DEFINITION if replaced else DEFINITION)
+    catalog = catalog_of(scenario.warehouse)
+    try:
+        assert catalog.pending_commits() == []
+    finally:
+        catalog.close()

@@ -3,10 +3,11 @@
 Another client acts at one point of a refresh: refreshes the same table, writes the
 source (INSERT, UPDATE, DELETE, MERGE), compacts, suspends, replaces the source, drops
 the table or its schema, or wins over a CREATE OR REPLACE; threads and compaction race
-refreshes in loops, and a second process refreshes while this one writes; a child is
-SIGKILLed inside an INCREMENTAL refresh and inside CREATE OR REPLACE. Afterwards the
-table equals its query, no refresh is applied twice, the history and the log agree,
-nothing is pending and no folder is left behind.
+refreshes in loops, and a second process refreshes while this one writes. Afterwards
+the table equals its query, no refresh is applied twice, the history and the log agree,
+nothing is pending and no folder is left behind. (The review's SIGKILL tests, inside
+an INCREMENTAL refresh and inside CREATE OR REPLACE, are in ``test_kill``: they die
+with its children killed at the same points.)
 
 Written by the adversarial review of ``pipelines/dynamic_tables/``,
 ``catalog/sqlite_dynamic.py``, ``pipelines/transactions/commit.py`` and
@@ -19,14 +20,14 @@ Races are made deterministic where possible: a hook runs another session's state
 at one point of a refresh (after its change is computed, or inside its commit before
 the change is staged; there on a thread, since a DROP waits for the table lock the
 refresh holds), so the interleaving the test names is the one that runs. Two tests also race real
-threads and a second process. SIGKILL tests run children (a JVM each, started together
-when the module starts, so they overlap the in-process tests) with helpers from
-``test_consumption_crash``.
+threads and a second process (a child with its own JVM, started when the module starts
+so that it overlaps the in-process tests, with helpers from ``test_consumption_crash``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections import Counter
@@ -50,7 +51,7 @@ from tests.pipelines.dynamic_tables.checks import (
     once,
     orphan_folders,
 )
-from tests.pipelines.transactions.test_consumption_crash import Child, catalog_of, pending_of
+from tests.pipelines.transactions.test_consumption_crash import Child
 
 
 @pytest.fixture
@@ -368,48 +369,6 @@ report(refreshes=done, errors=errors)
 """
 
 
-# Crash: SIGKILL inside an INCREMENTAL refresh and inside CREATE OR REPLACE
-
-OLD_DEFINITION = "SELECT ID, V FROM T WHERE ID <> 2"
-NEW_DEFINITION = "SELECT ID * 10 AS X, V FROM T"
-REPLACE = f"""
-session.sql("CREATE OR REPLACE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {NEW_DEFINITION}")
-report(outcome="replaced")
-"""
-INCREMENTAL = """
-session.sql("ALTER DYNAMIC TABLE D REFRESH")
-report(outcome="refreshed")
-"""
-KILLS = {
-    "replace_pipeline_after_validate": (REPLACE, "pipeline_after_validate", False),
-    "replace_pipeline_after_decide": (REPLACE, "pipeline_after_decide", True),
-    "incremental_pipeline_between_tables": (INCREMENTAL, "pipeline_between_tables", True),
-}
-
-
-@dataclass
-class Killed:
-    warehouse: Path
-    child: Child
-    old_id: int
-
-
-def setup_kill(session: Session, body: str) -> int:
-    session.sql("CREATE TABLE T (ID NUMBER, V VARCHAR)")
-    session.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
-    if body is INCREMENTAL:
-        session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = "
-                    f"INCREMENTAL_STRICT AS {UNION}")  # fmt: skip
-        session.sql("CREATE STREAM S ON TABLE D AT(VERSION => 0)")
-        session.sql("UPDATE T SET V = 'x' WHERE ID IN (2, 3)")
-        session.sql("DELETE FROM T WHERE ID = 1")
-        session.sql("INSERT INTO T VALUES (6, 'f')")
-    else:
-        session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {OLD_DEFINITION}")
-        session.sql("CREATE STREAM S ON TABLE T")  # another object, to outlive the replace
-    return session.require_table("D").id
-
-
 @dataclass
 class Racer:
     warehouse: Path
@@ -420,19 +379,11 @@ class Racer:
 
 @pytest.fixture(scope="module", autouse=True)
 def children(request, tmp_path_factory, spark):
-    """Start the children the selected tests of this module need, at once, so their JVMs
-    start while the in-process tests run; stop them at the end."""
-    selected = {item.name.split("[")[0] for item in request.session.items
-                if item.module is request.module}  # fmt: skip
-    started: dict[str, object] = {}
+    """Start the racing child when the module starts (if its test is selected), so its
+    JVM starts while the in-process tests run; stop it at the end."""
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    started: dict[str, Racer] = {}
     try:
-        if "test_a_killed_refresh_or_replace_is_whole_or_nothing" in selected:
-            for name, (body, point, _) in KILLS.items():
-                warehouse = tmp_path_factory.mktemp(name) / "warehouse"
-                with Session(warehouse, spark=spark) as session:
-                    old_id = setup_kill(session, body)
-                child = Child.start(warehouse, body, f"{point}=kill", name=name)
-                started[name] = Killed(warehouse, child, old_id)
         if "test_two_processes_refreshing_one_table_apply_each_change_once" in selected:
             warehouse = tmp_path_factory.mktemp("racer") / "warehouse"
             with Session(warehouse, spark=spark) as session:
@@ -441,8 +392,6 @@ def children(request, tmp_path_factory, spark):
                 session.sql(f"CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' AS {UNION}")
                 session.sql("CREATE STREAM S ON TABLE D AT(VERSION => 0)")
             ready, stop = warehouse.parent / "ready", warehouse.parent / "stop"
-            import os
-
             os.environ["DT_READY"], os.environ["DT_STOP"] = str(ready), str(stop)
             try:
                 child = Child.start(warehouse, RACER, name="racer")
@@ -451,10 +400,9 @@ def children(request, tmp_path_factory, spark):
             started["racer"] = Racer(warehouse, child, ready, stop)
         yield started
     finally:
-        for scenario in started.values():
-            if isinstance(scenario, Racer):
-                scenario.stop.touch()
-            scenario.child.stop()  # type: ignore[attr-defined]
+        for racer in started.values():
+            racer.stop.touch()
+            racer.child.stop()
 
 
 def test_two_processes_refreshing_one_table_apply_each_change_once(children, session_factory):
@@ -484,51 +432,3 @@ def test_two_processes_refreshing_one_table_apply_each_change_once(children, ses
     assert stream == Counter(
         {(*row, "INSERT"): n for row, n in bag(session, "SELECT * FROM D").items()}
     )
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        "replace_pipeline_after_validate",
-        "replace_pipeline_after_decide",
-        "incremental_pipeline_between_tables",
-    ],
-)  # fmt: skip
-def test_a_killed_refresh_or_replace_is_whole_or_nothing(children, session_factory, name):
-    scenario = children[name]
-    body, _, decided = KILLS[name]
-    assert scenario.child.wait() == -9, scenario.child.describe()
-    assert len(pending_of(scenario.warehouse)) == 1
-    session = session_factory(scenario.warehouse)  # opening it recovers
-    assert session.catalog.pending_commits() == []
-    names = sorted(t.name for t in session.catalog.list_tables())
-    assert not [n for n in names if "$BUILDING$" in n], names
-    assert orphan_folders(session) == set()
-    assert [r.name for r in session.sql("SHOW DYNAMIC TABLES").collect()] == ["D"]
-    assert len(session.catalog.list_dynamic_tables()) == 1
-    if body is INCREMENTAL:
-        assert_same_as_query(session, "D", UNION)
-        assert_consistent(session, "D")
-        assert history_rows(session, "D")[0][1:3] == ("SUCCEEDED", "INCREMENTAL")
-        stream = bag(session, 'SELECT ID, V, "METADATA$ACTION" FROM S')
-        assert stream == Counter(
-            {(*row, "INSERT"): n for row, n in bag(session, "SELECT * FROM D").items()}
-        )
-        session.sql("INSERT INTO T VALUES (7, 'g')")
-        session.sql("ALTER DYNAMIC TABLE D REFRESH")
-        assert_same_as_query(session, "D", UNION)
-        assert_consistent(session, "D")
-        return
-    replaced = session.require_table("D").id != scenario.old_id
-    if not decided:
-        assert not replaced
-    assert_same_as_query(session, "D", NEW_DEFINITION if replaced else OLD_DEFINITION)
-    assert_consistent(session, "D")
-    session.sql("INSERT INTO T VALUES (7, 'g')")
-    session.sql("ALTER DYNAMIC TABLE D REFRESH")
-    assert_same_as_query(session, "D", NEW_DEFINITION if replaced else OLD_DEFINITION)
-    catalog = catalog_of(scenario.warehouse)
-    try:
-        assert catalog.pending_commits() == []
-    finally:
-        catalog.close()

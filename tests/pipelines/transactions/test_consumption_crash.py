@@ -3,14 +3,15 @@
 A consuming transaction commits through ``pipelines.transactions.commit``: stage the change sets,
 decide in the catalog (record a pending commit and claim the streams: the first
 consumer wins), one Delta commit per target table, finish in the catalog. These tests
-run consumers in child processes, each with its own local Spark, so that one can be
-SIGKILLed at every failpoint of that path or race another process for a stream; this
-process then checks what a new Session on the warehouse sees (opening one recovers
-the pending commits of dead owners).
+run consumers in child processes, each with its own local Spark, so that one can fail
+inside that path and live on, or race another process for a stream; this process then
+checks what a new Session on the warehouse sees (opening one recovers the pending
+commits of dead owners). The consumer SIGKILLed at every failpoint of that path is
+tested in ``test_multi_table_kill`` (its children die there with that file's), with
+this module's helpers and :data:`CONSUME_BOTH`.
 
-Child processes start a JVM each, so the one-shot children of all scenarios start at
-once (module fixture ``consumers``), and the two racing children run every round in
-one process each.
+Child processes start a JVM each: the one-shot child starts with the module (fixture
+``consumers``), and the two racing children run every round in one process each.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from flush import read_table
 from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.maintenance import maintain_catalog_table, vacuum_data_folders
 from pipelines import Session, SqlError, StreamConflictError
-from pipelines.transactions.commit import recover_pending, stream_app_id
+from pipelines.transactions.commit import recover_pending
 from tests.pipelines.conftest import rows
 from tests.servers import ROOT
 
@@ -100,12 +101,16 @@ class Child:
     err: Path
 
     @classmethod
-    def start(cls, warehouse: Path, body: str, failpoints: str = "", name: str = "child"):
+    def start(
+        cls, warehouse: Path, body: str, failpoints: str = "", name: str = "child",
+        out_dir: Path | None = None,
+    ):  # fmt: skip
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_MASTER": "local[2]"}
         env.pop("INGEST_FAILPOINTS", None)
         if failpoints:
             env["INGEST_FAILPOINTS"] = failpoints
-        out, err = warehouse.parent / f"{name}.out", warehouse.parent / f"{name}.err"
+        out_dir = out_dir or warehouse.parent
+        out, err = out_dir / f"{name}.out", out_dir / f"{name}.err"
         with out.open("w") as stdout, err.open("w") as stderr:
             proc = subprocess.Popen(
                 [sys.executable, "-c", child_script(warehouse, body)],
@@ -220,7 +225,7 @@ def check_consistent(session: Session, consumed: list[int], pending: list[int]) 
         assert len(ids) == len(set(ids)), f"{name}: a pipeline commit landed twice: {ids}"
 
 
-# The one-shot children of every scenario, started at once
+# The one-shot children: CONSUME_BOTH killed (test_multi_table_kill), or observed
 
 CONSUME_BOTH = """
 session.sql("BEGIN")
@@ -278,7 +283,6 @@ KILL_POINTS = {
 }
 
 SCENARIOS = {
-    **{point: (CONSUME_BOTH, f"{point}=kill") for point in KILL_POINTS},
     "table_commit_fails_once": (CONSUME_BOTH_OBSERVED, "pipeline_between_tables=error*1"),
 }
 
@@ -298,8 +302,8 @@ class Scenario:
 @pytest.fixture(scope="module")
 def consumers(tmp_path_factory, spark):
     """Scenario name -> a warehouse (SRC holding FIRST, stream S, empty T1 and T2) and the
-    child consuming S into T1 and T2 there, with the scenario's failpoints. All the
-    children run at once; a test waits for its own."""
+    child consuming S into T1 and T2 there, with the scenario's failpoints; started when
+    the module starts, waited for by its tests."""
     started: dict[str, Scenario] = {}
     try:
         for name, (body, failpoints) in SCENARIOS.items():
@@ -317,68 +321,14 @@ def consumers(tmp_path_factory, spark):
             scenario.child.stop()
 
 
-# 1. SIGKILL at every failpoint of the commit path
-
-
-@pytest.mark.parametrize("point", list(KILL_POINTS))
-def test_a_consumer_killed_at_any_point_commits_all_or_nothing(point, consumers, session_factory):
-    scenario = consumers[point]
-    warehouse, app_id = scenario.warehouse, stream_app_id(scenario.stream)
-    child = scenario.finished()
-    assert child.proc.returncode == -9, child.describe()  # SIGKILLed at the failpoint
-    assert child.results() == []
-
-    # What the dead consumer left, before anyone recovers it.
-    decided = KILL_POINTS[point]
-    uris = {name: uri_of(warehouse, name) for name in ("T1", "T2")}
-    pending = pending_of(warehouse)
-    # Reserved (intents held) from the reservation on; decided from the decision on.
-    assert len(pending) == (0 if point == "pipeline_after_stage" else 1)
-    assert [p.state for p in pending] == [] if not pending else [
-        "decided" if decided else "preparing"
-    ]
-    landed = {name: pipeline_commits(uri) for name, uri in uris.items()}
-    if point == "pipeline_between_tables":
-        assert landed == {"T1": [pending[0].id], "T2": []}
-    elif point == "pipeline_before_finish":
-        assert landed == {"T1": [pending[0].id], "T2": [pending[0].id]}
-    else:
-        assert landed == {"T1": [], "T2": []}
-
-    # A new session recovers: a decided commit rolls forward, an undecided one never was.
-    recovered = session_factory(warehouse)
-    if decided:
-        check_consistent(recovered, consumed=FIRST, pending=[])
-        for uri in uris.values():
-            assert pipeline_commits(uri) == [pending[0].id]
-            assert DeltaTable(uri).transaction_version(app_id) == scenario.src_version
-    else:
-        check_consistent(recovered, consumed=[], pending=FIRST)
-        for uri in uris.values():
-            assert pipeline_commits(uri) == []
-            assert DeltaTable(uri).transaction_version(app_id) is None
-
-    # Recovering again changes nothing: the roll-forward is never applied twice.
-    versions = {name: DeltaTable(uri).version() for name, uri in uris.items()}
-    again = session_factory(warehouse)
-    assert {name: DeltaTable(uri).version() for name, uri in uris.items()} == versions
-    assert again.catalog.pending_commits() == []
-
-    # The stream keeps working: new rows, consumed again into both tables.
-    insert(again, MORE)
-    with again.transaction():
-        again.sql("INSERT INTO t1 SELECT a FROM s")
-        again.sql("INSERT INTO t2 SELECT a FROM s")
-    check_consistent(again, consumed=sorted(FIRST + MORE), pending=[])
-    for uri in uris.values():
-        assert len(pipeline_commits(uri)) == (2 if decided else 1)
-        assert DeltaTable(uri).transaction_version(app_id) == scenario.src_version + 1
+# 1. SIGKILL at every failpoint of the commit path: in ``test_multi_table_kill``, whose
+# children, one per failpoint, kill these consumers (CONSUME_BOTH) with its own.
 
 
 def decided_but_not_committed(session: Session, monkeypatch) -> PendingCommit:
     """In-process stand-in for a consumer that gave up right after deciding: the
     failpoint raises there, and the owner hands the decided commit to recovery (owner
-    released). The real SIGKILL is covered above; this costs no child JVM."""
+    released). The real SIGKILL is in ``test_multi_table_kill``; this costs no child JVM."""
     monkeypatch.setitem(failpoints._POINTS, "pipeline_after_decide", ["error", 1])
     with pytest.raises(SqlError) as failed, session.transaction():
         session.sql("INSERT INTO t1 SELECT a FROM s")

@@ -1,4 +1,4 @@
-"""A transaction over two tables, killed at every step of its commit, then another writer.
+"""Transactions over two tables, killed at every step of their commit, then recovered.
 
 Transaction A consumes stream S into T1 and updates a row of T2 (``BEGIN; INSERT INTO
 T1 SELECT ... FROM S; UPDATE T2 ...; COMMIT``); its process is SIGKILLed at each
@@ -10,9 +10,13 @@ once and S is empty, or T1 is empty and S still shows them), B's write is the la
 word on the row both changed, nothing stays pending, no pipeline commit landed twice,
 and the stream keeps delivering every new row exactly once.
 
+A consumer of one stream into two tables (``test_consumption_crash.CONSUME_BOTH``) is
+killed at every step too: a new Session rolls it forward (decided) or finds it never
+happened, recovering again changes nothing, and the stream keeps working.
+
 The children run with their own local Spark (a JVM each, up to a minute to start on a
-loaded 2-core machine), so all of them start at once in the module fixture ``kills``;
-the helpers come from ``test_consumption_crash``.
+loaded 2-core machine), so all of them start at once in the module fixture ``kills``,
+one per kill point (``killed_together``); the helpers come from ``test_consumption_crash``.
 """
 
 from __future__ import annotations
@@ -21,13 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
+import tests.pipelines.transactions.test_consumption_crash as consumption
+from catalog import StreamRecord
 from flush import read_table
 from pipelines import Session, StreamConflictError
+from pipelines.transactions.commit import stream_app_id
 from tests.pipelines.conftest import rows
+from tests.pipelines.transactions.killed_together import Member, start_group
 from tests.pipelines.transactions.test_consumption_crash import (
     KILL_POINTS,
-    Child,
     catalog_of,
     pending_of,
     pipeline_commits,
@@ -47,9 +55,11 @@ session.sql("COMMIT")
 report(outcome="committed")
 """
 
-#: Scenario name -> (failpoint A is killed at, what writer B does afterwards).
+#: Scenario name -> (failpoint A is killed at, what writer B does afterwards); the
+#: ``both_`` scenarios run consumption.CONSUME_BOTH instead, and B does nothing.
 SCENARIOS = {point: (point, "update") for point in KILL_POINTS}
 SCENARIOS["consume_between_tables"] = ("pipeline_between_tables", "consume")
+SCENARIOS.update({f"both_{point}": (point, "recover") for point in KILL_POINTS})
 
 
 def setup_warehouse(session: Session) -> None:
@@ -83,34 +93,70 @@ def delta_pairs(uri: str) -> list[tuple[int, str]]:
 @dataclass
 class Scenario:
     warehouse: Path
-    child: Child
+    child: Member
     writer: Session  # opened before A started, so its recovery never saw A's commit
     stream_rows: list[tuple[int, str]]  # what S showed before A ran
     t2_commits: list[int]  # the pipeline commits in T2's log before A ran (its INSERT)
 
 
+@dataclass
+class Consumed:
+    """A ``both_`` scenario: SRC holding consumption.FIRST, stream S, empty T1 and T2."""
+
+    warehouse: Path
+    child: Member
+    src_version: int
+    stream: StreamRecord
+
+
+def prepare_transaction(warehouse: Path, spark) -> tuple:
+    """B's session (left open) on a warehouse set up for A, and what it saw before A."""
+    writer = Session(warehouse, spark=spark)
+    try:
+        setup_warehouse(writer)
+        stream_rows = pairs_of(writer, "S")
+        assert pairs_of(writer, "T2") == T2_ROWS
+        writer.release_views()
+        return writer, stream_rows, pipeline_commits(uri_of(warehouse, "T2"))
+    except BaseException:
+        writer.close()
+        raise
+
+
+def prepare_consumer(warehouse: Path, spark) -> tuple:
+    with Session(warehouse, spark=spark) as session:
+        consumption.setup_warehouse(session, consumption.FIRST)
+        src = session.catalog.get_table("DB", "PUBLIC", "SRC")
+        stream = session.catalog.get_stream("DB", "PUBLIC", "S")
+        return DeltaTable(src.uri).version(), stream
+
+
 @pytest.fixture(scope="module")
 def kills(tmp_path_factory, spark):
-    """Scenario name -> a warehouse, the child running A (killed at the scenario's
-    failpoint) and B's session, opened before the child started. All children run at
-    once; a test waits for its own."""
-    started: dict[str, Scenario] = {}
+    """Scenario name -> a warehouse and the child running A or the consumer there, killed
+    at the scenario's failpoint (and for A, B's session, opened before the child started).
+    One child per failpoint runs every scenario killed there (:mod:`killed_together`);
+    each starts once its warehouses are set up. A test waits for its own."""
+    started: dict[str, Scenario | Consumed] = {}
     try:
-        for name, (point, _b) in SCENARIOS.items():
-            warehouse = tmp_path_factory.mktemp(name) / "warehouse"
-            writer = Session(warehouse, spark=spark)
-            setup_warehouse(writer)
-            stream_rows = pairs_of(writer, "S")
-            assert pairs_of(writer, "T2") == T2_ROWS
-            writer.release_views()
-            t2_commits = pipeline_commits(uri_of(warehouse, "T2"))
-            child = Child.start(warehouse, TXN_A, f"{point}=kill", name=name)
-            started[name] = Scenario(warehouse, child, writer, stream_rows, t2_commits)
+        for point in KILL_POINTS:
+            prepared, bodies = {}, {}
+            for name in [name for name, (at, _b) in SCENARIOS.items() if at == point]:
+                warehouse = tmp_path_factory.mktemp(name) / "warehouse"
+                consumer = name.startswith("both_")
+                prepare = prepare_consumer if consumer else prepare_transaction
+                prepared[name] = prepare(warehouse, spark)
+                bodies[name] = (warehouse, consumption.CONSUME_BOTH if consumer else TXN_A)
+            folder = tmp_path_factory.mktemp(f"group-{point}")
+            for name, member in start_group(point, bodies, folder).items():
+                kind = Consumed if name.startswith("both_") else Scenario
+                started[name] = kind(bodies[name][0], member, *prepared[name])
         yield started
     finally:
         for scenario in started.values():
             scenario.child.stop()
-            scenario.writer.close()
+            if isinstance(scenario, Scenario):
+                scenario.writer.close()
 
 
 def killed(scenario: Scenario, point: str) -> list:
@@ -251,3 +297,62 @@ def test_a_consumer_after_a_killed_multi_table_commit_consumes_each_row_once(
     assert pipeline_commits(uri_of(warehouse, "T1"))[0] == pending[0].id
     writer.release_views()
     check_consistent(session_factory(warehouse), warehouse, all_rows, t2, [])
+
+
+# 3. A consumer of one stream into two tables, killed at every step, then recovered
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_consumer_killed_at_any_point_commits_all_or_nothing(point, kills, session_factory):
+    scenario = kills[f"both_{point}"]
+    warehouse, app_id = scenario.warehouse, stream_app_id(scenario.stream)
+    child = scenario.child
+    child.wait()
+    assert child.proc.returncode == -9, child.describe()  # SIGKILLed at the failpoint
+    assert child.results() == []
+
+    # What the dead consumer left, before anyone recovers it.
+    decided = KILL_POINTS[point]
+    uris = {name: uri_of(warehouse, name) for name in ("T1", "T2")}
+    pending = pending_of(warehouse)
+    # Reserved (intents held) from the reservation on; decided from the decision on.
+    assert len(pending) == (0 if point == "pipeline_after_stage" else 1)
+    assert [p.state for p in pending] == [] if not pending else [
+        "decided" if decided else "preparing"
+    ]
+    landed = {name: pipeline_commits(uri) for name, uri in uris.items()}
+    if point == "pipeline_between_tables":
+        assert landed == {"T1": [pending[0].id], "T2": []}
+    elif point == "pipeline_before_finish":
+        assert landed == {"T1": [pending[0].id], "T2": [pending[0].id]}
+    else:
+        assert landed == {"T1": [], "T2": []}
+
+    # A new session recovers: a decided commit rolls forward, an undecided one never was.
+    recovered = session_factory(warehouse)
+    if decided:
+        consumption.check_consistent(recovered, consumed=consumption.FIRST, pending=[])
+        for uri in uris.values():
+            assert pipeline_commits(uri) == [pending[0].id]
+            assert DeltaTable(uri).transaction_version(app_id) == scenario.src_version
+    else:
+        consumption.check_consistent(recovered, consumed=[], pending=consumption.FIRST)
+        for uri in uris.values():
+            assert pipeline_commits(uri) == []
+            assert DeltaTable(uri).transaction_version(app_id) is None
+
+    # Recovering again changes nothing: the roll-forward is never applied twice.
+    versions = {name: DeltaTable(uri).version() for name, uri in uris.items()}
+    again = session_factory(warehouse)
+    assert {name: DeltaTable(uri).version() for name, uri in uris.items()} == versions
+    assert again.catalog.pending_commits() == []
+
+    # The stream keeps working: new rows, consumed again into both tables.
+    consumption.insert(again, consumption.MORE)
+    with again.transaction():
+        again.sql("INSERT INTO t1 SELECT a FROM s")
+        again.sql("INSERT INTO t2 SELECT a FROM s")
+    consumption.check_consistent(again, consumed=sorted(consumption.FIRST + consumption.MORE), pending=[])
+    for uri in uris.values():
+        assert len(pipeline_commits(uri)) == (2 if decided else 1)
+        assert DeltaTable(uri).transaction_version(app_id) == scenario.src_version + 1
