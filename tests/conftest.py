@@ -183,6 +183,7 @@ def pytest_terminal_summary(terminalreporter):
     if not seconds:
         return
     costliest = sorted(seconds.items(), key=lambda item: -item[1])[:15]
-    terminalreporter.write_sep("-", f"worker-seconds: {sum(seconds.values()):.0f} in all; the costliest files")
+    total = sum(seconds.values())
+    terminalreporter.write_sep("-", f"worker-seconds: {total:.0f} in all; the costliest files")
     for path, spent in costliest:
         terminalreporter.write_line(f"{spent:8.0f}  {path}")

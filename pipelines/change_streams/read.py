@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -31,7 +31,7 @@ from catalog import (
 from flush.commit_clock import clock, commit_info, version_at
 from ingest_sdk.change_records import ChildPartition, ChildPartitionsRecord, HeartbeatRecord
 from ingest_sdk.errors import InvalidValueError
-from ingest_sdk.temporal import moment_micros
+from ingest_sdk.temporal import datetime_instant_nanos, moment_micros
 from pipelines.change_streams.history import definition_at, read_tables, tables_of
 from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
 from pipelines.change_streams.records import version_records as build_records
@@ -72,9 +72,8 @@ class ReadArgs:
 
 
 #: Moments a read may name (µs): the calendar's, a day inside its ends in every zone.
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EARLIEST_US = (datetime(1, 1, 2, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
-_LATEST_US = (datetime(9999, 12, 30, tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_EARLIEST_US = datetime_instant_nanos(datetime(1, 1, 2, tzinfo=UTC)) // 1000
+_LATEST_US = datetime_instant_nanos(datetime(9999, 12, 30, tzinfo=UTC)) // 1000
 
 
 def _micros(name: str, value: Any) -> int | None:
@@ -82,12 +81,8 @@ def _micros(name: str, value: Any) -> int | None:
         return None
     if isinstance(value, datetime):
         moment = value if value.tzinfo else value.replace(tzinfo=UTC)
-        micros = (moment - _EPOCH) // timedelta(microseconds=1)
-        if not _EARLIEST_US <= micros <= _LATEST_US:
-            raise _error(f"{name} {moment.isoformat()[:40]} is outside the calendar; give a "
-                         "moment within the stream's retention period")  # fmt: skip
-        return micros
-    if isinstance(value, str) and value.strip().upper() != "NULL":
+        micros, shown = datetime_instant_nanos(moment) // 1000, moment.isoformat()[:40]
+    elif isinstance(value, str) and value.strip().upper() != "NULL":
         try:
             parsed = moment_micros(value)
         except InvalidValueError as error:
@@ -97,13 +92,15 @@ def _micros(name: str, value: Any) -> int | None:
                 f"{name} {value[:60]!r} is not a timestamp; write it as "
                 "'2026-01-31T12:00:00Z' (RFC 3339, UTC unless an offset is given)"
             )
-        if not _EARLIEST_US <= parsed <= _LATEST_US:
-            raise _error(f"{name} {value[:40]!r} is outside the calendar; give a moment "
-                         "within the stream's retention period")  # fmt: skip
-        return parsed
-    if isinstance(value, str):
+        micros, shown = parsed, repr(value[:40])
+    elif isinstance(value, str):
         return None
-    raise _error(f"{name} must be a timestamp such as '2026-01-31T12:00:00Z'")
+    else:
+        raise _error(f"{name} must be a timestamp such as '2026-01-31T12:00:00Z'")
+    if not _EARLIEST_US <= micros <= _LATEST_US:
+        raise _error(f"{name} {shown} is outside the calendar; give a moment within the "
+                     "stream's retention period")  # fmt: skip
+    return micros
 
 
 def read_args(

@@ -33,9 +33,9 @@ from pipelines.sql.statements import NAME, qualified, split_name
 __all__ = ["SourceOptions", "is_warehouse", "source_errors"]
 
 CATALOG_FILE = "catalog.sqlite"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The last line of a worker's traceback when one of our errors ended it: Python's own
 #: ``module.Class: message`` (also what Spark shows with its traceback hidden).
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _RAISED = re.compile(r"\bpipelines\.errors\.(?P<kind>[A-Za-z]+Error): (?P<message>[^\n]*)")
 
 

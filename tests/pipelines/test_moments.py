@@ -27,7 +27,7 @@ REFUSED = ("2026-02-30 10:00:00", "1700000000", "2026-W48-1", "0000-12-31 23:00:
 def spellings(micros: int) -> list[str]:
     """One instant written four ways a user may copy it."""
     moment = EPOCH + timedelta(microseconds=micros)
-    pacific = moment.astimezone(UTC) - timedelta(hours=8)
+    pacific = moment - timedelta(hours=8)
     return [
         rfc3339(micros),
         moment.strftime("%Y-%m-%d %H:%M:%S.%f"),  # UTC, no offset
