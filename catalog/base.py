@@ -445,10 +445,13 @@ class Catalog(ABC):
             raise
 
     @abstractmethod
-    def finish_commit(self, commit_id: int, versions: Mapping[int, int] | None = None) -> None:
+    def finish_commit(
+        self, commit_id: int, versions: Mapping[int, int] | None = None, floor_us: int = 0
+    ) -> None:
         """Move the claimed streams to their new offsets and forget the commit and its
         intents, atomically; a refresh's commit (``versions``: each table's new version)
-        also records the refresh."""
+        also records the refresh, and a commit of several tables seals them at one change
+        stream timestamp, at least ``floor_us`` (the caller's clock)."""
 
     @abstractmethod
     def abandon_commit(self, commit_id: int) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from catalog.base import ObjectAlreadyExistsError
+from catalog.base import ObjectAlreadyExistsError, TableBusyError
 from catalog.records import (
     EXCLUDE_OPTIONS,
     KEY_SPACE,
@@ -34,7 +34,7 @@ from catalog.sqlite_layout import (
 if TYPE_CHECKING:
     from catalog.sqlite import _Transaction
 
-__all__ = ["ChangeStreamStore", "Repartition", "SealCompute"]
+__all__ = ["ChangeStreamStore", "Repartition", "SealCompute", "seal_commit"]
 
 #: Given the tables' newest seals, their new ones (read inside the write transaction).
 SealCompute = Callable[[dict[int, Seal]], dict[int, Seal]]
@@ -122,23 +122,81 @@ _LEGACY_HISTORY = (
 )
 
 
+def _held(db: sqlite3.Connection, table_ids: Iterable[int]) -> dict[int, int]:
+    """The tables among ``table_ids`` a decided commit of several tables is rolling
+    forward, each with that commit's id: they are sealed only by its end
+    (:func:`seal_commit`), which gives all of its versions one timestamp."""
+    wanted, held = set(table_ids), {}
+    for commit_id, plan in db.execute("SELECT id, plan FROM pending_commits WHERE state='decided'"):
+        written = {entry["table_id"] for entry in orjson.loads(plan).get("tables", ())}
+        if len(written) > 1:
+            held.update(dict.fromkeys(written & wanted, commit_id))
+    return held
+
+
+def _write_seal(db: sqlite3.Connection, table_id: int, version: int, heartbeat_us: int) -> None:
+    db.execute(
+        "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
+        " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
+        (table_id, version, heartbeat_us, heartbeat_us),
+    )
+    db.execute(
+        "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ? AND version < ?",
+        (table_id, heartbeat_us - _SEAL_KEPT_US, version),
+    )
+
+
 def _seal(
-    db: sqlite3.Connection, table_ids: Iterable[int], compute: SealCompute
+    db: sqlite3.Connection, table_ids: Iterable[int], compute: SealCompute, strict: bool = False
 ) -> dict[int, Seal]:
     """Write the seals ``compute`` makes from the tables' newest ones (and forget the
-    seals older than any retention)."""
-    sealed = compute(_latest(db.execute(*_latest_query(table_ids)).fetchall()))
+    seals older than any retention). A table a commit holds (:func:`_held`) keeps its
+    newest seal, or with ``strict`` (a seal that must cover every table) none is written.
+
+    Raises:
+        TableBusyError: ``strict`` and a table is held.
+    """
+    table_ids = list(table_ids)
+    latest = _latest(db.execute(*_latest_query(table_ids)).fetchall())
+    held = _held(db, table_ids)
+    if held and strict:
+        raise TableBusyError(sorted(held), sorted(set(held.values())))
+    sealed = {t: s for t, s in compute(latest).items() if t not in held}
     for table_id, seal in sealed.items():
-        db.execute(
-            "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
-            " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
-            (table_id, seal.version, seal.heartbeat_us, seal.heartbeat_us),
-        )
-        db.execute(
-            "DELETE FROM change_stream_seals WHERE table_id=? AND heartbeat_us < ? AND version < ?",
-            (table_id, seal.heartbeat_us - _SEAL_KEPT_US, seal.version),
-        )
-    return sealed
+        _write_seal(db, table_id, seal.version, seal.heartbeat_us)
+    return {**{t: latest[t] for t in held if t in latest}, **sealed}
+
+
+def _watched(db: sqlite3.Connection, table_ids: Iterable[int]) -> set[int]:
+    """The tables among ``table_ids`` a change stream watches now."""
+    wanted, found = set(table_ids), set()
+    for for_all, ids in db.execute("SELECT for_all, table_ids FROM change_streams"):
+        if for_all:
+            return wanted
+        found |= wanted & set(orjson.loads(ids))
+    return found
+
+
+def seal_commit(
+    db: sqlite3.Connection, plan: Mapping[str, Any], versions: Mapping[int, int], floor_us: int
+) -> None:
+    """Inside the end of a decided commit of several tables (``versions``: the version
+    it wrote in each): seal each watched one just before and at its version, all at one
+    heartbeat S, so that every version has the change stream timestamp S (one moment
+    for the transaction). Its tables were held since the decision, so no seal covers
+    those versions yet; if one does (a commit decided by an older release), nothing is
+    written and each version keeps a timestamp of its own."""
+    written = {entry["table_id"] for entry in plan.get("tables", ())}
+    if len(written) < 2 or not written <= set(versions):
+        return
+    tables = {t: versions[t] for t in _watched(db, written)}
+    latest = _latest(db.execute(*_latest_query(tables)).fetchall())
+    if not tables or any(seal.version >= tables[t] for t, seal in latest.items()):
+        return
+    stamp = max([floor_us, *(s.heartbeat_us + tables[t] - s.version for t, s in latest.items())])
+    for table_id, version in tables.items():
+        _write_seal(db, table_id, version - 1, stamp - 1)
+        _write_seal(db, table_id, version, stamp)
 
 
 def _lists_text(column_lists: Iterable[tuple[int, Sequence[str]]]) -> str:
@@ -264,7 +322,7 @@ class ChangeStreamStore:
                 history = [_definition(r) for r in db.execute(_HISTORY, (current.uid,) * 3)]
                 if history[-1] != at_seal.expected:
                     raise ValueError(f"change stream {current.full_name} was altered meanwhile")
-                sealed = _seal(db, at_seal.table_ids, at_seal.compute)
+                sealed = _seal(db, at_seal.table_ids, at_seal.compute, strict=True)
                 heartbeat = max([at_seal.floor_us, *(x.heartbeat_us for x in sealed.values())])
                 moment = max(heartbeat + 1, history[-1].from_us + 1)
                 db.execute(_LEGACY_HISTORY, (stream_id,))
@@ -325,9 +383,10 @@ class ChangeStreamStore:
 
         Raises:
             ValueError: a partition to end is not open (another repartition ended it).
+            TableBusyError: with ``repartition``, a decided commit holds a table.
         """
         with self._immediate() as db:
-            sealed = _seal(db, table_ids, compute)
+            sealed = _seal(db, table_ids, compute, strict=repartition is not None)
             if repartition is None or stream_uid is None:
                 return sealed, []
             heartbeat = max([floor_us, *(s.heartbeat_us for s in sealed.values())])

@@ -18,6 +18,7 @@ import orjson
 
 from catalog.base import CommitGoneError, IntentConflict, StreamClaimConflict, TablesGoneError
 from catalog.records import CommitIntent, PendingCommit, StreamClaim
+from catalog.sqlite_change_streams import seal_commit
 from catalog.sqlite_dynamic import claim_refresh, finish_refresh, release_refresh
 from catalog.sqlite_layout import PENDING_COLUMNS, claims_text, to_claim, to_pending
 
@@ -112,14 +113,18 @@ class PendingCommitStore:
         return PendingCommit(pending.id, pending.owner, pending.plan, tuple(claims),
                              pending.created_at, "decided", pending.intents)  # fmt: skip
 
-    def finish_commit(self, commit_id: int, versions: Mapping[int, int] | None = None) -> None:
+    def finish_commit(
+        self, commit_id: int, versions: Mapping[int, int] | None = None, floor_us: int = 0
+    ) -> None:
         now = time.time()
         with self._immediate() as db:
             row = db.execute("SELECT claims, plan FROM pending_commits WHERE id=?", (commit_id,))
             found = row.fetchone()
             if found is None:
                 return  # finished already (recovery and the owner may both try)
-            finish_refresh(db, commit_id, orjson.loads(found[1]), versions or {})
+            plan = orjson.loads(found[1])
+            finish_refresh(db, commit_id, plan, versions or {})
+            seal_commit(db, plan, versions or {}, floor_us)
             for claim in map(to_claim, orjson.loads(found[0])):
                 moved = db.execute(
                     "UPDATE streams SET offset_version=?, offset_moved_at=?, claimed_by=NULL"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from catalog import AlterSeal, Catalog, ChangeStreamDefinition, ChangeStreamRecord, TableInfo
 from pipelines.change_streams.timeline import sealing
 from pipelines.errors import SqlError
+from pipelines.transactions.commit import when_free
 
 __all__ = ["ReadTables", "alter", "definition_at", "read_tables", "tables_of"]
 
@@ -115,15 +116,20 @@ def alter(
         if not history:
             return False  # dropped
         tables = _tables_around(catalog, history[-1], for_all, table_ids)
-        now, compute = sealing(tables)
-        at_seal = AlterSeal(tuple(t.id for t in tables), compute, history[-1], now)
-        try:
+
+        def attempt(tables: list[TableInfo] = tables, last: ChangeStreamDefinition = history[-1]
+                    ) -> bool:  # fmt: skip
+            now, compute = sealing(tables)
+            at_seal = AlterSeal(tuple(t.id for t in tables), compute, last, now)
             return catalog.alter_change_stream(
                 stream.id, for_all=for_all, table_ids=table_ids,
                 value_capture_type=value_capture_type, retention_s=retention_s,
                 column_lists=column_lists if table_ids is not None else None,
                 exclusions=exclusions, at_seal=at_seal,
             )  # fmt: skip
+
+        try:  # every table sealed: after a commit of several tables that holds one ends
+            return when_free(catalog, attempt, [t.id for t in tables], decided_only=True)
         except ValueError:
             continue  # another ALTER came first: choose the tables to seal again
     raise SqlError(f"change stream {stream.full_name} is being altered by other sessions; "

@@ -22,6 +22,7 @@ from flush.failpoints import failpoint
 from pipelines.change_streams.read import stream_tables
 from pipelines.change_streams.timeline import seal
 from pipelines.errors import SqlError
+from pipelines.transactions.commit import when_free
 
 __all__ = ["BalancePolicy", "choose", "merge", "open_partitions", "split"]
 
@@ -57,7 +58,10 @@ def _apply(
         failpoint("change_stream_repartition")  # inside the catalog transaction
         return tokens, children
 
-    _, made = seal(catalog, stream_tables(catalog, stream), stream.uid, repartition)
+    tables = stream_tables(catalog, stream)
+    # Every table sealed at the heartbeat: after a commit of several tables holding one.
+    _, made = when_free(catalog, lambda: seal(catalog, tables, stream.uid, repartition),
+                        [t.id for t in tables], decided_only=True)  # fmt: skip
     return made
 
 

@@ -12,6 +12,7 @@ the HTTP route, the command line) runs this generator.
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -33,8 +34,8 @@ from ingest_sdk.change_records import ChildPartition, ChildPartitionsRecord, Hea
 from ingest_sdk.errors import InvalidValueError
 from ingest_sdk.temporal import datetime_instant_nanos, moment_micros
 from pipelines.change_streams.history import definition_at, read_tables, tables_of
-from pipelines.change_streams.records import RecordCache, VersionRecords, rfc3339
-from pipelines.change_streams.records import version_records as build_records
+from pipelines.change_streams.records import RecordCache, TableChange, VersionRecords, rfc3339
+from pipelines.change_streams.records import transaction_records as build_records
 from pipelines.change_streams.timeline import newest_version, seal, timestamps
 from pipelines.errors import ObjectNotFoundError, SqlError, StreamStaleError
 from pipelines.sql.history import commit_writer
@@ -204,6 +205,17 @@ def _tag(table: TableInfo, version: int) -> tuple[str, bool]:
     return {"SQL": "sql", "SPARK_SINK": "spark_sink"}.get(writer or "", ""), False
 
 
+def transaction_id(table: TableInfo, version: int) -> str:
+    """A version's ``server_transaction_id``: the random part of the pipeline commit it
+    belongs to (the same in every table a SQL transaction wrote), else table.version."""
+    _, recorded = commit_writer(commit_info(table.uri, version) or {})
+    app = recorded.get("app_id") if isinstance(recorded, dict) else None
+    unique = app.rsplit(":", 1)[-1] if isinstance(app, str) else ""
+    if len(unique) == 32 and all(c in "0123456789abcdef" for c in unique):
+        return unique
+    return f"{table.id}.{version}"
+
+
 def _first_version(table: TableInfo, catalog: Catalog, start: int) -> int:
     """The last version of ``table`` whose change stream timestamp is before ``start``
     (-1: none is)."""
@@ -217,41 +229,71 @@ def _first_version(table: TableInfo, catalog: Catalog, start: int) -> int:
     return version
 
 
+#: One table version of a transaction.
+_Member = tuple[TableInfo, int]
+
+
 def _records(
-    stream: ChangeStreamRecord, definition: ChangeStreamDefinition, table: TableInfo,
-    version: int, moment: int, partitions: list[PartitionRecord],
+    stream: ChangeStreamRecord, definition: ChangeStreamDefinition, members: list[_Member],
+    moment: int, partitions: list[PartitionRecord],
 ) -> VersionRecords:  # fmt: skip
-    """A version's records under the definition in force at its timestamp."""
+    """A transaction's records (a version of each table it wrote and the stream watches)
+    under the definition in force at its timestamp."""
     open_now = open_at(partitions, moment)
-    label = table_label(stream, table)  # a renamed table's records carry its new name
-    watched = definition.watched_columns(table.id)
+    # A renamed table's records carry its new name.
+    parts = [(table, version, table_label(stream, table), definition.watched_columns(table.id))
+             for table, version in members]  # fmt: skip
     excluded = definition.excluded_mod_types
     capture = definition.value_capture_type
     key = (
-        stream.uid,
-        capture,
-        watched,
-        excluded,
-        table.id,
-        version,
+        stream.uid, capture, excluded, tuple((t.id, v, label, w) for t, v, label, w in parts),
         tuple(p.token for p in open_now),
-        label,
-    )
+    )  # fmt: skip
 
-    def build() -> VersionRecords:
+    def events(table: TableInfo, version: int) -> Any:
         try:
-            events = change_events(table.uri, table.schema, version - 1, version)
+            return change_events(table.uri, table.schema, version - 1, version)
         except StreamStaleError as exc:
             raise StreamStaleError(
                 f"version {version} of {table.full_name} is no longer retained (log cleanup "
                 f"or vacuum removed it); start the read later: {str(exc)[:160]}"
             ) from exc
-        tag, system = _tag(table, version)
-        return build_records(table, events, capture, moment,
-                             f"{table.id}.{version}", tag, system, open_now, label,
-                             watched, excluded)  # fmt: skip
+
+    def build() -> VersionRecords:
+        changes = [TableChange(t, events(t, v), label, w) for t, v, label, w in parts]
+        first, version = members[0]
+        tag, system = _tag(first, version)
+        return build_records(changes, capture, moment, transaction_id(first, version), tag,
+                             system, open_now, excluded)  # fmt: skip
 
     return _CACHE.get(key, build)
+
+
+def _transactions(
+    found: Iterator[tuple[int, str, int, int]], history: list[ChangeStreamDefinition],
+    by_id: Mapping[int, TableInfo],
+) -> Iterator[tuple[int, ChangeStreamDefinition, list[list[_Member]]]]:  # fmt: skip
+    """The watched versions of ``found`` (in timestamp order) by timestamp, as
+    transactions: versions of one timestamp that one pipeline commit wrote
+    (:mod:`.timeline` gives them one) are one; with the definition in force then."""
+    for moment, items in itertools.groupby(found, key=lambda item: item[0]):
+        definition = definition_at(history, moment)
+        if definition is None:
+            continue
+        watched = [(by_id[t], v) for _, _, t, v in items if definition.watches(t)]
+        if len(watched) < 2:
+            if watched:
+                yield moment, definition, [watched]
+            continue
+        by_commit: dict[str, list[_Member]] = {}
+        for table, version in watched:
+            by_commit.setdefault(transaction_id(table, version), []).append((table, version))
+        yield moment, definition, list(by_commit.values())
+
+
+def _position(record: dict[str, Any]) -> tuple[str, str]:
+    body = record["data_change_record"]
+    return body["table_name"], body["record_sequence"]
 
 
 def _must_seal(
@@ -392,7 +434,9 @@ def read(
             raise _gone(stream)
         if watch.changed():
             continue  # seal the tables it watches now first
-        upto = min((seals[t.id].heartbeat_us for t in tables), default=clock())
+        # A table a commit of several tables holds has no seal yet (-1: wait for it).
+        upto = min((seals[t.id].heartbeat_us if t.id in seals else -1 for t in tables),
+                   default=clock())  # fmt: skip
         limit = upto
         if partition.end_us is not None:
             limit = min(limit, partition.end_us - 1)
@@ -400,12 +444,16 @@ def read(
             limit = min(limit, end)
         # Version by version in timestamp order (tables merged), each built on demand.
         by_id = {t.id: t for t in [*tables, *(t for t, _ in watch.past)]}
-        for moment, _, table_id, version in watch.found(seals, limit):
-            definition = definition_at(watch.history, moment)
-            if definition is None or not definition.watches(table_id):
-                continue  # not watched at that moment
-            built = _records(stream, definition, by_id[table_id], version, moment, partitions)
-            records = built.by_token.get(partition.token, ())
+        for moment, definition, transactions in _transactions(
+            watch.found(seals, limit), watch.history, by_id
+        ):
+            records = [
+                record for members in transactions
+                for record in _records(stream, definition, members, moment,
+                                       partitions).by_token.get(partition.token, ())
+            ]  # fmt: skip
+            if len(transactions) > 1:  # tables' versions that share a moment by chance
+                records.sort(key=_position)  # in the order of positions (the SDK's)
             yield from records
             if records:
                 quiet_since = time.monotonic()

@@ -1,6 +1,7 @@
-"""Data change records: one table version's change feed as the reference's JSON records.
+"""Data change records: a transaction's change feed as the reference's JSON records.
 
-One table version is one transaction. Its change feed (inserts, deletes, update pre-
+A transaction is one version of each table it wrote (one, but for a SQL transaction
+that wrote several). A version's change feed (inserts, deletes, update pre-
 and post-images) becomes one *mod* per changed row: an update whose images are equal
 (copy-on-write noise) is none, and an update that changes the primary key is a DELETE
 of the old key and an INSERT of the new one. A mod's ``keys`` are the table's primary
@@ -52,8 +53,9 @@ from ingest_sdk.change_records import DataChangeRecord
 from ingest_sdk.column_types import ColumnType, TypeKind
 
 __all__ = [
-    "MODS_PER_RECORD", "ROW_ID_KEY", "RecordCache", "VersionRecords", "json_values", "key_hash",
-    "partition_of", "rfc3339", "version_records",
+    "MODS_PER_RECORD", "ROW_ID_KEY", "RecordCache", "TableChange", "VersionRecords",
+    "json_values", "key_hash", "partition_of", "rfc3339", "transaction_records",
+    "version_records",
 ]  # fmt: skip
 
 MODS_PER_RECORD = 1000
@@ -221,29 +223,58 @@ def _mods(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class TableChange:
+    """One table's part of a transaction: its version's change feed (``events``), the
+    name records give it, and the value columns a column list names (None: all)."""
+
+    table: TableInfo
+    events: pa.Table
+    table_name: str
+    watched: Sequence[str] | None = None
+
+
 def version_records(
     table: TableInfo, events: pa.Table, capture: str, timestamp_us: int,
     transaction_id: str, tag: str, system: bool, partitions: Sequence[PartitionRecord],
     table_name: str, watched: Sequence[str] | None = None,
     excluded: frozenset[str] = frozenset(),
 ) -> VersionRecords:  # fmt: skip
-    """The records of one version (``events``: its change feed) in every partition of
-    ``partitions`` (those open at ``timestamp_us``); ``table_name`` as records name it.
+    """The records of a transaction that wrote one table (:func:`transaction_records`)."""
+    return transaction_records([TableChange(table, events, table_name, watched)], capture,
+                               timestamp_us, transaction_id, tag, system, partitions,
+                               excluded)  # fmt: skip
 
-    ``watched``: the value columns a column list names (None: every column); an UPDATE
-    that changed none of them is no mod. Mods of the ``excluded`` types are left out
-    before records are made, so the transaction's count and sequence numbers are those
-    of the records emitted (Spanner's filters leave nothing to count either)."""
-    _, _, types = _columns(table)
+
+def transaction_records(
+    changes: Sequence[TableChange], capture: str, timestamp_us: int, transaction_id: str,
+    tag: str, system: bool, partitions: Sequence[PartitionRecord],
+    excluded: frozenset[str] = frozenset(),
+) -> VersionRecords:  # fmt: skip
+    """The records of one transaction (a version of each table it wrote, ``changes``) in
+    every partition of ``partitions`` (those open at ``timestamp_us``): numbered across
+    its tables and partitions, and counted over all of them.
+
+    An UPDATE that changed none of a table's ``watched`` columns is no mod. Mods of the
+    ``excluded`` types are left out before records are made, so the transaction's count
+    and sequence numbers are those of the records emitted (Spanner's filters leave
+    nothing to count either)."""
     token_of = partition_of(partitions)
-    groups: OrderedDict[tuple[str, str, tuple[str, ...]], list[dict[str, Any]]] = OrderedDict()
-    # A transaction's DELETEs come first, its INSERTs last: a key one row left and another
-    # took is deleted before it is inserted, whichever row has the lower id (applied in
-    # record_sequence order, the records then give the key's state after the version).
-    made = _mods(table, events, capture, watched)
-    mods = sorted((m for m in made if m[0] not in excluded), key=lambda mod: _KIND_ORDER[mod[0]])
-    for kind, listed, mod, key in mods:
-        groups.setdefault((token_of(key), kind, listed), []).append(mod)
+    groups: OrderedDict[tuple[str, str, str, tuple[str, ...]], list[dict[str, Any]]]
+    groups = OrderedDict()
+    types_of: dict[str, list[dict[str, Any]]] = {}
+    mods = 0
+    for change in changes:
+        types_of[change.table_name] = _columns(change.table)[2]
+        # A table's DELETEs come first, its INSERTs last: a key one row left and another
+        # took is deleted before it is inserted, whichever row has the lower id (applied
+        # in record_sequence order, the records give the key's state after the version).
+        made = _mods(change.table, change.events, capture, change.watched)
+        kept = sorted((m for m in made if m[0] not in excluded),
+                      key=lambda mod: _KIND_ORDER[mod[0]])  # fmt: skip
+        mods += len(kept)
+        for kind, listed, mod, key in kept:
+            groups.setdefault((token_of(key), change.table_name, kind, listed), []).append(mod)
     chunks = [
         (group, entries[start : start + MODS_PER_RECORD])
         for group, entries in groups.items()
@@ -253,15 +284,15 @@ def version_records(
     last_of: dict[str, int] = {group[0]: i for i, (group, _) in enumerate(chunks)}
     stamp = rfc3339(timestamp_us)
     by_token: dict[str, list[dict[str, Any]]] = {}
-    for sequence, ((token, kind, listed), entries) in enumerate(chunks):
+    for sequence, ((token, name, kind, listed), entries) in enumerate(chunks):
         shown = set(listed)
         by_token.setdefault(token, []).append(DataChangeRecord(
             commit_timestamp=stamp,
             record_sequence=f"{sequence:08d}",
             server_transaction_id=transaction_id,
             is_last_record_in_transaction_in_partition=last_of[token] == sequence,
-            table_name=table_name,
-            column_types=[t for t in types if t["is_primary_key"] or t["name"] in shown],
+            table_name=name,
+            column_types=[t for t in types_of[name] if t["is_primary_key"] or t["name"] in shown],
             mods=entries,
             mod_type=kind,
             value_capture_type=capture,
@@ -270,7 +301,7 @@ def version_records(
             transaction_tag=tag,
             is_system_transaction=system,
         ).to_json())  # fmt: skip
-    return VersionRecords(timestamp_us, by_token, len(mods))
+    return VersionRecords(timestamp_us, by_token, mods)
 
 
 class RecordCache:

@@ -60,6 +60,7 @@ from flush.change_commit import (
     commit_staged,
     stage_change_set,
 )
+from flush.commit_clock import clock
 from flush.failpoints import failpoint
 from pipelines.errors import SqlError, StreamConflictError, TransactionConflictError
 from pipelines.transactions.commit_owner import IN_FLIGHT, new_owner, owner_alive
@@ -122,7 +123,8 @@ def _roll_forward(catalog: Catalog, pending: PendingCommit) -> dict[int, int]:
         )  # fmt: skip
         failpoint("pipeline_between_tables")
     failpoint("pipeline_before_finish")
-    catalog.finish_commit(pending.id, versions)  # the offsets move, the intents go
+    # The offsets move, the intents go, and (several tables) the versions get one moment.
+    catalog.finish_commit(pending.id, versions, floor_us=clock())
     return versions
 
 

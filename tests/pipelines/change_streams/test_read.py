@@ -697,21 +697,38 @@ def test_a_record_keeps_the_value_capture_type_of_its_change(watched):
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="a transaction is one table version: a SQL "
-                   "transaction writing two tables is two, each with its own id and time")  # fmt: skip
 def test_a_transaction_writing_two_tables_is_one_transaction(watched):
+    """One SQL transaction is one transaction in the records of every stream: one id and
+    commit timestamp, numbered and counted across its tables (a stream watching one of
+    them counts that one's records); a statement alone is a transaction of its own."""
     s, token = watched
     s.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
     s.sql("ALTER CHANGE STREAM CS SET FOR T, U")
+    s.sql("CREATE CHANGE STREAM CU FOR U")
+    (only_u,) = s.catalog.list_partitions(s.catalog.get_change_stream("DB", "PUBLIC", "CU").uid)
     start = now()
     with s.transaction():
-        s.sql("INSERT INTO T VALUES (1, 'a')")
+        s.sql("INSERT INTO T VALUES (1, 'a'), (2, 'b')")
         s.sql("INSERT INTO U VALUES (1, 'a')")
+        s.sql("UPDATE U SET V = 'c'")
+    s.sql("INSERT INTO U VALUES (2, 'x')")
     found = changes(read(s, "CS", start, token))
-    assert sorted(c["table_name"] for c in found) == ["T", "U"]
-    assert len({c["server_transaction_id"] for c in found}) == 1
-    assert len({c["commit_timestamp"] for c in found}) == 1
-    assert {c["number_of_records_in_transaction"] for c in found} == {2}
+    first, alone = found[:2], found[2:]
+    assert sorted(c["table_name"] for c in first) == ["T", "U"]
+    assert [c["table_name"] for c in alone] == ["U"]
+    assert len({c["server_transaction_id"] for c in first}) == 1
+    assert len({c["commit_timestamp"] for c in first}) == 1
+    assert {c["number_of_records_in_transaction"] for c in first} == {2}
+    assert sorted(c["record_sequence"] for c in first) == ["00000000", "00000001"]
+    assert [c["is_last_record_in_transaction_in_partition"] for c in first] == [False, True]
+    assert alone[0]["server_transaction_id"] != first[0]["server_transaction_id"]
+    assert micros(alone[0]["commit_timestamp"]) > micros(first[0]["commit_timestamp"])
+    in_u = changes(read(s, "CU", start, only_u.token))
+    assert [(c["server_transaction_id"], c["commit_timestamp"], c["mods"][0]["new_values"],
+             c["number_of_records_in_transaction"]) for c in in_u] == [
+        (first[0]["server_transaction_id"], first[0]["commit_timestamp"], {"V": "c"}, 1),
+        (alone[0]["server_transaction_id"], alone[0]["commit_timestamp"], {"V": "x"}, 1),
+    ]  # fmt: skip
 
 
 def test_a_renamed_table_is_named_by_its_new_name(watched):
