@@ -208,7 +208,22 @@ class Catalog(ABC):
     def list_tables(self) -> list[TableInfo]: ...
 
     @abstractmethod
-    def drop_table(self, table_id: int) -> None: ...
+    def drop_table(self, table_id: int, name: str | None = None) -> None:
+        """Drop a table; it is kept among the dropped tables (as ``name``, if given) as
+        long as the change streams that watch it keep their records, or until
+        :meth:`expired_dropped_tables` lists it at once (none watches it)."""
+
+    @abstractmethod
+    def list_dropped_tables(self) -> list[tuple[TableInfo, int]]:
+        """The dropped tables still kept, each with the moment (µs) it was dropped."""
+
+    @abstractmethod
+    def expired_dropped_tables(self, now_us: int) -> list[TableInfo]:
+        """The dropped tables kept until ``now_us`` or earlier: their folders may go."""
+
+    @abstractmethod
+    def forget_dropped_table(self, table_id: int) -> None:
+        """Forget a dropped table whose folder is gone (and its change stream seals)."""
 
     @abstractmethod
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:

@@ -221,11 +221,27 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         )
         return [to_table(row) for row in rows]
 
-    def drop_table(self, table_id: int) -> None:
+    def drop_table(self, table_id: int, name: str | None = None) -> None:
         # Streams stay: a stream on a dropped table is stale until replaced or dropped.
         with self._immediate() as db:
             check_not_busy(db, [table_id])
-            forget_table(db, table_id)
+            forget_table(db, table_id, name)
+
+    def list_dropped_tables(self) -> list[tuple[TableInfo, int]]:
+        rows = self._read(f"SELECT {TABLE_COLUMNS}, dropped_us FROM dropped_tables ORDER BY id")
+        return [(to_table(row[:-1]), int(row[-1])) for row in rows]
+
+    def expired_dropped_tables(self, now_us: int) -> list[TableInfo]:
+        rows = self._read(
+            f"SELECT {TABLE_COLUMNS} FROM dropped_tables WHERE keep_until_us <= ?", (now_us,)
+        )
+        return [to_table(row) for row in rows]
+
+    def forget_dropped_table(self, table_id: int) -> None:
+        self._write([
+            ("DELETE FROM dropped_tables WHERE id=?", (table_id,)),
+            ("DELETE FROM change_stream_seals WHERE table_id=?", (table_id,)),
+        ])  # fmt: skip
 
     def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()

@@ -7,6 +7,7 @@ here opens a connection of its own.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,6 +149,11 @@ CREATE TABLE IF NOT EXISTS change_stream_history (
     table_ids TEXT NOT NULL, value_capture_type TEXT NOT NULL, column_lists TEXT NOT NULL,
     exclusions TEXT NOT NULL, PRIMARY KEY (stream_uid, from_us));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS dropped_tables (
+    id INTEGER PRIMARY KEY, database TEXT NOT NULL, schema_name TEXT NOT NULL,
+    name TEXT NOT NULL, uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,
+    applied_version INTEGER NOT NULL, next_row_id INTEGER NOT NULL, clustering TEXT NOT NULL,
+    properties TEXT NOT NULL, dropped_us INTEGER NOT NULL, keep_until_us INTEGER NOT NULL);
 """
 #: Columns added after the first release, for catalogs made by older versions (a
 #: pending commit of an older version was decided, and its intents are its plan's).
@@ -354,14 +360,14 @@ def drop_contents(
             what, [t.full_name for t in tables], streams, views, change_streams
         )
     check_not_busy(db, [t.id for t in tables])
-    for table in tables:
-        forget_table(db, table.id)
     db.execute(f"DELETE FROM streams WHERE {where}", args)
     db.execute(f"DELETE FROM views WHERE {where}", args)
     db.execute(f"DELETE FROM change_streams WHERE {where}", args)
     db.execute(ORPHAN_PARTITIONS)
     db.execute(ORPHAN_HISTORY)
     db.execute(ORPHAN_OFFSETS)
+    for table in tables:  # after its change streams: those that stay decide its keeping
+        forget_table(db, table.id)
     return tables
 
 
@@ -380,9 +386,33 @@ def check_not_busy(db: sqlite3.Connection, table_ids: list[int]) -> None:
         raise TableBusyError(busy, [p.id for p in holders])
 
 
-def forget_table(db: sqlite3.Connection, table_id: int) -> None:
+#: The longest retention of the change streams that watch a table (``?``), now or in a
+#: definition still kept (the history), or every table (``FOR ALL``); NULL: none does.
+_WATCHED_FOR = (
+    "SELECT max(retention_s) FROM change_streams c WHERE c.for_all = 1"
+    " OR EXISTS (SELECT 1 FROM json_each(c.table_ids) WHERE value = ?1)"
+    " OR EXISTS (SELECT 1 FROM change_stream_history h WHERE h.stream_uid = c.uid AND"
+    " (h.for_all = 1 OR EXISTS (SELECT 1 FROM json_each(h.table_ids) WHERE value = ?1)))"
+)
+
+
+def forget_table(db: sqlite3.Connection, table_id: int, name: str | None = None) -> None:
     """Inside a write transaction: delete a table's row with its channels, compaction
-    history and dynamic-table rows (its streams stay: stale until replaced or dropped)."""
+    history and dynamic-table rows (its streams stay: stale until replaced or dropped).
+
+    The row moves to ``dropped_tables`` (named ``name`` if given: a table moved aside
+    before its drop), kept as long as the change streams that watch it keep their
+    records (none: at once), so that what they recorded before the drop stays readable;
+    its folder goes when it expires (``purge_dropped`` in flush.catalog_tables)."""
+    keep_s = db.execute(_WATCHED_FOR, (table_id,)).fetchone()[0] or 0
+    now = int(time.time() * 1_000_000)
+    db.execute(
+        f"INSERT OR REPLACE INTO dropped_tables ({TABLE_COLUMNS}, dropped_us, keep_until_us)"
+        f" SELECT {TABLE_COLUMNS}, ?, ? FROM tables WHERE id=?",
+        (now, now + keep_s * 1_000_000, table_id),
+    )
+    if name is not None:
+        db.execute("UPDATE dropped_tables SET name=? WHERE id=?", (name, table_id))
     db.execute("DELETE FROM tables WHERE id=?", (table_id,))
     db.execute("DELETE FROM channels WHERE table_id=?", (table_id,))
     db.execute("DELETE FROM migrations WHERE table_id=?", (table_id,))

@@ -18,6 +18,7 @@ from channel_server import (  # noqa: F401 - each registers its routes on the sh
 from channel_server.config import ServerConfig
 from channel_server.handlers import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware, routes
 from channel_server.service import IngestService
+from flush import purge_dropped
 from pipelines.change_streams.balance import Balancer
 from pipelines.transactions.commit import recover_pending
 
@@ -85,12 +86,17 @@ async def _sql_session_loop(service: IngestService) -> None:
 async def _pipeline_recovery_loop(service: IngestService) -> None:
     """Roll forward pipeline commits whose owner died or gave up (a SQL session's worker
     killed mid-commit, a client process gone), so their streams and tables are free
-    again without waiting for the next writer or session."""
+    again without waiting for the next writer or session; and delete the folders of
+    dropped tables no change stream keeps any longer."""
     while True:
         try:
             ended = await asyncio.to_thread(recover_pending, service.catalog)
             if ended:
                 log.info("recovered %d pipeline commit(s)", ended)
+            purged = await asyncio.to_thread(purge_dropped, service.catalog,
+                                             service.config.warehouse)  # fmt: skip
+            if purged:
+                log.info("deleted the folders of %d dropped table(s)", purged)
         except Exception:
             log.exception("pipeline commit recovery failed")
         await asyncio.sleep(PIPELINE_RECOVERY_SECONDS)

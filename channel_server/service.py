@@ -27,7 +27,7 @@ from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.sql_service import SqlService
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
-from flush import create_catalog_table, drop_table, replay_commits
+from flush import create_catalog_table, purge_dropped, replay_commits
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption, TableSchema
 from ingest_sdk.errors import (
@@ -381,9 +381,7 @@ class IngestService:
         self._dropped.add((info.database, info.schema_name, info.name))
         self.metrics.forget_table(info.full_name)
         log.info("dropped table %s", info.full_name, extra={"table": info.full_name})
-        if not await asyncio.to_thread(drop_table, info.uri, self.config.warehouse):
-            log.warning("dropped table %s but left its folder %s: not a table folder of the "
-                        "warehouse", info.full_name, info.uri)  # fmt: skip
+        await asyncio.to_thread(purge_dropped, self.catalog, self.config.warehouse)
         return info
 
     def _table_state(self, info: TableInfo) -> TableState:

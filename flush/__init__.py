@@ -3,7 +3,7 @@
 Nothing here speaks HTTP; the channel server calls in.
 """
 
-from flush.catalog_tables import check_column_names, create_catalog_table
+from flush.catalog_tables import check_column_names, create_catalog_table, purge_dropped
 from flush.commit import (
     COMMIT_METADATA_KEY,
     ChannelProgress,
@@ -39,6 +39,7 @@ __all__ = [
     "delta_schema",
     "drop_table",
     "new_table_folder",
+    "purge_dropped",
     "read_table",
     "replay_commits",
     "table_schema_of",

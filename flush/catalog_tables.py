@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from catalog import Catalog, TableInfo
+from flush.commit_clock import now_us
+from flush.failpoints import failpoint
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk import SchemaError, TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import check_object_name
 
-__all__ = ["check_column_names", "create_catalog_table"]
+__all__ = ["check_column_names", "create_catalog_table", "purge_dropped"]
+
+log = logging.getLogger(__name__)
 
 
 def check_column_names(schema: TableSchema) -> None:
@@ -73,3 +78,21 @@ def create_catalog_table(
         drop_table(folder, warehouse)  # ours alone: made just above
         raise
     return info, True
+
+
+def purge_dropped(catalog: Catalog, warehouse: str | Path) -> int:
+    """Delete the folders of dropped tables no longer kept (none of the change streams
+    that watched one keeps records that old) and forget them: the folder first, so a
+    crash in between leaves a row whose folder is gone, purged again next time, never a
+    folder nobody knows. Returns how many were purged.
+
+    Every drop calls this (a table no change stream watches goes at once), and so does
+    the service's recovery task."""
+    gone = catalog.expired_dropped_tables(now_us())
+    for info in gone:
+        if not drop_table(info.uri, warehouse):
+            log.warning("forgot dropped table %s but left its folder %s: not a table folder "
+                        "of the warehouse", info.full_name, info.uri)  # fmt: skip
+        failpoint("dropped_table_purge")
+        catalog.forget_dropped_table(info.id)
+    return len(gone)

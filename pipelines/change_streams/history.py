@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from catalog import AlterSeal, Catalog, ChangeStreamDefinition, ChangeStreamRecord, TableInfo
 from pipelines.change_streams.timeline import sealing
@@ -53,12 +53,15 @@ def definition_at(
 @dataclass(frozen=True, slots=True)
 class ReadTables:
     """The tables a read from ``start`` needs: ``current`` ones (the newest definition's:
-    the read seals them as it goes) and ``past`` ones, watched by an earlier definition
+    the read seals them as it goes), ``past`` ones, watched by an earlier definition
     only, each with the last moment it was watched (the ALTER that left them sealed them
-    up to it)."""
+    up to it), and ``dropped`` ones, watched by a definition in force at or after
+    ``start`` and dropped since, each with the moment of its drop (kept for as long as
+    the streams that watched it keep records, see :func:`catalog.Catalog.drop_table`)."""
 
     current: list[TableInfo]
     past: list[tuple[TableInfo, int]]
+    dropped: list[tuple[TableInfo, int]] = field(default_factory=list)
 
 
 def read_tables(
@@ -76,7 +79,13 @@ def read_tables(
         for table in tables_of(catalog, definition):
             if table.id not in known:
                 past[table.id] = (table, max(until, past.get(table.id, (table, until))[1]))
-    return ReadTables(current, list(past.values()))
+    in_force = [d for i, d in enumerate(history)
+                if i + 1 == len(history) or history[i + 1].from_us > start]  # fmt: skip
+    dropped = [
+        (table, moment) for table, moment in catalog.list_dropped_tables()
+        if moment >= start and any(d.watches(table.id) for d in in_force)
+    ]  # fmt: skip
+    return ReadTables(current, list(past.values()), dropped)
 
 
 def _tables_around(

@@ -351,6 +351,7 @@ class _Watch:
         self.history = catalog.change_stream_history(stream.uid)
         self.current: list[TableInfo] = []
         self.past: list[tuple[TableInfo, int]] = []
+        self.dropped: list[tuple[TableInfo, int]] = []
         self.progress: dict[int, int] = {}
         self.ended: dict[int, int] = {}
         self.read_at = -TABLES_EVERY_S
@@ -365,7 +366,8 @@ class _Watch:
         found = read_tables(self.catalog, self.history, self.start)
         self.current, self.read_at = found.current, time.monotonic()
         self.past = [(t, last) for t, last in found.past if self.ended.get(t.id) != last]
-        for table in [*self.current, *(t for t, _ in self.past)]:
+        self.dropped = found.dropped
+        for table in [*self.current, *(t for t, _ in [*self.past, *self.dropped])]:
             if table.id not in self.progress:
                 self.progress[table.id] = _first_version(table, self.catalog, self.start)
 
@@ -381,10 +383,19 @@ class _Watch:
         self.tables(force=True)
         return True
 
+    def sealing(self, seals: Mapping[int, Seal]) -> list[TableInfo]:
+        """The tables the read seals: the current ones, and the dropped ones no seal
+        covers up to their drop (nothing is written to them since: one seal does)."""
+        return [*self.current, *(t for t, moment in self.dropped
+                                 if t.id not in seals or seals[t.id].heartbeat_us < moment)]
+
     def found(self, seals: Mapping[int, Seal], limit: int) -> Iterator[tuple[int, str, int, int]]:
         """The sealed versions up to ``limit`` of every table, in timestamp order; of a
-        past table (sealed by the ALTER that left it) up to its last moment."""
-        watched: list[tuple[TableInfo, int | None]] = [(t, None) for t in self.current]
+        past table (sealed by the ALTER that left it) up to its last moment; of a dropped
+        one, every version its seals cover (those committed before its drop)."""
+        watched: list[tuple[TableInfo, int | None]] = [
+            (t, None) for t in [*self.current, *(t for t, _ in self.dropped)]
+        ]
         return heapq.merge(*(
             _versions(self.catalog, self.stream, t, self.progress[t.id], seals[t.id].version,
                       self.start, limit if last is None else min(limit, last), self.progress,
@@ -419,8 +430,8 @@ def read(
     quiet_since = time.monotonic()
     while stop is None or not stop.is_set():
         watch.tables()
-        tables = watch.current
         seals = catalog.latest_seals(watch.progress)
+        tables = watch.sealing(seals)
         beat_due = time.monotonic() - quiet_since >= args.heartbeat_ms / 1000
         if _must_seal(tables, seals, partition, end, beat_due):
             sealed, _ = seal(catalog, tables)
@@ -443,7 +454,7 @@ def read(
         if end is not None:
             limit = min(limit, end)
         # Version by version in timestamp order (tables merged), each built on demand.
-        by_id = {t.id: t for t in [*tables, *(t for t, _ in watch.past)]}
+        by_id = {t.id: t for t in [*tables, *(t for t, _ in [*watch.past, *watch.dropped])]}
         for moment, definition, transactions in _transactions(
             watch.found(seals, limit), watch.history, by_id
         ):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from catalog import DynamicSource, DynamicTableRecord, TableInfo, did_you_mean, full_name
+from flush.catalog_tables import purge_dropped
 from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
@@ -283,7 +284,7 @@ def _swap(session: StatementContext, existing: TableInfo, built: TableInfo, show
         raise SqlError(f"dynamic table {shown} was dropped or replaced by another client while "
                        "this CREATE OR REPLACE ran; nothing was created: run it again",
                        "TRANSACTION_CONFLICT") from None  # fmt: skip
-    drop_table(existing.uri, session.warehouse)
+    purge_dropped(catalog, session.warehouse)  # the old one's folder, unless kept
 
 
 def _check_reads(

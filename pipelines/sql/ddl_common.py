@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from catalog import TableInfo, did_you_mean, full_name
-from flush import drop_table
+from flush import purge_dropped
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import SchemaError
 from ingest_sdk.schema import check_not_reserved, check_object_name, quote_identifier
@@ -48,10 +48,12 @@ def status_frame(session: StatementContext, message: str) -> DataFrame:
 
 
 def drop_table_info(session: StatementContext, info: TableInfo) -> None:
-    """Drop a table: its catalog entry, then its folder (its streams become stale);
-    once no pending commit writes it (see :func:`pipelines.transactions.commit.when_free`)."""
-    when_free(session.catalog, lambda: session.catalog.drop_table(info.id), [info.id])
-    drop_table(info.uri, session.warehouse)
+    """Drop a table: its catalog entry, then its folder unless a change stream keeps it
+    (its streams become stale); once no pending commit writes it (see
+    :func:`pipelines.transactions.commit.when_free`). Named as ``info`` names it (a table
+    moved aside under another name is dropped under its own)."""
+    when_free(session.catalog, lambda: session.catalog.drop_table(info.id, info.name), [info.id])
+    purge_dropped(session.catalog, session.warehouse)
 
 
 def drop_named(

@@ -16,7 +16,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from catalog import ObjectNotEmptyError
-from flush import drop_table
+from flush import purge_dropped
 from flush.table_locks import table_lock
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
@@ -147,8 +147,7 @@ def drop_database(session: StatementContext, statement: Statement) -> DataFrame:
             f"{what.lower()} {shown} does not exist; check the name (unquoted names are "
             f"upper-cased; SHOW {what}S lists them)"
         )
-    for info in dropped:  # out of the catalog already: only their folders are left
-        drop_table(info.uri, session.warehouse)
+    purge_dropped(session.catalog, session.warehouse)  # their folders, unless kept
     own = quote_identifier(schema if schema is not None else database)
     return status_frame(session, f"{own} successfully dropped.")
 

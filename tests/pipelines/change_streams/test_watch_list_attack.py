@@ -127,10 +127,6 @@ def test_records_under_lists_parse_as_the_sdk_reader_parses_them(session):
                     ("NK_ROW", "DELETE", {})]  # fmt: skip
 
 
-@pytest.mark.xfail(strict=True, reason="after CREATE OR REPLACE TABLE of a watched table, a "
-                   "read from before the replace returns nothing: the INSERT committed (and "
-                   "returned) before it, well within the retention period, is gone for a "
-                   "reader that had not caught up")  # fmt: skip
 def test_records_committed_before_a_replace_stay_readable_within_retention(session):
     """The stream stops watching the replaced table (docs), but what it recorded of that
     table before stays readable for the retention period, as Spanner keeps every record
