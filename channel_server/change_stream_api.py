@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import weakref
 from collections import Counter
@@ -198,6 +199,8 @@ def change_stream_name(text: str) -> tuple[str, str, str]:
     )
 
 
+#: A timestamp whose offset's + a URL query turned into a space (``...:00 01:00``).
+_LOST_PLUS = re.compile(r"\d \d\d(:?\d\d)?$")
 _REQUIRED = {
     "start_timestamp": "2026-01-31T12:00:00Z (RFC 3339, UTC unless an offset is given; "
     "write + as %2B in a URL)",
@@ -253,7 +256,11 @@ def _checked(
         return stream, read_args(values, stream, catalog.list_partitions(stream.uid))
     except SqlError as exc:
         if exc.code == InvalidArgumentError.code:
-            raise InvalidArgumentError(str(exc)) from exc
+            lost = [n for n in ("start_timestamp", "end_timestamp")
+                    if _LOST_PLUS.search(values.get(n) or "")]  # fmt: skip
+            hint = (f"; {lost[0]} holds a space where an offset's + was: a + in a URL's "
+                    "query reads as a space, write it as %2B") if lost else ""  # fmt: skip
+            raise InvalidArgumentError(f"{exc}{hint}") from exc
         raise InvalidRequestError(f"{exc.code}: {exc}") from exc
 
 

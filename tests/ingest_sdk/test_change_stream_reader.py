@@ -109,10 +109,8 @@ def values_by_key(records):
 
 def returned_after_end(session, records):
     """``(partition token, commit_timestamp)`` of records a partition returned at or after
-    its own end: a defect of the read (``pipelines/change_streams/read.py`` builds the
-    records of versions sealed after a split or merge with the partition list it read
-    before it, so the parent returns them and its children again). A test that meets it
-    is marked xfail with the evidence, not failed: the reader hands what queries return."""
+    its own end (the read reads the partitions again after each pass's seals, so that a
+    split or merge landing meanwhile never makes a parent return its children's records)."""
     ends = {p.token: p.end_us for p in session.catalog.list_partitions(stream_of(session).uid)}
     return [
         (token, moment)
@@ -121,11 +119,9 @@ def returned_after_end(session, records):
     ]
 
 
-def check_read_defect(session, records):
+def assert_none_after_its_end(session, records):
     late = returned_after_end(session, records)
-    if late:
-        pytest.xfail(f"known defect of the read: partitions returned records after their end "
-                     f"(token, commit_timestamp): {late[:3]}")  # fmt: skip
+    assert not late, f"partitions returned records after their end (token, time): {late[:3]}"
 
 
 def tokens_and_moments(handed):
@@ -211,7 +207,7 @@ def test_reference_workflow_merge_child_read_once_after_both_parents(session, tm
     assert recorder.index("handed", child) > child_call
     # Every change once, in order per key: V = 0 (the insert), then 1..4.
     if values_by_key(handed) != {k: [0, 1, 2, 3, 4] for k in range(KEYS)}:
-        check_read_defect(session, tokens_and_moments(handed))
+        assert_none_after_its_end(session, tokens_and_moments(handed))
     assert values_by_key(handed) == {k: [0, 1, 2, 3, 4] for k in range(KEYS)}
     # The finished parents are gone from the reader's watermarks; open ones remain.
     assert set(reader.watermarks) == {initial[2], child}
@@ -283,7 +279,7 @@ def test_split_and_merge_while_writes_continue(session, tmp_path):
         sampler.join(5)
     assert not failure, failure
     if values_by_key(handed) != {k: list(range(rounds + 1)) for k in range(KEYS)}:
-        check_read_defect(session, tokens_and_moments(handed))
+        assert_none_after_its_end(session, tokens_and_moments(handed))
     assert values_by_key(handed) == {k: list(range(rounds + 1)) for k in range(KEYS)}
     assert all(a <= b for a, b in itertools.pairwise(samples)), "low went back"
     for low, moment in lows:
@@ -567,7 +563,7 @@ def test_sigkill_of_the_service_mid_stream_loses_and_repeats_nothing(
     assert not failure, failure
     rows = seen()
     if Counter(rows) != Counter((k, v) for k in range(KEYS) for v in range(rounds + 1)):
-        check_read_defect(session, seen("token, moment"))
+        assert_none_after_its_end(session, seen("token, moment"))
     assert Counter(rows) == Counter((k, v) for k in range(KEYS) for v in range(rounds + 1))
     by_key = defaultdict(list)
     for key, value in rows:

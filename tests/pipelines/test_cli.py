@@ -245,6 +245,12 @@ def test_url_unterminated_input_runs_nothing(service, client):
     assert binary.stderr.decode().splitlines() == [
         "error: the input is not UTF-8 text (byte 10: b'\\xff'); nothing was run"
     ]
+    # A statement of more than 1,000,000 characters: the service refuses it, in one line.
+    huge = remote(service, stdin=f"CREATE TABLE HUGE AS SELECT '{'x' * 1_000_000}' AS V;\n")
+    assert huge.returncode != 0
+    (line,) = huge.stderr.splitlines()
+    assert "1 to 1000000 characters" in line.replace(",", ""), line
+    assert client.sql("SHOW TABLES LIKE 'HUGE'") == []
 
 
 def test_url_path_imports_no_spark_delta_arrow_or_sdk(service):

@@ -303,6 +303,7 @@ async def test_every_mistake_is_a_4xx_naming_the_fix(server, session, http, clie
         ("CS", {**ok, "start_timestamp": "2020-01-01T00:00:00Z"}, 400, "INVALID_ARGUMENT", "the stream was created; start at"),
         ("CS", {**ok, "end_timestamp": "2020-01-01T00:00:00Z"}, 400, "INVALID_ARGUMENT", f"end_timestamp 2020-01-01T00:00:00.000000Z is before start_timestamp {start}"),
         ("CS", {**ok, "end_timestamp": "soon"}, 400, "INVALID_ARGUMENT", "end_timestamp 'soon' is not a timestamp"),
+        ("CS", {**ok, "start_timestamp": start[:19] + " 01:00"}, 400, "INVALID_ARGUMENT", "start_timestamp holds a space where an offset's + was: a + in a URL's query reads as a space, write it as %2B"),
         ("CS", {**ok, "partition_token": other}, 400, "INVALID_ARGUMENT", f"partition_token '{other}' is not a partition of change stream DB.PUBLIC.CS"),
         ("CS", {**ok, "partition_token": ""}, 400, "INVALID_ARGUMENT", "is not a partition of change stream DB.PUBLIC.CS"),
     ]  # fmt: skip

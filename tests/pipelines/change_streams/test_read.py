@@ -731,6 +731,33 @@ def test_a_transaction_writing_two_tables_is_one_transaction(watched):
     ]  # fmt: skip
 
 
+def test_a_transaction_of_two_tables_is_numbered_across_its_partitions(session):
+    """Records of one transaction over two tables and four partitions: one id and time,
+    numbered 0..n-1 across tables and partitions, counted over all of them, the last of
+    each partition marked."""
+    from tests.pipelines.change_streams.test_exclusions import (
+        assert_numbered,
+        by_transaction,
+        read_partitions,
+    )
+
+    s = session
+    s.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    s.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    s.sql("CREATE CHANGE STREAM CS FOR T, U OPTIONS (partitions = 4)")
+    with s.transaction():
+        s.sql("INSERT INTO T SELECT id, 't' FROM range(12)")
+        s.sql("INSERT INTO U SELECT id, 'u' FROM range(12)")
+    tree = read_partitions(s, "CS")
+    (transaction,) = by_transaction(tree).values()
+    assert len({token for token, _ in transaction}) == 4
+    assert {c["table_name"] for _, c in transaction} == {"T", "U"}
+    assert len({c["commit_timestamp"] for _, c in transaction}) == 1
+    assert sorted((c["table_name"], m["keys"]["ID"]) for _, c in transaction for m in c["mods"]) \
+        == sorted((t, i) for t in "TU" for i in range(12))
+    assert_numbered(tree)
+
+
 def test_a_renamed_table_is_named_by_its_new_name(watched):
     """A table keeps its identity through ALTER TABLE ... RENAME TO; its records, the
     ones read before too, carry the name it has when they are read."""
