@@ -245,7 +245,9 @@ class PendingCommit:
     still be abandoned) or ``decided`` (streams claimed: it is rolled forward, never
     abandoned). ``plan`` says what to commit to which table, so recovery can roll it
     forward; ``owner`` names the process rolling it forward (see pipelines'
-    commit_owner), ``""`` once released to recovery; ``intents`` the tables it writes.
+    commit_owner), ``""`` once released to recovery; ``intents`` the tables it writes;
+    ``decided_seq`` the order of decisions among the pending commits (0: undecided, or
+    decided by an older version).
     """
 
     id: int
@@ -255,6 +257,7 @@ class PendingCommit:
     created_at: float
     state: str = "decided"
     intents: tuple[CommitIntent, ...] = ()
+    decided_seq: int = 0
 
     @property
     def decided(self) -> bool:

@@ -101,9 +101,11 @@ class PendingCommitStore:
             if lost:
                 raise StreamClaimConflict(lost)
             claim_refresh(db, commit_id, orjson.loads(row[2]))
+            seq = db.execute("SELECT coalesce(max(decided_seq), 0) + 1 FROM pending_commits")
+            decided_seq = int(seq.fetchone()[0])
             db.execute(
-                "UPDATE pending_commits SET claims=?, state='decided' WHERE id=?",
-                (claims_text(claims), commit_id),
+                "UPDATE pending_commits SET claims=?, state='decided', decided_seq=? WHERE id=?",
+                (claims_text(claims), decided_seq, commit_id),
             )
             for claim in claims:
                 db.execute(
@@ -111,7 +113,8 @@ class PendingCommitStore:
                 )
         pending = to_pending(row)
         return PendingCommit(pending.id, pending.owner, pending.plan, tuple(claims),
-                             pending.created_at, "decided", pending.intents)  # fmt: skip
+                             pending.created_at, "decided", pending.intents,
+                             decided_seq)  # fmt: skip
 
     def finish_commit(
         self, commit_id: int, versions: Mapping[int, int] | None = None, floor_us: int = 0

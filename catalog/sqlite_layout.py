@@ -101,7 +101,8 @@ CREATE INDEX IF NOT EXISTS stream_offsets_by_table ON stream_offsets (table_id);
 CREATE TABLE IF NOT EXISTS pending_commits (
     id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT NOT NULL, plan TEXT NOT NULL,
     claims TEXT NOT NULL, created_at REAL NOT NULL,
-    state TEXT NOT NULL DEFAULT 'decided', intents TEXT NOT NULL DEFAULT '');
+    state TEXT NOT NULL DEFAULT 'decided', intents TEXT NOT NULL DEFAULT '',
+    decided_seq INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS views (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     database TEXT NOT NULL, schema_name TEXT NOT NULL, name TEXT NOT NULL,
@@ -164,6 +165,7 @@ ADDED_COLUMNS = {
     ("streams", "view_uids"): "TEXT NOT NULL DEFAULT '[]'",
     ("pending_commits", "state"): "TEXT NOT NULL DEFAULT 'decided'",
     ("pending_commits", "intents"): "TEXT NOT NULL DEFAULT ''",
+    ("pending_commits", "decided_seq"): "INTEGER NOT NULL DEFAULT 0",
     ("change_streams", "column_lists"): "TEXT NOT NULL DEFAULT '[]'",
     ("change_streams", "exclusions"): "TEXT NOT NULL DEFAULT '[]'",
 }
@@ -179,7 +181,7 @@ STREAM_COLUMNS = (
 )
 #: Base offsets of streams that no longer exist (dropped, replaced, in a dropped schema).
 ORPHAN_OFFSETS = "DELETE FROM stream_offsets WHERE stream_id NOT IN (SELECT id FROM streams)"
-PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents"
+PENDING_COLUMNS = "id, owner, plan, claims, created_at, state, intents, decided_seq"
 CHANGE_STREAM_COLUMNS = (
     "id, database, schema_name, name, for_all, table_ids, value_capture_type, retention_s,"
     " created_at, created_us, uid, column_lists, exclusions"
@@ -282,7 +284,7 @@ def to_pending(row: tuple) -> PendingCommit:  # type: ignore[type-arg]
             )
             for entry in plan.get("tables", [])
         )
-    return PendingCommit(row[0], row[1], plan, claims, row[4], row[5], intents)
+    return PendingCommit(row[0], row[1], plan, claims, row[4], row[5], intents, row[7])
 
 
 def namespace_statements(

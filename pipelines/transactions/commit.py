@@ -103,8 +103,36 @@ class TableWrites:
     change: ChangeSet
 
 
+def _after_earlier(catalog: Catalog, pending: PendingCommit) -> None:
+    """Wait until no commit of several tables decided before this one (also of several
+    tables) and sharing a table with it is pending: completing it if its owner is dead,
+    for up to :data:`INTENT_WAIT_SECONDS` if alive (then :class:`TableBusyError`).
+
+    So commits of several tables write a table they share in the order of their
+    decisions, each after the one before ended, and the end of each can give every one
+    of its versions one change stream moment: no other commit's held version lies below
+    its own (:func:`catalog.sqlite_change_streams.seal_commit`). Decision order has no
+    cycles, so neither do the waits."""
+    tables = {entry["table_id"] for entry in pending.plan["tables"]}
+    if len(tables) < 2:
+        return
+
+    def attempt_once() -> None:
+        earlier = [
+            p.id for p in catalog.pending_commits()
+            if p.decided and p.id != pending.id and p.decided_seq < pending.decided_seq
+            and len(theirs := {e["table_id"] for e in p.plan.get("tables", ())}) > 1
+            and theirs & tables
+        ]  # fmt: skip
+        if earlier:
+            raise TableBusyError(sorted(tables), earlier)
+
+    _wait_for_holders(catalog, attempt_once)
+
+
 def _roll_forward(catalog: Catalog, pending: PendingCommit) -> dict[int, int]:
     """The last step of :func:`commit_consumer` for a decided commit; idempotent."""
+    _after_earlier(catalog, pending)
     versions: dict[int, int] = {}
     app_transactions = pending.plan.get("app_transactions") or {
         f"ingest-stream:{c.stream_id}": c.new
