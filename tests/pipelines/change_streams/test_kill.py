@@ -76,27 +76,59 @@ def test_a_split_or_merge_killed_mid_transaction_changes_nothing(session):
     assert sorted(mods) == sorted([*range(20), *range(3), 18, 19])
 
 
-TRANSACTION = """
-import sys
-from pipelines import Session
-session = Session(sys.argv[1])
-with session.transaction():
-    session.sql("INSERT INTO T VALUES (1, 'a')")
-    session.sql("INSERT INTO U VALUES (1, 'a')")
-print("not killed")
-"""
+def transaction_script(*statements: str) -> str:
+    """A child's script: one transaction of ``statements`` on the warehouse ``argv[1]``."""
+    body = "".join(f"    session.sql({statement!r})\n" for statement in statements)
+    return ("import sys\nfrom pipelines import Session\nsession = Session(sys.argv[1])\n"
+            f"with session.transaction():\n{body}print('not killed')\n")  # fmt: skip
 
 
-def _reading(catalog_file, stream, token, start):
-    """A read of one partition in a thread: its records arrive on the returned queue."""
+TRANSACTION = transaction_script("INSERT INTO T VALUES (1, 'a')", "INSERT INTO U VALUES (1, 'a')")
+
+
+def killed_at(session, point, script=TRANSACTION):
+    """Run ``script`` in a child SIGKILLed at failpoint ``point``; returns the commit it
+    left pending, decided."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(session.warehouse)],
+        env={**os.environ, "INGEST_FAILPOINTS": f"{point}=kill"}, capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    (pending,) = session.catalog.pending_commits()
+    assert pending.state == "decided"
+    return pending
+
+
+def two_tables_watched(session):
+    """Tables T and U watched by change stream CS (one partition) and T's row 0 read once
+    (the tables sealed past it): the stream, its partition, the start and that record."""
+    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    session.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
+    session.sql("CREATE CHANGE STREAM CS FOR T, U")
+    stream = session.catalog.get_change_stream("DB", "PUBLIC", "CS")
+    (partition,) = session.catalog.list_partitions(stream.uid)
+    start = clock()
+    session.sql("INSERT INTO T VALUES (0, 'z')")
+    (before,) = changes(
+        read_once(session, "CS", rfc3339(start), partition.token, end=rfc3339(clock()))
+    )
+    return stream, partition, start, before
+
+
+def reading(catalog_file, stream, token, start, heartbeat_ms=1000):
+    """A read of one partition in a thread: its records arrive on the returned queue (an
+    error as ``{"error": ...}``)."""
     records: queue.Queue = queue.Queue()
     stop = threading.Event()
 
     def run():
         catalog = SqliteCatalog(catalog_file)
         try:
-            for record in read(catalog, stream, ReadArgs(start, None, token, 1000), stop):
+            for record in read(catalog, stream, ReadArgs(start, None, token, heartbeat_ms), stop):
                 records.put(record)
+        except BaseException as exc:  # surfaced to the test through the queue
+            records.put({"error": repr(exc)})
         finally:
             catalog.close()
 
@@ -109,6 +141,7 @@ def _next(records, kind):
     """The next record of ``kind``, the ones before it (of other kinds) dropped."""
     while True:
         record = records.get(timeout=120)
+        assert "error" not in record, record
         if kind in record:
             return record[kind]
         assert "data_change_record" not in record, record
@@ -119,28 +152,12 @@ def test_a_transaction_killed_between_its_tables_reaches_readers_whole(session):
     decided but half written: a reader meanwhile returns what came before it and none
     of it (its heartbeats stay before the transaction's moment), and once recovery rolls
     it forward both tables' records come, once, with one id and timestamp."""
-    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE CHANGE STREAM CS FOR T, U")
-    stream = session.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    (partition,) = session.catalog.list_partitions(stream.uid)
+    stream, partition, start, before = two_tables_watched(session)
     catalog_file = session.warehouse / "catalog.sqlite"
-    start = clock()
-    session.sql("INSERT INTO T VALUES (0, 'z')")
-    (before,) = changes(
-        read_once(session, "CS", rfc3339(start), partition.token, end=rfc3339(clock()))
-    )
-    env = {**os.environ, "INGEST_FAILPOINTS": "pipeline_between_tables=kill"}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(TRANSACTION), str(session.warehouse)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    (pending,) = session.catalog.pending_commits()
-    assert pending.state == "decided"
+    killed_at(session, "pipeline_between_tables")
     t, u = session.require_table("T"), session.require_table("U")
     assert [newest_version(t.uri), newest_version(u.uri)] == [2, 0]  # T written, U not
-    records, stop, thread = _reading(catalog_file, stream, partition.token, start)
+    records, stop, thread = reading(catalog_file, stream, partition.token, start)
     try:
         assert _next(records, "data_change_record") == before
         beats = [_next(records, "heartbeat_record")]  # and nothing of the transaction

@@ -5,67 +5,19 @@ its tables, none of it returned before the whole commit is finished)."""
 from __future__ import annotations
 
 import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import textwrap
-import threading
 import time
 
-from catalog import SqliteCatalog
 from flush.commit_clock import clock
-from pipelines.change_streams.read import ReadArgs, read
 from pipelines.change_streams.records import rfc3339
 from pipelines.change_streams.timeline import newest_version
+from tests.pipelines.change_streams.test_kill import (
+    killed_at,
+    reading,
+    transaction_script,
+    two_tables_watched,
+)
 from tests.pipelines.change_streams.test_read import changes, flush_rows, micros, read_tree
 from tests.pipelines.change_streams.test_read import read as read_once
-
-A_TRANSACTION = """
-import sys
-from pipelines import Session
-session = Session(sys.argv[1])
-with session.transaction():
-    session.sql("INSERT INTO T VALUES (1, 'a')")
-    session.sql("INSERT INTO U VALUES (1, 'a')")
-print("not killed")
-"""
-
-
-def _reading(catalog_file, stream, token, start):
-    """A read of one partition in a thread: its records arrive on the returned queue."""
-    records: queue.Queue = queue.Queue()
-    stop = threading.Event()
-
-    def run():
-        catalog = SqliteCatalog(catalog_file)
-        try:
-            for record in read(catalog, stream, ReadArgs(start, None, token, 500), stop):
-                records.put(record)
-        except BaseException as exc:  # surfaced to the test through the queue
-            records.put({"error": repr(exc)})
-        finally:
-            catalog.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return records, stop, thread
-
-
-def _until_heartbeat_or_key(records, key):
-    """The data change records that arrive before the next heartbeat or up to the first
-    one with a mod of primary key ``key`` (ID)."""
-    found = []
-    while True:
-        record = records.get(timeout=120)
-        assert "error" not in record, record
-        if "heartbeat_record" in record:
-            return found
-        if "data_change_record" in record:
-            found.append(record["data_change_record"])
-            if any(m["keys"] == {"ID": key} for m in found[-1]["mods"]):
-                return found
 
 
 def _brief(record):
@@ -95,17 +47,10 @@ def test_a_second_transaction_on_a_shared_table_waits_for_a_held_commit(session)
         tokens[cs] = partition.token
         (_,) = changes(read_once(session, cs, rfc3339(start), partition.token,
                                       end=rfc3339(clock())))  # fmt: skip
-    env = {**os.environ, "INGEST_FAILPOINTS": "pipeline_between_tables=kill"}
     # B pins T (its first statement), then A commits T and dies before U, then B ends.
     with session.transaction():
         session.sql("INSERT INTO T VALUES (2, 'b')")
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(A_TRANSACTION), str(session.warehouse)],
-            env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-        (pending,) = session.catalog.pending_commits()
-        assert pending.state == "decided"
+        pending = killed_at(session, "pipeline_between_tables")
         assert [newest_version(t.uri), newest_version(u.uri)] == [2, 0]  # A: T, not U
         session.sql("INSERT INTO W VALUES (2, 'b')")
     a_id = pending.plan["app_id"].rsplit(":", 1)[-1]
@@ -155,7 +100,7 @@ def test_transactions_of_three_tables_in_two_partitions_under_live_readers(sessi
     assert len(tokens) == 2
     catalog_file = session.warehouse / "catalog.sqlite"
     start = clock()
-    readers = {token: _reading(catalog_file, stream, token, start) for token in tokens}
+    readers = {token: reading(catalog_file, stream, token, start, 500) for token in tokens}
     got: dict[str, list] = {token: [] for token in tokens}
     try:
         for i in range(4):
@@ -232,15 +177,9 @@ def test_transactions_of_three_tables_in_two_partitions_under_live_readers(sessi
         assert resumed == after, token
 
 
-A_BEFORE_FINISH = """
-import sys
-from pipelines import Session
-session = Session(sys.argv[1])
-with session.transaction():
-    session.sql("INSERT INTO T SELECT id + 100, 'a' FROM range(8)")
-    session.sql("UPDATE U SET V = 'a' WHERE ID < 5")
-print("not killed")
-"""
+A_BEFORE_FINISH = transaction_script(
+    "INSERT INTO T SELECT id + 100, 'a' FROM range(8)", "UPDATE U SET V = 'a' WHERE ID < 5"
+)
 
 
 def _check_whole(found):
@@ -268,14 +207,7 @@ def test_alter_split_and_rename_around_a_transaction_killed_before_its_finish(se
     session.sql("INSERT INTO U SELECT id, 'u' FROM range(10)")
     session.sql("CREATE CHANGE STREAM CS FOR T, U OPTIONS (partitions = 2)")
     start = rfc3339(clock())
-    env = {**os.environ, "INGEST_FAILPOINTS": "pipeline_before_finish=kill"}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(A_BEFORE_FINISH), str(session.warehouse)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    (pending,) = session.catalog.pending_commits()
-    assert pending.state == "decided"
+    pending = killed_at(session, "pipeline_before_finish", A_BEFORE_FINISH)
     a_id = pending.plan["app_id"].rsplit(":", 1)[-1]
     session.sql("ALTER CHANGE STREAM CS SET FOR T, U, V")
     assert session.catalog.pending_commits() == []  # completed by the ALTER's wait
@@ -357,29 +289,14 @@ def test_a_killed_transaction_with_a_flush_landing_meanwhile_reaches_a_live_read
     them) until a new Session recovers the transaction: then the transaction comes
     whole, once, then the flush, later; a read resumed from the heartbeat returned while
     it waited returns the same."""
-    session.sql("CREATE TABLE T (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE TABLE U (ID NUMBER PRIMARY KEY, V VARCHAR)")
-    session.sql("CREATE CHANGE STREAM CS FOR T, U")
-    stream = session.catalog.get_change_stream("DB", "PUBLIC", "CS")
-    (partition,) = session.catalog.list_partitions(stream.uid)
+    stream, partition, start, before = two_tables_watched(session)
     catalog_file = session.warehouse / "catalog.sqlite"
-    start = clock()
-    session.sql("INSERT INTO T VALUES (0, 'z')")
-    (before,) = changes(
-        read_once(session, "CS", rfc3339(start), partition.token, end=rfc3339(clock()))
-    )
-    env = {**os.environ, "INGEST_FAILPOINTS": "pipeline_between_tables=kill"}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(A_TRANSACTION), str(session.warehouse)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
-    (pending,) = session.catalog.pending_commits()
+    pending = killed_at(session, "pipeline_between_tables")
     a_id = pending.plan["app_id"].rsplit(":", 1)[-1]
     flush_rows(session, "T", [{"ID": 50, "V": "f"}])
     t = session.require_table("T")
     assert newest_version(t.uri) == 3  # A's T version, then the flush's
-    records, stop, thread = _reading(catalog_file, stream, partition.token, start)
+    records, stop, thread = reading(catalog_file, stream, partition.token, start, 500)
     got: list = []
     try:
         early: list = []
