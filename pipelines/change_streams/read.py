@@ -404,6 +404,36 @@ class _Watch:
         ))  # fmt: skip
 
 
+def _sealed_records(
+    stream: ChangeStreamRecord, watch: _Watch, seals: Mapping[int, Seal],
+    tables: list[TableInfo], limit: int, partitions: list[PartitionRecord], token: str,
+) -> Iterator[tuple[int, list[dict[str, Any]]]]:  # fmt: skip
+    """Each moment's records of partition ``token``, of the versions sealed up to
+    ``limit``: in timestamp order (tables merged), each transaction built on demand."""
+    by_id = {t.id: t for t in [*tables, *(t for t, _ in [*watch.past, *watch.dropped])]}
+    for moment, definition, transactions in _transactions(
+        watch.found(seals, limit), watch.history, by_id
+    ):
+        records = [
+            record for members in transactions
+            for record in _records(stream, definition, members, moment,
+                                   partitions).by_token.get(token, ())
+        ]  # fmt: skip
+        if len(transactions) > 1:  # tables' versions that share a moment by chance
+            records.sort(key=_position)  # in the order of positions (the SDK's)
+        yield moment, records
+
+
+def _children(partition: PartitionRecord, partitions: list[PartitionRecord]) -> dict[str, Any]:
+    """The child partitions record that ends an ended partition's read."""
+    assert partition.end_us is not None
+    children = [p for p in partitions if partition.token in p.parents]
+    return ChildPartitionsRecord(
+        rfc3339(partition.end_us), "00000000",
+        tuple(ChildPartition(c.token, c.parents) for c in children),
+    ).to_json()  # fmt: skip
+
+
 def read(
     catalog: Catalog, stream: ChangeStreamRecord, args: ReadArgs,
     stop: threading.Event | None = None, until_us: int | None = None,
@@ -448,23 +478,10 @@ def read(
         # A table a commit of several tables holds has no seal yet (-1: wait for it).
         upto = min((seals[t.id].heartbeat_us if t.id in seals else -1 for t in tables),
                    default=clock())  # fmt: skip
-        limit = upto
-        if partition.end_us is not None:
-            limit = min(limit, partition.end_us - 1)
-        if end is not None:
-            limit = min(limit, end)
-        # Version by version in timestamp order (tables merged), each built on demand.
-        by_id = {t.id: t for t in [*tables, *(t for t, _ in [*watch.past, *watch.dropped])]}
-        for moment, definition, transactions in _transactions(
-            watch.found(seals, limit), watch.history, by_id
-        ):
-            records = [
-                record for members in transactions
-                for record in _records(stream, definition, members, moment,
-                                       partitions).by_token.get(partition.token, ())
-            ]  # fmt: skip
-            if len(transactions) > 1:  # tables' versions that share a moment by chance
-                records.sort(key=_position)  # in the order of positions (the SDK's)
+        last = None if partition.end_us is None else partition.end_us - 1
+        limit = min(bound for bound in (upto, end, last) if bound is not None)
+        for moment, records in _sealed_records(stream, watch, seals, tables, limit, partitions,
+                                               partition.token):  # fmt: skip
             yield from records
             if records:
                 quiet_since = time.monotonic()
@@ -479,11 +496,7 @@ def read(
             and upto >= partition.end_us - 1
             and (end is None or end >= partition.end_us - 1)
         ):
-            children = [p for p in partitions if partition.token in p.parents]
-            yield ChildPartitionsRecord(
-                rfc3339(partition.end_us), "00000000",
-                tuple(ChildPartition(c.token, c.parents) for c in children),
-            ).to_json()  # fmt: skip
+            yield _children(partition, partitions)
             return
         if end is not None and upto >= end:
             if last_beat < end:  # the read's end, as progress a resumed read starts from
