@@ -39,6 +39,7 @@ from catalog.records import (
     TableInfo,
     ViewRecord,
     full_name,
+    held_tables,
 )
 from catalog.sqlite import SqliteCatalog
 from catalog.suggest import did_you_mean
@@ -80,4 +81,5 @@ __all__ = [
     "ViewRecord",
     "did_you_mean",
     "full_name",
+    "held_tables",
 ]

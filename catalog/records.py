@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "StreamRecord",
     "TableInfo",
     "full_name",
+    "held_tables",
 ]
 
 #: The key of a pending commit's plan that makes it a dynamic table's refresh: the
@@ -237,6 +238,14 @@ class CommitIntent:
         return self.table_id == other.table_id and self.kind == other.kind == ROWS_INTENT
 
 
+def held_tables(plan: Mapping[str, Any]) -> frozenset[int]:
+    """The tables a pending commit's ``plan`` writes when it writes several (none for one
+    table): once it is decided, change streams hold them until it ends, so that its
+    versions share one moment (``catalog.sqlite_change_streams.seal_commit``)."""
+    written = frozenset(entry["table_id"] for entry in plan.get("tables", ()))
+    return written if len(written) > 1 else frozenset()
+
+
 @dataclass(frozen=True, slots=True)
 class PendingCommit:
     """A pipeline transaction from its reservation to its end (see pipelines' commit).
@@ -258,6 +267,11 @@ class PendingCommit:
     state: str = "decided"
     intents: tuple[CommitIntent, ...] = ()
     decided_seq: int = 0
+
+    @property
+    def held(self) -> frozenset[int]:
+        """The tables it holds once decided (:func:`held_tables`)."""
+        return held_tables(self.plan)
 
     @property
     def decided(self) -> bool:

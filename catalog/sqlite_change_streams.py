@@ -21,6 +21,7 @@ from catalog.records import (
     ChangeStreamRecord,
     PartitionRecord,
     Seal,
+    held_tables,
 )
 from catalog.sqlite_layout import (
     CHANGE_STREAM_COLUMNS,
@@ -128,9 +129,7 @@ def _held(db: sqlite3.Connection, table_ids: Iterable[int]) -> dict[int, int]:
     (:func:`seal_commit`), which gives all of its versions one timestamp."""
     wanted, held = set(table_ids), {}
     for commit_id, plan in db.execute("SELECT id, plan FROM pending_commits WHERE state='decided'"):
-        written = {entry["table_id"] for entry in orjson.loads(plan).get("tables", ())}
-        if len(written) > 1:
-            held.update(dict.fromkeys(written & wanted, commit_id))
+        held.update(dict.fromkeys(held_tables(orjson.loads(plan)) & wanted, commit_id))
     return held
 
 
@@ -186,12 +185,14 @@ def seal_commit(
     for the transaction). Its tables were held since the decision, so no seal covers
     those versions yet; if one does (a commit decided by an older release), nothing is
     written and each version keeps a timestamp of its own."""
-    written = {entry["table_id"] for entry in plan.get("tables", ())}
-    if len(written) < 2 or not written <= set(versions):
+    written = held_tables(plan)
+    if not written or not written <= set(versions):
         return
     tables = {t: versions[t] for t in _watched(db, written)}
+    if not tables:
+        return
     latest = _latest(db.execute(*_latest_query(tables)).fetchall())
-    if not tables or any(seal.version >= tables[t] for t, seal in latest.items()):
+    if any(seal.version >= tables[t] for t, seal in latest.items()):
         return
     stamp = max([floor_us, *(s.heartbeat_us + tables[t] - s.version for t, s in latest.items())])
     for table_id, version in tables.items():

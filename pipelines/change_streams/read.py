@@ -191,29 +191,23 @@ def _first_query(partitions: list[PartitionRecord], start: int) -> Iterator[dict
         yield ChildPartitionsRecord(rfc3339(start), f"{sequence:08d}", (child,)).to_json()
 
 
-def _tag(table: TableInfo, version: int) -> tuple[str, bool]:
-    """The transaction tag of a version (who wrote it) and whether the system did."""
-    info = commit_info(table.uri, version) or {}
-    writer, recorded = commit_writer(info)
-    if writer == "INGEST" and isinstance(recorded, dict):
-        names = sorted({c.get("channel", "") for c in recorded.get("channels", [])})
-        return "channels=" + ",".join(names), False
-    if writer == "DYNAMIC_TABLE" and isinstance(recorded, dict):
-        return "dynamic_table=" + str(recorded.get("statement", "")).removeprefix(
-            "refresh of "
-        ), True
-    return {"SQL": "sql", "SPARK_SINK": "spark_sink"}.get(writer or "", ""), False
-
-
-def transaction_id(table: TableInfo, version: int) -> str:
-    """A version's ``server_transaction_id``: the random part of the pipeline commit it
-    belongs to (the same in every table a SQL transaction wrote), else table.version."""
-    _, recorded = commit_writer(commit_info(table.uri, version) or {})
+def _written(table: TableInfo, version: int) -> tuple[str, str, bool]:
+    """Who wrote a version, from its commit info (read once): its ``server_transaction_id``
+    (the random part of the pipeline commit it belongs to, the same in every table a SQL
+    transaction wrote; else table.version), its transaction tag, and whether the system
+    wrote it."""
+    writer, recorded = commit_writer(commit_info(table.uri, version) or {})
     app = recorded.get("app_id") if isinstance(recorded, dict) else None
     unique = app.rsplit(":", 1)[-1] if isinstance(app, str) else ""
-    if len(unique) == 32 and all(c in "0123456789abcdef" for c in unique):
-        return unique
-    return f"{table.id}.{version}"
+    if len(unique) != 32 or any(c not in "0123456789abcdef" for c in unique):
+        unique = f"{table.id}.{version}"
+    if writer == "INGEST" and isinstance(recorded, dict):
+        names = sorted({c.get("channel", "") for c in recorded.get("channels", [])})
+        return unique, "channels=" + ",".join(names), False
+    if writer == "DYNAMIC_TABLE" and isinstance(recorded, dict):
+        name = str(recorded.get("statement", "")).removeprefix("refresh of ")
+        return unique, "dynamic_table=" + name, True
+    return unique, {"SQL": "sql", "SPARK_SINK": "spark_sink"}.get(writer or "", ""), False
 
 
 def _first_version(table: TableInfo, catalog: Catalog, start: int) -> int:
@@ -261,10 +255,9 @@ def _records(
 
     def build() -> VersionRecords:
         changes = [TableChange(t, events(t, v), label, w) for t, v, label, w in parts]
-        first, version = members[0]
-        tag, system = _tag(first, version)
-        return build_records(changes, capture, moment, transaction_id(first, version), tag,
-                             system, open_now, excluded)  # fmt: skip
+        transaction, tag, system = _written(*members[0])
+        return build_records(changes, capture, moment, transaction, tag, system, open_now,
+                             excluded)  # fmt: skip
 
     return _CACHE.get(key, build)
 
@@ -287,7 +280,7 @@ def _transactions(
             continue
         by_commit: dict[str, list[_Member]] = {}
         for table, version in watched:
-            by_commit.setdefault(transaction_id(table, version), []).append((table, version))
+            by_commit.setdefault(_written(table, version)[0], []).append((table, version))
         yield moment, definition, list(by_commit.values())
 
 

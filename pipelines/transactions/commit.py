@@ -113,16 +113,15 @@ def _after_earlier(catalog: Catalog, pending: PendingCommit) -> None:
     of its versions one change stream moment: no other commit's held version lies below
     its own (:func:`catalog.sqlite_change_streams.seal_commit`). Decision order has no
     cycles, so neither do the waits."""
-    tables = {entry["table_id"] for entry in pending.plan["tables"]}
-    if len(tables) < 2:
+    tables = pending.held
+    if not tables:
         return
 
     def attempt_once() -> None:
         earlier = [
             p.id for p in catalog.pending_commits()
             if p.decided and p.id != pending.id and p.decided_seq < pending.decided_seq
-            and len(theirs := {e["table_id"] for e in p.plan.get("tables", ())}) > 1
-            and theirs & tables
+            and p.held & tables
         ]  # fmt: skip
         if earlier:
             raise TableBusyError(sorted(tables), earlier)
