@@ -275,7 +275,7 @@ def _instrumented(catalog: Any) -> Iterator[_Phases]:
         (records, "json_values", "values_to_python_lists"),
         (records, "_mods", "mods_sort_and_row_loop"),
         (read_module, "build_records", "group_into_records_key_hash"),
-        (read_module, "_tag", "commit_info_transaction_tag"),
+        (read_module, "_written", "commit_info_writer_tag_and_id"),
         (read_module, "seal", "seal_catalog_write"),
         (read_module, "timestamps", "timestamps_seals_and_log"),
         (read_module, "_first_version", "first_version_log"),
