@@ -45,12 +45,13 @@ _SET_LAG = re.compile(r"\s+SET\s+TARGET_LAG\b", _FLAGS)
 #: What to write instead of an ALTER action we do not run, where there is an equivalent.
 _INSTEAD = {
     # As in Snowflake, the refresh mode is chosen at creation only.
-    "SET REFRESH_MODE": (": the refresh mode is set when the table is created (as in Snowflake); "
-                         "write CREATE OR REPLACE DYNAMIC TABLE <name> TARGET_LAG = '...' "
-                         "REFRESH_MODE = <mode> AS <query>, which refreshes it anew"),
-    "RENAME TO": (": a dynamic table keeps its name here; create one of the new name with the "
-                  "same query (SHOW DYNAMIC TABLES shows its text), then DROP DYNAMIC TABLE "
-                  "the old one"),
+    "SET REFRESH_MODE": (", since the refresh mode is set when the table is created (as in "
+                         "Snowflake); write CREATE OR REPLACE DYNAMIC TABLE <name> "
+                         "TARGET_LAG = '...' REFRESH_MODE = <mode> AS <query>, which "
+                         "refreshes it anew"),
+    "RENAME TO": (", since a dynamic table keeps its name here; create one of the new name "
+                  "with the same query (SHOW DYNAMIC TABLES shows its text), then DROP "
+                  "DYNAMIC TABLE the old one"),
 }
 
 

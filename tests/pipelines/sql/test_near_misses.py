@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pipelines import SqlError, UnsupportedStatementError
@@ -140,6 +140,8 @@ HEADS = ["CREATE DYNAMIC TABLE D ", "create or replace dynamic table ",
     st.sampled_from(HEADS),
     st.one_of(st.text(max_size=30), st.lists(st.sampled_from(PIECES), max_size=8).map(" ".join)),
 )
+@example("ALTER DYNAMIC TABLE ", "A SET REFRESH_MODE")  # an action refused with its reason
+@example("ALTER DYNAMIC TABLE D ", "RENAME TO E")
 def test_any_dynamic_table_header_is_a_statement_or_an_error_without_the_whole_list(head, tail):
     try:
         statement = classify(head + tail)
