@@ -13,11 +13,11 @@ with streams on views: :mod:`pipelines.incremental.stand_ins`,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipelines.incremental import stand_ins
+from pipelines.incremental import plan_cache, stand_ins
 from pipelines.incremental.stand_ins import EnginePlan, engine
 from pipelines.transactions import table_sources
 
@@ -25,9 +25,12 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from catalog import TableInfo
+    from pipelines.sql.binding import Binder
     from pipelines.sql.context import StatementContext
 
-__all__ = ["EnginePlan", "TableSource", "engine", "plan_over_stand_ins"]
+__all__ = [
+    "EnginePlan", "TableSource", "cached_plan_over_stand_ins", "engine", "plan_over_stand_ins",
+]  # fmt: skip
 
 
 def plan_over_stand_ins(
@@ -36,6 +39,21 @@ def plan_over_stand_ins(
     """The plan of the query ``bind`` binds (given the frame each source table reads as),
     its sources standing in as empty relations Spark cannot fold."""
     return stand_ins.plan_over_stand_ins(session.spark, session.run_spark, bind)
+
+
+def cached_plan_over_stand_ins(
+    session: StatementContext,
+    bind: Callable[[Callable[[TableInfo], DataFrame]], tuple[Binder, str]],
+) -> EnginePlan:
+    """:func:`plan_over_stand_ins`, kept between refreshes
+    (:mod:`pipelines.incremental.plan_cache`): ``bind`` gives the binder and the bound
+    text, which with the stand-in views it made key the plan."""
+
+    def bound(frames: Callable[[TableInfo], DataFrame]) -> tuple[str, Mapping[str, TableInfo]]:
+        binder, text = bind(frames)
+        return text, binder.source_views
+
+    return plan_cache.cached_plan(session.spark, session.run_spark, bound)
 
 
 @dataclass(init=False)

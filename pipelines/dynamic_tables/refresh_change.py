@@ -47,8 +47,8 @@ from pipelines.dynamic_tables import adaptive
 from pipelines.dynamic_tables.derived import (
     EnginePlan,
     TableSource,
+    cached_plan_over_stand_ins,
     engine,
-    plan_over_stand_ins,
 )
 from pipelines.dynamic_tables.diff import (
     UncomparableColumnError,
@@ -210,7 +210,7 @@ def _derived(
     from pyspark.sql import functions as F
 
     initial = dt.data_timestamp_us is None
-    plan = plan_over_stand_ins(session, lambda frames: _bind(session, dt, pinned, frames)[1])
+    plan = cached_plan_over_stand_ins(session, lambda frames: _bind(session, dt, pinned, frames))
     if plan.reasons():
         raise RefreshFailed(f"the query's plan now holds what the incremental engine cannot "
                             f"refresh ({', '.join(plan.reasons())}); CREATE OR REPLACE "

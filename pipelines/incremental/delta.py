@@ -102,19 +102,22 @@ class Deltas:
     def __init__(
         self, reader: PlanReader, root: Node, source: Callable[[Node], Source],
         kept: Callable[[], DataFrame] | None = None, state: algebraic.Layout | None = None,
+        memo: tuple[dict[Any, Any], dict[Any, Any]] | None = None,
     ) -> None:  # fmt: skip
         """``kept``: the root's rows at the old versions as a table holds them (a dynamic
         table's content, its columns in the root's order, then ``ID``, then the state
         columns of ``state``), which :meth:`net` reads instead of computing them again
         where it can; ``state``: the root aggregation's state the table keeps
-        (:mod:`.algebraic`), maintained from the change alone."""
+        (:mod:`.algebraic`), maintained from the change alone; ``memo``: where the
+        subqueries' plans and the leaves' binding columns are kept (the plan's own)."""
         self.reader, self.root, self.source, self._kept = reader, root, source, kept
         self.layout = state
         self._memo: dict[tuple[int, str], DataFrame] = {}
         self._still: dict[int, bool] = {}
-        self._subqueries: dict[int, list[tuple[Any, Node]]] = {}
+        # What depends on the plan alone (``memo``: the plan's own, kept with it)
+        self._subqueries: dict[int, list[tuple[Any, Node]]] = memo[0] if memo else {}
+        self._binders: dict[tuple[int, tuple[str, ...]], list[Column]] = memo[1] if memo else {}
         self.pruning_values: dict[tuple[int, str], tuple[DataFrame, list[Any] | None, bool]] = {}
-        self._binders: dict[tuple[int, tuple[str, ...]], list[Column]] = {}
 
     # The rows at a version ("old", "new") and the delta ("delta"), per operator
     def state(self, node: Node, version: str) -> DataFrame:

@@ -19,6 +19,7 @@ operator's expressions resolve against DataFrames built from other data.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -70,10 +71,11 @@ class Node:
     jvm: Any
     children: tuple[Node, ...]
 
-    @property
-    def output(self) -> list[Any]:
-        """The attributes the operator outputs (JVM ``Attribute``s, with their ids)."""
-        return _items(self.jvm.output())
+    @functools.cached_property
+    def output(self) -> tuple[Any, ...]:
+        """The attributes the operator outputs (JVM ``Attribute``s, with their ids); read
+        once (the plan is never changed)."""
+        return tuple(_items(self.jvm.output()))
 
 
 def join_type(node: Node) -> str:

@@ -22,10 +22,11 @@ from pipelines.incremental.plan import Node, PlanReader
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from catalog import TableInfo
 
-__all__ = ["EnginePlan", "engine", "plan_over_stand_ins"]
+__all__ = ["EnginePlan", "engine", "plan_over_stand_ins", "stand_in_schema"]
 
 
 @dataclass
@@ -38,6 +39,13 @@ class EnginePlan:
     stand_ins: dict[int, list[Any]] = field(default_factory=dict)
     #: The frame the bound query gave (over the stand-ins): its columns' names.
     frame: DataFrame | None = None
+    #: What the engine derives from the plan alone, made once per plan (a plan kept
+    #: between refreshes, :mod:`.plan_cache`, keeps them too): each operator's subquery
+    #: plans and each leaf's binding columns (:class:`~.delta.Deltas`).
+    subqueries: dict[int, list[tuple[Any, Node]]] = field(default_factory=dict)
+    binders: dict[tuple[int, tuple[str, ...]], list[Any]] = field(default_factory=dict)
+    _reasons: list[str] | None = None
+    _state: tuple[Layout | None] | None = None
 
     def table_of(self, leaf: Node) -> int | None:
         """The id of the table a leaf of the plan reads (None: not one of ours)."""
@@ -48,11 +56,24 @@ class EnginePlan:
 
     def reasons(self) -> list[str]:
         """What keeps the engine from the plan (empty: it maintains it)."""
-        return unsupported(self.reader, self.root, lambda n: self.table_of(n) is not None)
+        if self._reasons is None:
+            self._reasons = unsupported(self.reader, self.root,
+                                        lambda n: self.table_of(n) is not None)  # fmt: skip
+        return list(self._reasons)
 
     def state(self) -> Layout | None:
         """The aggregation state a table of this query can keep (:mod:`.algebraic`)."""
-        return algebraic.layout(self.reader, self.root)
+        if self._state is None:
+            self._state = (algebraic.layout(self.reader, self.root),)
+        return self._state[0]
+
+
+def stand_in_schema(info: TableInfo) -> StructType:
+    """The schema of a table's stand-in: its user columns (no row id), nullability kept."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    columns = delta_schema(info.schema)
+    return from_arrow_schema(columns.remove(columns.get_field_index(ROW_ID_COLUMN)))
 
 
 def plan_over_stand_ins(
@@ -63,14 +84,10 @@ def plan_over_stand_ins(
     """The plan of the query ``bind`` binds (given the frame each source table reads as),
     its sources standing in as empty relations Spark cannot fold; ``run`` turns the
     bound text into its DataFrame (the session's guarded run)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     plan = EnginePlan(PlanReader(spark), root=None)  # type: ignore[arg-type]
 
     def stand_in(info: TableInfo) -> DataFrame:
-        schema = from_arrow_schema(delta_schema(info.schema).remove(
-            delta_schema(info.schema).get_field_index(ROW_ID_COLUMN)))  # fmt: skip
-        frame = spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+        frame = spark.createDataFrame(spark.sparkContext.emptyRDD(), stand_in_schema(info))
         optimized = frame._jdf.queryExecution().optimizedPlan()
         plan.stand_ins.setdefault(info.id, []).append(optimized)
         return frame
@@ -93,4 +110,4 @@ def engine(
         assert table_id is not None
         return sources[table_id]
 
-    return Deltas(plan.reader, plan.root, source, kept, state)
+    return Deltas(plan.reader, plan.root, source, kept, state, memo=(plan.subqueries, plan.binders))
