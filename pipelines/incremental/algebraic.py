@@ -56,7 +56,15 @@ from pipelines.incremental import extremes
 from pipelines.incremental.extremes import Extreme
 from pipelines.incremental.group_ids import group_id, grouping
 from pipelines.incremental.hidden import ID, KEY, SIGN
-from pipelines.incremental.plan import Node, PlanReader, typed_as
+from pipelines.incremental.plan import (
+    Node,
+    PlanReader,
+    cast_select,
+    cast_sql,
+    quoted,
+    sql_type,
+    typed_as,
+)  # fmt: skip
 from pipelines.incremental.subqueries import expressions as subquery_expressions
 
 if TYPE_CHECKING:
@@ -172,9 +180,9 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
     collected = grouped.agg(*_changed(reader, found)).withColumn(
         ID, group_id(keys, reader, names)).toArrow()  # fmt: skip
     touched = arrow_frame(reader.spark, collected)  # (:meth:`Deltas.materialised`)
-    for name, key in zip(names, keys, strict=True):  # as they were before the round trip
-        kind = _parse_datatype_json_string(key.dataType().json())  # (Arrow has no NTZ mark)
-        touched = touched.withColumn(name, F.col(name).cast(kind))
+    kinds = [_parse_datatype_json_string(key.dataType().json()) for key in keys]
+    touched = cast_select(touched, list(zip(names, kinds, strict=True)),  # as they were
+                          collected.column_names[len(names):])  # (Arrow has no NTZ mark)
     touched = extremes.retyped(found, touched)
     width = len(kept.columns) - 1 - len(found.names)
     old = kept.join(touched.select(ID), on=ID, how="left_semi")
@@ -196,8 +204,8 @@ def delta(deltas: Deltas, found: Layout, kept: DataFrame) -> DataFrame:
         new = new.select(*reader.columns(above.jvm.projectList()), ID, *found.names)
     new = new.withColumn(SIGN, F.lit(1))
     ordered = [*kept.columns[:width], ID, *found.names]
-    old_rows = old.select(*[typed_as(c, f.dataType) for c, f in zip(
-        ordered, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # fmt: skip
+    old_rows = cast_select(old, [(c, f.dataType) for c, f in zip(
+        ordered, new.schema.fields, strict=False)]).withColumn(SIGN, F.lit(-1))  # fmt: skip
     if unsafe is None:
         return new.union(old_rows)
     return extremes.recomputed(deltas, found, unsafe).union(new).union(old_rows)
@@ -230,8 +238,10 @@ def _merged(found: Layout) -> list[Column]:
         kind = from_arrow_type(f.type)
         if f.name in kinds:
             columns.append(extremes.merged(kinds[f.name], f.name).cast(kind).alias(f.name))
-        else:
-            columns.append(F.coalesce(F.sum(f.name), F.lit(0)).cast(kind).alias(f.name))
+        else:  # a BIGINT or DECIMAL(38, s): one expression, one JVM call
+            name = quoted(f.name)
+            columns.append(F.expr(f"CAST(coalesce(sum({name}), 0) AS {sql_type(kind)}) "
+                                  f"AS {name}"))  # fmt: skip
     return columns
 
 
@@ -270,18 +280,34 @@ def _values(found: Layout) -> list[Column]:
 
     values = []
     for j, (function, scale) in enumerate(zip(found.functions, found.scales, strict=True)):
-        state, count = F.col(f"{STATE_PREFIX}{j}"), F.col(f"{STATE_PREFIX}{j}_N")
+        state, count = f"{STATE_PREFIX}{j}", f"{STATE_PREFIX}{j}_N"
         if _is_average(function):
             buffer = {a.name(): a for a in _buffer(function)}
             kind = _parse_datatype_json_string(buffer["sum"].dataType().json())
-            values += [state.cast(kind).alias(f"{_VALUE}{j}_sum"),
-                       count.alias(f"{_VALUE}{j}_count")]  # fmt: skip
+            values += [_cast(state, kind, f"{_VALUE}{j}_sum"),
+                       F.col(count).alias(f"{_VALUE}{j}_count")]  # fmt: skip
             continue
-        if scale is not None:
-            kind = _parse_datatype_json_string(function.dataType().json())
-            state = F.when(count > 0, state.cast(kind))
-        values.append(state.alias(f"{_VALUE}{j}"))
+        if scale is None:  # a count
+            values.append(F.col(state).alias(f"{_VALUE}{j}"))
+            continue
+        kind = _parse_datatype_json_string(function.dataType().json())
+        written = sql_type(kind)
+        if written is None:
+            values.append(F.when(F.col(count) > 0, F.col(state).cast(kind))
+                          .alias(f"{_VALUE}{j}"))  # fmt: skip
+            continue
+        values.append(F.expr(f"CASE WHEN {quoted(count)} > 0 THEN CAST({quoted(state)} AS "
+                             f"{written}) END AS {quoted(f'{_VALUE}{j}')}"))  # fmt: skip
     return values
+
+
+def _cast(name: str, kind: Any, alias: str) -> Column:
+    """Column ``name`` cast to ``kind`` and named ``alias`` (one JVM call where
+    :func:`~.plan.cast_sql` writes the type)."""
+    from pyspark.sql import functions as F
+
+    text = cast_sql(name, kind, alias)
+    return F.expr(text) if text is not None else typed_as(name, kind).alias(alias)
 
 
 def _outputs(reader: PlanReader, found: Layout, merged: DataFrame) -> list[Column]:

@@ -53,7 +53,7 @@ from pipelines.incremental.hidden import ID, SIGN
 from pipelines.incremental.hidden import KEY as _KEY
 from pipelines.incremental.hidden import LEFT as _LEFT
 from pipelines.incremental.hidden import RIGHT as _RIGHT
-from pipelines.incremental.plan import Node, PlanReader, join_type, typed_as
+from pipelines.incremental.plan import Node, PlanReader, cast_select, join_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -129,9 +129,10 @@ class Deltas:
     def subqueries(self, node: Node) -> list[tuple[Any, Node]]:
         """The subquery expressions in ``node``'s expressions, each with its plan (one
         :class:`Node` tree per refresh: the evaluations of its operators are memoised)."""
-        if id(node) not in self._subqueries:
-            self._subqueries[id(node)] = [(s, existence.subquery_plan(self.reader, s.plan()))
-                                          for s in subqueries.expressions(self.reader, node)]
+        if id(node) not in self._subqueries:  # (shared by refreshes: the first one kept)
+            self._subqueries.setdefault(id(node), [
+                (s, existence.subquery_plan(self.reader, s.plan()))
+                for s in subqueries.expressions(self.reader, node)])  # fmt: skip
         return self._subqueries[id(node)]
 
     def unchanged(self, node: Node) -> bool:
@@ -524,8 +525,8 @@ class Deltas:
         for above in reversed(chain):
             new = self._row_wise(above, [new], [])
         new = new.withColumn(SIGN, F.lit(1))
-        old = kept.select(*[typed_as(c, f.dataType) for c, f in zip(  # in order: a join
-            names, new.schema.fields, strict=False)], F.lit(-1).alias(SIGN))  # on ID moves it
+        old = cast_select(kept, [(c, f.dataType) for c, f in zip(  # in order: a join on
+            names, new.schema.fields, strict=False)]).withColumn(SIGN, F.lit(-1))  # ID moves it
         return new.union(old)
 
     def rows(self, version: str = "new") -> DataFrame:

@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-__all__ = ["Node", "PlanReader", "join_type", "planning_confs", "quoted"]
+__all__ = [
+    "Node", "PlanReader", "cast_select", "cast_sql", "join_type", "planning_confs", "quoted",
+    "sql_type",
+]  # fmt: skip
 
 #: Settings while the plan is made: no subquery over the data planted by the optimizer,
 #: no window top-k node (a filter over ranks stays a Filter over a Window).
@@ -185,6 +188,53 @@ def typed_as(name: str, kind: Any) -> Column:
     if isinstance(kind, NullType):
         return F.lit(None).alias(name)
     return F.col(quoted(name)).cast(kind)
+
+
+def sql_type(kind: Any) -> str | None:
+    """Spark SQL's name of type ``kind`` for a CAST in expression text (one JVM call for a
+    whole select, where a Column built by functions takes several per column), or None
+    for a type whose name is not written here exactly (nested, collated, intervals,
+    user-defined types): the caller builds that one as a Column (:func:`typed_as`)."""
+    from pyspark.sql.types import (
+        BinaryType,
+        BooleanType,
+        DateType,
+        NumericType,
+        StringType,
+        TimestampNTZType,
+        TimestampType,
+    )  # fmt: skip
+
+    simple = (NumericType, BinaryType, BooleanType, DateType, TimestampType, TimestampNTZType)
+    if isinstance(kind, simple) or (type(kind) is StringType and kind == StringType()):
+        return str(kind.simpleString())
+    return None
+
+
+def cast_sql(name: str, kind: Any, alias: str | None = None) -> str | None:
+    """``CAST(`name` AS kind) AS `alias``` (default ``name``) as expression text, None
+    where :func:`sql_type` has no name for ``kind``; a VOID is a NULL, as in
+    :func:`typed_as`."""
+    from pyspark.sql.types import NullType
+
+    target = quoted(name if alias is None else alias)
+    if isinstance(kind, NullType):
+        return f"NULL AS {target}"
+    written = sql_type(kind)
+    return None if written is None else f"CAST({quoted(name)} AS {written}) AS {target}"
+
+
+def cast_select(frame: DataFrame, casts: Sequence[tuple[str, Any]], keep: Sequence[str] = (),
+                ) -> DataFrame:  # fmt: skip
+    """``frame``'s columns ``casts`` (name, type) cast to their types, then its columns
+    ``keep`` as they are: one JVM call when :func:`cast_sql` writes every type."""
+    texts = [cast_sql(name, kind) for name, kind in casts]
+    if all(text is not None for text in texts):
+        return frame.selectExpr(*texts, *(quoted(name) for name in keep))  # type: ignore[arg-type]
+    from pyspark.sql import functions as F
+
+    return frame.select(*[typed_as(name, kind).alias(name) for name, kind in casts],
+                        *[F.col(quoted(name)) for name in keep])  # fmt: skip
 
 
 def quoted(name: str) -> str:
