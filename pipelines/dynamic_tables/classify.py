@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipelines.sql.plan_guard import analyzed_nodes
+from pipelines.sql.time_literals import special_cast
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -67,7 +68,8 @@ REASONS = {
     "CONSTANT_RELATION": "rows not read from a table (VALUES, SELECT without FROM, range)",
     "SUBQUERY_OUTSIDE_FROM": "a subquery outside FROM (EXISTS, IN (SELECT ...), scalar)",
     "NON_DETERMINISTIC": "a non-deterministic function (rand, uuid, ...)",
-    "TIME_DEPENDENT": "a function of the current time (current_timestamp, ...)",
+    "TIME_DEPENDENT": "a function of the current time (current_timestamp, ...), or a "
+                      "special datetime value ('now', 'today', ...) in a literal or a cast",
     "UNSUPPORTED": "a plan node the classifier does not know (fails closed)",
     "REWRITE_UNSUPPORTED": "a construct the rewrite cannot carry as written (struct(*))",
 }
@@ -128,13 +130,22 @@ class _Traits:
         return known
 
 
-def classify(spark: SparkSession, frame: DataFrame, sources: Collection[str]) -> PlanClass:
-    """The refresh class of a bound, guarded query (``sources``: the binder's views).
+def classify(
+    spark: SparkSession, frame: DataFrame, sources: Collection[str],
+    time_literals: Collection[str] = (),
+) -> PlanClass:  # fmt: skip
+    """The refresh class of a bound, guarded query (``sources``: the binder's views;
+    ``time_literals``: its typed literals of the current time, ``TIMESTAMP'now'``).
 
     Fails closed: a plan node not known to be stateless is a reason, named."""
     traits = _Traits(spark)
-    reasons: set[str] = set()
+    reasons = {f"TIME_DEPENDENT:{literal}" for literal in time_literals}
     for name, node, is_plan in analyzed_nodes(spark, frame, sources):
+        if name == "Cast" and not is_plan:
+            cast = special_cast(node)  # CAST('now' AS TIMESTAMP), d = 'today'
+            if cast is not None:
+                reasons.add(f"TIME_DEPENDENT:{cast}")
+                continue
         if is_plan:
             if name in STATELESS_NODES:
                 continue

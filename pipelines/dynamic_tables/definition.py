@@ -188,7 +188,7 @@ def create_dynamic_table(session: StatementContext, statement: Statement) -> Dat
                                     analysis=True)  # fmt: skip
         _check_reads(session, binder, shown, existing)
         schema = _ctas_schema(frame, None)
-        verdict = classify_plan(session.spark, frame, session.views)
+        verdict = classify_plan(session.spark, frame, session.views, binder.time_literals)
         if verdict.incremental:
             verdict = _rewritable(session, txn, query)
         if not verdict.incremental and verdict.engine_may_cover and mode in _ENGINE_MODES:

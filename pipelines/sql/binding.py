@@ -40,6 +40,7 @@ from pipelines.sql.source_text import (
 )
 from pipelines.sql.spark_reading import Output, Reference, name_parts, outputs, references
 from pipelines.sql.statements import INFORMATION_SCHEMA, NAME, spark_sql_text, split_name
+from pipelines.sql.time_literals import special_literals
 from pipelines.transactions.snapshot_pins import consistent_pins
 from pipelines.transactions.transaction import Transaction
 
@@ -268,6 +269,9 @@ class Binder:
         #: What was read of the warehouse's own description (an INFORMATION_SCHEMA view, a
         #: DYNAMIC_TABLE_*_HISTORY call): rows no table version holds.
         self.metadata_reads: list[str] = []
+        #: Typed literals of Spark's special datetime values (``TIMESTAMP'now'``): a value
+        #: fixed when the text is parsed (:mod:`pipelines.sql.time_literals`).
+        self.time_literals: list[str] = []
         self.defaults = defaults
         self.within = within
         #: Names the texts bound wrote in backquotes, and the columns of each view made
@@ -333,6 +337,7 @@ class Binder:
         recorded. Names Spark takes for a CTE are left to Spark."""
         check_one_statement(text)
         text = self._our_clauses(spark_sql_text(text))
+        self.time_literals += special_literals(text)
         self.quoted |= quoted_names(text)
         splice, code = Splice(text), blanked(text)  # code: no comment reads as TABLE
         for reference in references(self.session.spark, text):
@@ -564,6 +569,7 @@ class Binder:
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
         self.metadata_reads.extend(inner.metadata_reads)
+        self.time_literals.extend(inner.time_literals)
         self.quoted |= inner.quoted
         self.view_columns.update(inner.view_columns)
         if inner.streams:

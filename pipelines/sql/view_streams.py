@@ -40,6 +40,7 @@ from pipelines.errors import ObjectNotFoundError, SqlError, StreamStaleError
 from pipelines.incremental.delta import ID, SIGN
 from pipelines.incremental.stand_ins import EnginePlan, engine, plan_over_stand_ins
 from pipelines.sql.plan_guard import analyzed_nodes
+from pipelines.sql.time_literals import special_cast
 from pipelines.transactions.table_sources import TableSource
 from pipelines.transactions.transaction import Transaction
 
@@ -72,11 +73,14 @@ class ViewPlan:
     names: list[str]
     tables: dict[int, TableInfo]
     view_uids: tuple[str, ...]
+    #: Its typed literals of the current time (``TIMESTAMP'now'``).
+    time_literals: tuple[str, ...] = ()
 
     def reasons(self, session: StatementContext) -> list[str]:
         """Why the engine cannot give this view's change (empty: it can)."""
         assert self.plan.frame is not None
-        return sorted({*self.plan.reasons(), *_volatile(session, self.plan.frame)})
+        return sorted({*self.plan.reasons(), *_volatile(session, self.plan.frame),
+                       *(f"TIME_DEPENDENT:{literal}" for literal in self.time_literals)})
 
 
 def _quoted_name(view: ViewRecord) -> str:
@@ -106,7 +110,8 @@ def view_plan(session: StatementContext, view: ViewRecord) -> ViewPlan:
     assert plan.frame is not None
     names = list(result_names(binder, plan.frame, bound).columns)
     tables = {t.id: t for t in binder.tables}
-    return ViewPlan(plan, names, tables, tuple(v.uid for v in binder.expanded))
+    return ViewPlan(plan, names, tables, tuple(v.uid for v in binder.expanded),
+                    tuple(binder.time_literals))  # fmt: skip
 
 
 def _volatile(session: StatementContext, frame: DataFrame) -> set[str]:
@@ -120,7 +125,10 @@ def _volatile(session: StatementContext, frame: DataFrame) -> set[str]:
     for name, node, is_plan in analyzed_nodes(session.spark, frame, session.views):
         if is_plan:
             continue
-        if name in _TIME_DEPENDENT:
+        cast = special_cast(node) if name == "Cast" else None  # CAST('now' AS TIMESTAMP)
+        if cast is not None:
+            found.add(f"TIME_DEPENDENT:{cast}")
+        elif name in _TIME_DEPENDENT:
             found.add(f"TIME_DEPENDENT:{name}")
         elif trait.isInstance(node):
             found.add(f"NON_DETERMINISTIC:{name}")

@@ -19,6 +19,7 @@ def shop(tmp_path_factory, spark):
         "CREATE TABLE u (a NUMBER, b VARCHAR, c DOUBLE)",
         "CREATE VIEW tv AS SELECT a, b FROM t WHERE a > 0",
         "CREATE VIEW grouped AS SELECT a, count(*) AS n FROM t GROUP BY a",
+        "CREATE VIEW nowv AS SELECT a, TIMESTAMP_NTZ'now' AS n FROM t",
     ):
         session.sql(statement)
     yield session
@@ -28,8 +29,8 @@ def shop(tmp_path_factory, spark):
 def verdict(session: Session, query: str) -> tuple[str, ...]:
     txn = Transaction(session.catalog, session.spark, read_only=True)
     try:
-        _, frame = query_frame(session, txn, query, "a dynamic table")
-        return classify(session.spark, frame, session.views).reasons
+        binder, frame = query_frame(session, txn, query, "a dynamic table")
+        return classify(session.spark, frame, session.views, binder.time_literals).reasons
     finally:
         session.release_views()
 
@@ -49,6 +50,9 @@ def verdict(session: Session, query: str) -> tuple[str, ...]:
         "SELECT /*+ REPARTITION(4) */ a FROM t",
         "SELECT a FROM t DISTRIBUTE BY a",
         "SELECT cast(a AS STRING) AS s, coalesce(b, 'none') AS b, sha2(b, 256) AS h FROM t",
+        # Strings that are not a special datetime value where Spark would read one
+        "SELECT a, TIMESTAMP'epoch' AS e, 'now' AS s, DATE'2020-01-01' AS d FROM t "
+        "WHERE b = 'today' AND CAST(b AS DATE) IS NULL",
     ],
 )
 def test_stateless_queries_are_incremental(shop, query):
@@ -84,6 +88,15 @@ def test_stateless_queries_are_incremental(shop, query):
         ("SELECT a, current_timestamp() AS now FROM t", "TIME_DEPENDENT:current_timestamp"),
         ("SELECT a FROM t WHERE c < unix_timestamp()", "TIME_DEPENDENT:current_timestamp"),
         ("SELECT a, current_date() AS d FROM t", "TIME_DEPENDENT:current_date"),
+        # Spark's special datetime values, fixed when the text is parsed or analysed
+        ("SELECT a, TIMESTAMP'now' AS n FROM t", "TIME_DEPENDENT:TIMESTAMP 'now'"),
+        ("SELECT a FROM t WHERE DATE /* c */ 'Today' > DATE'2020-01-01'",
+         "TIME_DEPENDENT:DATE 'Today'"),
+        ("SELECT a, timestamp_ntz' tomorrow UTC' AS n FROM t", "TIME_DEPENDENT"),
+        ("SELECT a, CAST('now' AS TIMESTAMP) AS n FROM t", "TIME_DEPENDENT:CAST('now' AS TIMESTAMP)"),
+        ("SELECT a, CAST(concat('yester', 'day') AS DATE) AS d FROM t", "TIME_DEPENDENT"),
+        ("SELECT a FROM t WHERE DATE'2020-01-01' < 'tomorrow'", "TIME_DEPENDENT"),  # implied
+        ("SELECT a, n FROM nowv", "TIME_DEPENDENT:TIMESTAMP_NTZ 'now'"),  # in a view's body
     ],
 )
 def test_other_constructs_are_full_with_their_reason(shop, query, reason):

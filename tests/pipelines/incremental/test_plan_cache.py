@@ -10,8 +10,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.incremental import plan_cache
 from ingest_sdk.schema import TableSchema
+from pipelines.incremental import plan_cache
 from tests.pipelines.dynamic_tables.checks import assert_same_as_query
 
 

@@ -51,8 +51,9 @@ def _outcome(frame, column):
     try:
         rows = sorted(tuple(r) for r in frame.collect())
         return frame.schema[column].dataType, repr(rows)  # (NaN by its text: nan == nan)
-    except Exception as exc:  # noqa: BLE001 - compared, not swallowed
-        return "error", getattr(exc, "getCondition", lambda: type(exc).__name__)()
+    except Exception as exc:  # compared, not swallowed
+        condition = exc.getCondition() if hasattr(exc, "getCondition") else type(exc).__name__
+        return "error", condition
 
 
 @pytest.mark.parametrize("name, kind, target", [

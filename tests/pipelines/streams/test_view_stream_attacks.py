@@ -416,6 +416,8 @@ REFUSED = [
     ("SELECT k, current_timestamp() AS t FROM a", "TIME_DEPENDENT"),
     ("SELECT k, current_date() AS t FROM a", "TIME_DEPENDENT"),
     ("SELECT k, v FROM a WHERE v < unix_timestamp()", "TIME_DEPENDENT"),
+    ("SELECT k, v FROM a WHERE TIMESTAMP'now' > TIMESTAMP'2020-01-01'", "TIME_DEPENDENT"),
+    ("SELECT k, CAST('today' AS DATE) AS d FROM a", "TIME_DEPENDENT"),
     ("SELECT k, v FROM a TABLESAMPLE (50 PERCENT)", ""),
     ("SELECT a.k, w.keyword FROM a CROSS JOIN sql_keywords() w", "GENERATOR:sql_keywords"),
 ]
