@@ -162,7 +162,7 @@ def _engine_targets(session: Session) -> list[tuple[Any, str, str]]:
 
     return [
         *_refresh_targets(session),
-        (change, "plan_over_stand_ins", "engine_plan_over_stand_ins"),
+        (change, "cached_plan_over_stand_ins", "engine_plan_over_stand_ins"),
         (table_sources, "read_changes", "engine_read_source_changes"),
         (Deltas, "materialised", "engine_touched_keys_to_relation"),
         (change, "_derived_incremental", "engine_build_delta_frames"),
