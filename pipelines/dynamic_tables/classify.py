@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipelines.sql.plan_guard import analyzed_nodes
-from pipelines.sql.time_literals import special_cast
+from pipelines.sql.time_literals import TIME_FUNCTIONS, special_cast
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -48,10 +48,6 @@ _NODE_REASONS = {
 _SUBQUERIES = frozenset({"ScalarSubquery", "Exists", "InSubquery", "ListQuery",
                          "LateralSubquery"})  # fmt: skip
 
-#: Deterministic within one query but different at every refresh (Spark reports them
-#: deterministic and folds them): a refresh could not reproduce the rows it keeps.
-_TIME_DEPENDENT = frozenset({"CurrentTimestamp", "Now", "CurrentDate", "CurrentTime",
-                             "LocalTimestamp", "CurrentTimeZone"})  # fmt: skip
 
 #: Every reason code, with what it means (the docs list the same).
 REASONS = {
@@ -153,7 +149,7 @@ def classify(
             reasons.add(code if code else f"UNSUPPORTED:{name}")
         elif name in _SUBQUERIES:
             reasons.add("SUBQUERY_OUTSIDE_FROM")
-        elif name in _TIME_DEPENDENT:
+        elif name in TIME_FUNCTIONS:
             reasons.add(f"TIME_DEPENDENT:{_function(node, name)}")
         elif traits.nondeterministic(name, node):
             reasons.add(f"NON_DETERMINISTIC:{_function(node, name)}")

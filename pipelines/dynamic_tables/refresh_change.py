@@ -62,7 +62,7 @@ from pipelines.incremental import algebraic
 from pipelines.incremental.algebraic import Layout
 from pipelines.incremental.coverage import renews_group_ids
 from pipelines.incremental.delta import GROUP_ID_RULE, SIGN, Deltas
-from pipelines.incremental.plan import cast_sql, quoted
+from pipelines.incremental.plan import cast_select
 from pipelines.sql.binding import Binder
 from pipelines.streams.changes import read_changes
 from pipelines.transactions.transaction import Transaction
@@ -339,7 +339,6 @@ def _bind(
 
 def _as_table(info: TableInfo, frame: DataFrame, extra: Sequence[str]) -> DataFrame:
     """``frame``'s columns named and typed as the table's, by position, then ``extra``."""
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
     names = list(info.schema.names)
@@ -349,13 +348,8 @@ def _as_table(info: TableInfo, frame: DataFrame, extra: Sequence[str]) -> DataFr
                             "SOURCE_CHANGED")  # fmt: skip
     types = {f.name: f.dataType for f in from_arrow_schema(delta_schema(info.schema)).fields}
     positional = frame.toDF(*[f"c{i}" for i in range(len(names))], *extra)
-    texts = [cast_sql(f"c{i}", types[name], name) for i, name in enumerate(names)]
-    if all(text is not None for text in texts):  # one JVM call
-        return positional.selectExpr(*texts, *[quoted(column) for column in extra])  # type: ignore[arg-type]
-    return positional.select(
-        *[F.col(f"c{i}").cast(types[name]).alias(name) for i, name in enumerate(names)],
-        *[F.col(column) for column in extra],
-    )  # fmt: skip
+    return cast_select(positional, [(f"c{i}", types[name], name) for i, name in enumerate(names)],
+                       extra)  # fmt: skip
 
 
 def _rewritten(

@@ -224,16 +224,18 @@ def cast_sql(name: str, kind: Any, alias: str | None = None) -> str | None:
     return None if written is None else f"CAST({quoted(name)} AS {written}) AS {target}"
 
 
-def cast_select(frame: DataFrame, casts: Sequence[tuple[str, Any]], keep: Sequence[str] = (),
-                ) -> DataFrame:  # fmt: skip
-    """``frame``'s columns ``casts`` (name, type) cast to their types, then its columns
-    ``keep`` as they are: one JVM call when :func:`cast_sql` writes every type."""
-    texts = [cast_sql(name, kind) for name, kind in casts]
+def cast_select(frame: DataFrame, casts: Sequence[tuple[str, Any] | tuple[str, Any, str]],
+                keep: Sequence[str] = ()) -> DataFrame:  # fmt: skip
+    """``frame``'s columns ``casts`` (name, type, and the name to give it: default its
+    own) cast to their types, then its columns ``keep`` as they are: one JVM call when
+    :func:`cast_sql` writes every type."""
+    named = [(cast[0], cast[1], cast[-1] if len(cast) == 3 else cast[0]) for cast in casts]
+    texts = [cast_sql(name, kind, alias) for name, kind, alias in named]
     if all(text is not None for text in texts):
         return frame.selectExpr(*texts, *(quoted(name) for name in keep))  # type: ignore[arg-type]
     from pyspark.sql import functions as F
 
-    return frame.select(*[typed_as(name, kind).alias(name) for name, kind in casts],
+    return frame.select(*[typed_as(name, kind).alias(alias) for name, kind, alias in named],
                         *[F.col(quoted(name)) for name in keep])  # fmt: skip
 
 

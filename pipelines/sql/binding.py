@@ -269,9 +269,8 @@ class Binder:
         #: What was read of the warehouse's own description (an INFORMATION_SCHEMA view, a
         #: DYNAMIC_TABLE_*_HISTORY call): rows no table version holds.
         self.metadata_reads: list[str] = []
-        #: Typed literals of Spark's special datetime values (``TIMESTAMP'now'``): a value
-        #: fixed when the text is parsed (:mod:`pipelines.sql.time_literals`).
-        self.time_literals: list[str] = []
+        #: The texts bound, views' bodies included (read by :attr:`time_literals`).
+        self.texts: list[str] = []
         self.defaults = defaults
         self.within = within
         #: Names the texts bound wrote in backquotes, and the columns of each view made
@@ -282,6 +281,14 @@ class Binder:
         self.made: set[str] = set()
         #: The alias each view made for a clause of ours goes by, until placed (:meth:`bind`).
         self._labels: dict[str, str] = {}
+
+    @property
+    def time_literals(self) -> list[str]:
+        """Typed literals of Spark's special datetime values (``TIMESTAMP'now'``) in the
+        texts bound: a value fixed when the text is parsed
+        (:mod:`pipelines.sql.time_literals`). Read only by the definitions that care (a
+        tokenizer's pass over a large statement is not free), not at every bind."""
+        return [literal for text in self.texts for literal in special_literals(text)]
 
     def names(self, table: exp.Table) -> tuple[str, str, str]:
         """``DB.SCHEMA.NAME`` of a table reference, defaults filled from ``USE`` (or, in
@@ -327,7 +334,7 @@ class Binder:
         for table_id, version in pins.items():
             self.txn.versions[table_id] = version
             self.txn.handles.pop(table_id, None)
-        self.tables, self.expanded, self.streams = [], [], []
+        self.tables, self.expanded, self.streams, self.texts = [], [], [], []
         self.source_views = {}
         return self.bind(text)
 
@@ -337,7 +344,7 @@ class Binder:
         recorded. Names Spark takes for a CTE are left to Spark."""
         check_one_statement(text)
         text = self._our_clauses(spark_sql_text(text))
-        self.time_literals += special_literals(text)
+        self.texts.append(text)
         self.quoted |= quoted_names(text)
         splice, code = Splice(text), blanked(text)  # code: no comment reads as TABLE
         for reference in references(self.session.spark, text):
@@ -569,7 +576,7 @@ class Binder:
         self.expanded.extend([view, *inner.expanded])
         self.fixed_reads |= inner.fixed_reads
         self.metadata_reads.extend(inner.metadata_reads)
-        self.time_literals.extend(inner.time_literals)
+        self.texts.extend(inner.texts)
         self.quoted |= inner.quoted
         self.view_columns.update(inner.view_columns)
         if inner.streams:

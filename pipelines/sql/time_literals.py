@@ -9,7 +9,9 @@ constant and not one of them.
 
 A typed literal is gone from the plan once parsed, so it is found in the text (by
 sqlglot's tokens: comments and quoting as Spark reads them); a cast is found in the
-analyzed plan (its constant string evaluated).
+analyzed plan (its constant string evaluated). The functions of the current time
+(:data:`TIME_FUNCTIONS`) are named here too, for the two readers of a plan that refuse
+what depends on the time (dynamic tables' classifier, streams on views).
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from sqlglot.dialects.spark import Spark
 from sqlglot.errors import TokenError
 from sqlglot.tokens import TokenType
 
-__all__ = ["special_cast", "special_literals"]
+__all__ = ["TIME_FUNCTIONS", "special_cast", "special_literals"]
+
+#: Expressions of the current time (by class): deterministic within one query, so Spark
+#: reports them deterministic and folds them, but different at every refresh.
+TIME_FUNCTIONS = frozenset({"CurrentTimestamp", "Now", "CurrentDate", "CurrentTime",
+                            "LocalTimestamp", "CurrentTimeZone"})  # fmt: skip
 
 _SPECIAL = frozenset({"now", "today", "yesterday", "tomorrow"})
 #: The tokens of the type names a typed datetime literal starts with.

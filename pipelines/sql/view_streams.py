@@ -40,7 +40,7 @@ from pipelines.errors import ObjectNotFoundError, SqlError, StreamStaleError
 from pipelines.incremental.delta import ID, SIGN
 from pipelines.incremental.stand_ins import EnginePlan, engine, plan_over_stand_ins
 from pipelines.sql.plan_guard import analyzed_nodes
-from pipelines.sql.time_literals import special_cast
+from pipelines.sql.time_literals import TIME_FUNCTIONS, special_cast
 from pipelines.transactions.table_sources import TableSource
 from pipelines.transactions.transaction import Transaction
 
@@ -59,9 +59,6 @@ __all__ = [
 ]  # fmt: skip
 
 DAY = 86_400.0
-#: Functions of the current time: a stream could not reproduce the rows they gave.
-_TIME_DEPENDENT = frozenset({"CurrentTimestamp", "Now", "CurrentDate", "CurrentTime",
-                             "LocalTimestamp", "CurrentTimeZone"})  # fmt: skip
 
 
 @dataclass
@@ -128,7 +125,7 @@ def _volatile(session: StatementContext, frame: DataFrame) -> set[str]:
         cast = special_cast(node) if name == "Cast" else None  # CAST('now' AS TIMESTAMP)
         if cast is not None:
             found.add(f"TIME_DEPENDENT:{cast}")
-        elif name in _TIME_DEPENDENT:
+        elif name in TIME_FUNCTIONS:  # a stream could not reproduce their rows
             found.add(f"TIME_DEPENDENT:{name}")
         elif trait.isInstance(node):
             found.add(f"NON_DETERMINISTIC:{name}")
