@@ -105,6 +105,10 @@ class Session:
             from flush.spark_tables import spark_session
 
             spark = spark_session(app_name="ingest-pipelines")
+        else:  # a session the caller made: its Py4J lookups kept too (flush.jvm_lookups)
+            from flush import jvm_lookups
+
+            jvm_lookups.install()
         self.spark = spark
         # A session given by the caller too: ${env:X} in a statement would read the
         # environment before the plan guard sees anything (flush.spark_tables says why).
