@@ -38,36 +38,33 @@ def _answers(client: Any) -> dict[tuple[str, str, str], Any]:
     return found
 
 
+def _kept(kind: str, holder: Any, name: str, identity: str, keep: tuple[type, ...]) -> Any:
+    """``holder``'s attribute ``name`` as Py4J answers it (``_ORIGINAL[kind]``), kept
+    when the answer is one of ``keep``. ``identity``: the instance attribute naming what
+    ``holder`` stands for (a view's id, a class's name)."""
+    own = holder.__dict__  # (an attribute missing here would call __getattr__ again)
+    if "_gateway_client" not in own or identity not in own:
+        return _ORIGINAL[kind](holder, name)
+    answers = _answers(own["_gateway_client"])
+    key = (kind, own[identity], name)
+    found = answers.get(key)
+    if found is None:
+        found = _ORIGINAL[kind](holder, name)  # raises AttributeError for magic names
+        if isinstance(found, keep):
+            answers[key] = found
+    return found
+
+
 def _view_getattr(view: Any, name: str) -> Any:
     from py4j.java_gateway import JavaClass
 
-    own = view.__dict__  # (an attribute missing here would call this method again)
-    if "_gateway_client" not in own or "_id" not in own:
-        return _ORIGINAL["view"](view, name)
-    answers = _answers(own["_gateway_client"])
-    key = ("view", own["_id"], name)
-    found = answers.get(key)
-    if found is None:
-        found = _ORIGINAL["view"](view, name)
-        if isinstance(found, JavaClass):
-            answers[key] = found
-    return found
+    return _kept("view", view, name, "_id", (JavaClass,))  # not a package
 
 
 def _class_getattr(cls: Any, name: str) -> Any:
     from py4j.java_gateway import JavaClass, JavaMember
 
-    own = cls.__dict__
-    if "_gateway_client" not in own or "_fqn" not in own:
-        return _ORIGINAL["class"](cls, name)
-    answers = _answers(own["_gateway_client"])
-    key = ("class", own["_fqn"], name)
-    found = answers.get(key)
-    if found is None:
-        found = _ORIGINAL["class"](cls, name)  # raises AttributeError for magic names
-        if isinstance(found, JavaMember | JavaClass):  # not a field's value
-            answers[key] = found
-    return found
+    return _kept("class", cls, name, "_fqn", (JavaMember, JavaClass))  # not a field's value
 
 
 def install() -> None:
