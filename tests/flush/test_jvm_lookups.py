@@ -80,3 +80,28 @@ def test_queries_answer_the_same_with_and_without_it(spark):
     finally:
         jvm_lookups.install()
     assert kept == asked == [(i, 2 * i, "x") for i in range(5)]
+
+
+def test_threads_building_columns_at_once_get_their_own_answers(spark):
+    """Four threads build columns and run queries at once over the shared answers."""
+    import threading
+
+    from pyspark.sql import functions as F
+
+    errors: list[str] = []
+
+    def run(offset: int) -> None:
+        try:
+            for _ in range(10):
+                value = F.col("id") + F.lit(offset)
+                total = spark.range(5).select(value.alias("v")).agg(F.sum("v")).collect()
+                assert total[0][0] == 10 + 5 * offset, (offset, total)
+        except Exception as exc:  # reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
