@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import pytest
 from py4j.java_gateway import JavaClass, JavaMember, JavaPackage
-from py4j.protocol import Py4JError
+from py4j.protocol import MEMORY_COMMAND_NAME, Py4JError
 
 from flush import jvm_lookups
 
 
 @pytest.fixture
 def trips(spark, monkeypatch):
-    """The commands sent to the JVM from here on (the Spark session's Py4J client)."""
+    """The commands sent to the JVM from here on (the Spark session's Py4J client), but
+    the deletions of collected JVM objects, which Py4J's finalizer sends at any time."""
     client = spark.sparkContext._gateway._gateway_client
     sent: list[str] = []
     original = client.send_command
 
     def counting(command, *args, **kwargs):
-        sent.append(command)
+        if not command.startswith(MEMORY_COMMAND_NAME):
+            sent.append(command)
         return original(command, *args, **kwargs)
 
     monkeypatch.setattr(client, "send_command", counting)
