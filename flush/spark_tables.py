@@ -7,6 +7,7 @@ Rows computed on the driver (netted changes) reach Spark by :func:`arrow_frame`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -22,8 +23,9 @@ from flush.tables import live_paths, state_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-__all__ = ["arrow_frame", "byte_size", "read_delta", "spark_session"]
+__all__ = ["arrow_frame", "byte_size", "read_delta", "rows_frame", "spark_session"]
 
 # Spark (since 3.4) turns a small Arrow table into a LocalRelation, whose scan ships the
 # rows inside the tasks as Java-serialized rows; above this size it reads the Arrow batches.
@@ -113,11 +115,46 @@ def read_delta(
     # The log's schema, given: Spark reads no file's footer to infer one (0.15 s a read).
     spark_schema = from_arrow_schema(schema)
     if not paths:
-        frame = spark.createDataFrame([], spark_schema)
+        frame = rows_frame(spark, [], spark_schema)
     else:
         frame = spark.read.schema(spark_schema).parquet(*paths)
     hidden = [] if state else state_columns(schema)
     return frame.drop(*hidden) if hidden else frame
+
+
+def rows_frame(
+    spark: SparkSession, rows: Sequence[Sequence[Any]], schema: str | StructType
+) -> DataFrame:
+    """Rows made on the driver (a statement's status, SHOW's rows) as a DataFrame of
+    ``schema`` (a ``StructType`` or DDL text such as ``"name STRING, n BIGINT"``).
+
+    ``spark.createDataFrame(rows, schema)`` ships Python rows through a Python RDD, so
+    collecting even a one-row status started a job on Python workers (0.3-0.4 s). As
+    Arrow, a small table becomes a LocalRelation, collected without a job (0.05 s).
+    Timestamps are naive UTC or aware; naive ones are read as UTC, whatever the
+    process's time zone (the row path read them in the local zone).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    struct = schema if not isinstance(schema, str) else _ddl_schema(schema)
+    arrow_schema = to_arrow_schema(struct, timezone="UTC")
+    width = len(arrow_schema)
+    if any(len(row) != width for row in rows):
+        raise ValueError(f"every row must have the schema's {width} values")
+    columns = list(zip(*rows, strict=True)) if rows else [()] * width
+    arrays = [pa.array(list(values), type=field.type)
+              for values, field in zip(columns, arrow_schema, strict=True)]  # fmt: skip
+    return spark.createDataFrame(pa.Table.from_arrays(arrays, schema=arrow_schema), struct)
+
+
+@functools.lru_cache(maxsize=256)
+def _ddl_schema(text: str) -> StructType:
+    """DDL text parsed by Spark's parser once per text (the schemas are constants)."""
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    parsed = _parse_datatype_string(text)
+    assert isinstance(parsed, StructType), text
+    return parsed
 
 
 def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from catalog import ChangeStreamRecord
+from flush.spark_tables import rows_frame
 from ingest_sdk.schema import quote_identifier
 from pipelines.change_streams.definition import retention_text
 from pipelines.errors import ObjectNotFoundError
@@ -134,7 +135,7 @@ def view_frame(session: StatementContext, database: str, name: str) -> DataFrame
     columns, rows = found
     if session.catalog.get_database(database) is None:
         if database == DEFAULT_DATABASE:  # there before its first table, as SHOW says
-            return session.spark.createDataFrame([], columns)
+            return rows_frame(session.spark, [], columns)
         raise ObjectNotFoundError(f"database {quote_identifier(database)} does not exist; "
                                   "SHOW DATABASES lists them")  # fmt: skip
-    return session.spark.createDataFrame(rows(session, database), columns)
+    return rows_frame(session.spark, rows(session, database), columns)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from catalog import EXCLUDE_OPTIONS, ChangeStreamRecord, did_you_mean, full_name
 from catalog.base import ObjectAlreadyExistsError
 from flush.commit_clock import clock
+from flush.spark_tables import rows_frame
 from flush.table_locks import table_lock
 from ingest_sdk.durations import DURATION_FORMS, read_duration
 from ingest_sdk.schema import check_object_name
@@ -271,7 +272,7 @@ def show_change_streams(session: StatementContext, statement: Statement) -> Data
                      watched_text(stream, tables), stream.value_capture_type,
                      retention_text(stream.retention_s),
                      *exclusion_flags(stream).values()))  # fmt: skip
-    return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
+    return rows_frame(session.spark, rows, _SHOW_SCHEMA)
 
 
 _PARTITIONS_SCHEMA = (
@@ -289,7 +290,7 @@ def show_partitions(session: StatementContext, statement: Statement) -> DataFram
          "OPEN" if p.end_us is None else "ENDED")
         for p in session.catalog.list_partitions(stream.uid)
     ]  # fmt: skip
-    return session.spark.createDataFrame(rows, _PARTITIONS_SCHEMA)
+    return rows_frame(session.spark, rows, _PARTITIONS_SCHEMA)
 
 
 HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {

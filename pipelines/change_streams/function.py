@@ -21,6 +21,7 @@ from sqlglot import exp
 
 from catalog import did_you_mean, full_name
 from flush.commit_clock import clock
+from flush.spark_tables import rows_frame
 from pipelines.change_streams.read import ARGUMENTS, read, read_args
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.binding import function_name
@@ -101,4 +102,4 @@ def read_frame(session: StatementContext, table: exp.Table, defaults: tuple[str,
             raise SqlError(f"the read returns more than {MAX_RECORDS:,} records; give an "
                            "earlier end_timestamp, or read over HTTP "
                            "(GET /v1/change-streams/{name}/read)", "INVALID_ARGUMENT")  # fmt: skip
-    return session.spark.createDataFrame(rows, "ChangeRecord STRING")
+    return rows_frame(session.spark, rows, "ChangeRecord STRING")

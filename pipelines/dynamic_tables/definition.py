@@ -23,6 +23,7 @@ import orjson
 
 from catalog import DynamicSource, DynamicTableRecord, TableInfo, did_you_mean, full_name
 from flush.catalog_tables import purge_dropped
+from flush.spark_tables import rows_frame
 from flush.table_locks import table_lock
 from flush.tables import create_table, drop_table, new_table_folder
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
@@ -482,7 +483,7 @@ def show_dynamic_tables(session: StatementContext, statement: Statement) -> Data
             utc(last.ended_at) if last and last.ended_at else None,
             round(now - stamp, 3) if stamp is not None else None, dt.query, dt.comment,
         ))  # fmt: skip
-    return session.spark.createDataFrame(rows, _SHOW_SCHEMA)
+    return rows_frame(session.spark, rows, _SHOW_SCHEMA)
 
 
 def effective_mode(dt: DynamicTableRecord) -> str:
@@ -497,7 +498,7 @@ def effective_mode(dt: DynamicTableRecord) -> str:
 def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
     info, _ = dynamic_or_error(session, statement.parts["name"] or "")
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
-    return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
+    return rows_frame(session.spark, rows, "name STRING, type STRING, kind STRING, null STRING")
 
 
 HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {

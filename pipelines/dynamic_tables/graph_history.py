@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from catalog import DynamicTableRecord, full_name
+from flush.spark_tables import rows_frame
 from pipelines.dynamic_tables import arguments
 
 if TYPE_CHECKING:
@@ -99,4 +100,4 @@ def scheduling_state(dt: DynamicTableRecord) -> tuple[str, str | None, str | Non
 
 
 def graph_frame(session: StatementContext, call: exp.Anonymous) -> DataFrame:
-    return session.spark.createDataFrame(graph_rows(session, _prefix(call)), COLUMNS)
+    return rows_frame(session.spark, graph_rows(session, _prefix(call)), COLUMNS)

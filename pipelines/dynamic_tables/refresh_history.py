@@ -21,6 +21,7 @@ import orjson
 from sqlglot import exp
 
 from catalog import RefreshRecord
+from flush.spark_tables import rows_frame
 from pipelines.dynamic_tables import arguments
 
 if TYPE_CHECKING:
@@ -102,4 +103,4 @@ def _row(
 def history_frame(
     session: StatementContext, call: exp.Anonymous, defaults: tuple[str, str]
 ) -> DataFrame:
-    return session.spark.createDataFrame(history_rows(session, call, defaults), COLUMNS)
+    return rows_frame(session.spark, history_rows(session, call, defaults), COLUMNS)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from sqlglot import exp
 
 from catalog import DynamicTableRecord, RefreshRecord
+from flush.spark_tables import rows_frame
 from pipelines.dynamic_tables import arguments
 from pipelines.errors import SqlError
 
@@ -217,4 +218,4 @@ def tables_frame(
     import time
 
     rows = tables_rows(session, call, defaults, time.time())
-    return session.spark.createDataFrame(rows, COLUMNS)
+    return rows_frame(session.spark, rows, COLUMNS)

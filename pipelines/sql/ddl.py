@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 
 from catalog import ObjectAlreadyExistsError, StreamRecord, did_you_mean, full_name
 from flush import create_catalog_table
+from flush.spark_tables import rows_frame
 from flush.table_locks import table_lock
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import check_object_name
@@ -156,7 +157,7 @@ def show_tables(session: StatementContext, statement: Statement) -> DataFrame:
     ]  # fmt: skip
     schema = ("created_on TIMESTAMP, name STRING, database_name STRING, schema_name STRING, "
               "kind STRING, change_tracking STRING, retention_time BIGINT")  # fmt: skip
-    return session.spark.createDataFrame(rows, schema)
+    return rows_frame(session.spark, rows, schema)
 
 
 def describe_table(session: StatementContext, statement: Statement) -> DataFrame:
@@ -164,9 +165,8 @@ def describe_table(session: StatementContext, statement: Statement) -> DataFrame
     key = info.primary_key
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N",
              "Y" if c.name in key else "N") for c in info.schema]  # fmt: skip
-    return session.spark.createDataFrame(
-        rows, "name STRING, type STRING, kind STRING, null STRING, `primary key` STRING"
-    )
+    columns = "name STRING, type STRING, kind STRING, null STRING, `primary key` STRING"
+    return rows_frame(session.spark, rows, columns)
 
 
 def create_stream(session: StatementContext, statement: Statement) -> DataFrame:
@@ -256,12 +256,12 @@ def show_streams(session: StatementContext, statement: Statement) -> DataFrame:
     pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     rows = [stream_row(session, s) for s in session.catalog.list_streams()
             if pattern(s.name) and scope(s.database, s.schema_name)]  # fmt: skip
-    return session.spark.createDataFrame(rows, _STREAM_SCHEMA)
+    return rows_frame(session.spark, rows, _STREAM_SCHEMA)
 
 
 def describe_stream(session: StatementContext, statement: Statement) -> DataFrame:
     stream = session.require_stream(statement.parts["name"] or "")
-    return session.spark.createDataFrame([stream_row(session, stream)], _STREAM_SCHEMA)
+    return rows_frame(session.spark, [stream_row(session, stream)], _STREAM_SCHEMA)
 
 
 def use(session: StatementContext, statement: Statement) -> DataFrame:

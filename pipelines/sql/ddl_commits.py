@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from flush.spark_tables import rows_frame
 from pipelines.sql.ddl_common import status_frame
 from pipelines.transactions.commit_admin import abandon_commit, pending_status
 
@@ -27,7 +28,7 @@ def show_pending_commits(session: StatementContext, statement: Statement) -> Dat
     rows = [(s.id, s.state, s.owner_alive, round(s.age_seconds, 3), ", ".join(s.tables),
              ", ".join(s.landed), ", ".join(s.streams), s.statement)
             for s in pending_status(session.catalog)]  # fmt: skip
-    return session.spark.createDataFrame(rows, _SCHEMA)
+    return rows_frame(session.spark, rows, _SCHEMA)
 
 
 def abandon_commit_statement(session: StatementContext, statement: Statement) -> DataFrame:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from catalog import TableInfo, did_you_mean, full_name
 from flush import purge_dropped
+from flush.spark_tables import rows_frame
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import SchemaError
 from ingest_sdk.schema import check_not_reserved, check_object_name, quote_identifier
@@ -44,7 +45,7 @@ __all__ = [
 
 def status_frame(session: StatementContext, message: str) -> DataFrame:
     """The one-row answer of a statement that returns no rows (Snowflake's `status`)."""
-    return session.spark.createDataFrame([(message,)], "status STRING")
+    return rows_frame(session.spark, [(message,)], "status STRING")
 
 
 def drop_table_info(session: StatementContext, info: TableInfo) -> None:

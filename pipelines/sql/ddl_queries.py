@@ -24,6 +24,7 @@ from sqlglot import exp
 from catalog import TableInfo, did_you_mean, full_name
 from flush import check_column_names, create_catalog_table
 from flush.change_commit import ChangeSet
+from flush.spark_tables import rows_frame
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk import SchemaError, TableSchema
 from ingest_sdk.batch_check import check_arrow_batch
@@ -361,4 +362,4 @@ def explain(session: StatementContext, statement: Statement) -> DataFrame:
         utils = session.spark._jvm.PythonSQLUtils  # type: ignore[union-attr]
         text = str(utils.explainString(frame._jdf.queryExecution(), mode))
     lines = without_paths(text, session.warehouse).rstrip("\n").split("\n")
-    return session.spark.createDataFrame([(line,) for line in lines], "plan STRING")
+    return rows_frame(session.spark, [(line,) for line in lines], "plan STRING")

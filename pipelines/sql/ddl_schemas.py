@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from catalog import ObjectNotEmptyError
 from flush import purge_dropped
+from flush.spark_tables import rows_frame
 from flush.table_locks import table_lock
 from ingest_sdk.column_types import ColumnType, TypeKind
 from ingest_sdk.schema import quote_identifier
@@ -163,8 +164,8 @@ def show_databases(session: StatementContext, statement: Statement) -> DataFrame
         (utc(d.created_at), d.name, _is_current(d.name == session.database), "STANDARD")
         for d in session.catalog.list_databases() if pattern(d.name)
     ]  # fmt: skip
-    return session.spark.createDataFrame(
-        rows, "created_on TIMESTAMP, name STRING, is_current STRING, kind STRING"
+    return rows_frame(
+        session.spark, rows, "created_on TIMESTAMP, name STRING, is_current STRING, kind STRING"
     )
 
 
@@ -184,9 +185,8 @@ def show_schemas(session: StatementContext, statement: Statement) -> DataFrame:
         (utc(s.created_at), s.name, _is_current((s.database, s.name) == current), s.database)
         for s in session.catalog.list_schemas(database) if pattern(s.name)
     ]  # fmt: skip
-    return session.spark.createDataFrame(
-        rows, "created_on TIMESTAMP, name STRING, is_current STRING, database_name STRING"
-    )
+    columns = "created_on TIMESTAMP, name STRING, is_current STRING, database_name STRING"
+    return rows_frame(session.spark, rows, columns)
 
 
 def data_type_json(column_type: ColumnType, nullable: bool) -> str:
@@ -229,4 +229,4 @@ def show_columns(session: StatementContext, statement: Statement) -> DataFrame:
          str(c.nullable).lower(), "", "COLUMN", "", "", info.database, "")
         for c in info.schema if pattern(c.name)
     ]  # fmt: skip
-    return session.spark.createDataFrame(rows, _COLUMNS_SCHEMA)
+    return rows_frame(session.spark, rows, _COLUMNS_SCHEMA)

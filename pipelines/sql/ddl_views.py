@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from catalog import ObjectAlreadyExistsError, ViewRecord, did_you_mean, full_name
+from flush.spark_tables import rows_frame
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import (
@@ -94,7 +95,7 @@ def show_views(session: StatementContext, statement: Statement) -> DataFrame:
     pattern, scope = like(statement.parts.get("like")), in_scope(session, statement)
     rows = [_row(v) for v in session.catalog.list_views()
             if pattern(v.name) and scope(v.database, v.schema_name)]  # fmt: skip
-    return session.spark.createDataFrame(rows, _VIEW_SCHEMA)
+    return rows_frame(session.spark, rows, _VIEW_SCHEMA)
 
 
 def describe_view(session: StatementContext, statement: Statement) -> DataFrame:
@@ -114,7 +115,7 @@ def describe_view(session: StatementContext, statement: Statement) -> DataFrame:
                 for f in frame.schema.fields]  # fmt: skip
     finally:
         session.release_views()
-    return session.spark.createDataFrame(rows, "name STRING, type STRING, kind STRING, null STRING")
+    return rows_frame(session.spark, rows, "name STRING, type STRING, kind STRING, null STRING")
 
 
 def _quoted(view: ViewRecord) -> str:

@@ -20,6 +20,7 @@ from sqlglot import exp
 
 from catalog import TableInfo
 from flush.change_commit import ChangeSet
+from flush.spark_tables import rows_frame
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.schema import Column, quote_identifier, spark_fold
@@ -106,7 +107,7 @@ def _result(session: StatementContext, **counts: int) -> DataFrame:
     # Snowflake's column names: "number of rows updated", "number of multi-joined ...".
     names = [name.replace("_", " ").replace("multi joined", "multi-joined") for name in counts]
     schema = ", ".join(f"`{name}` BIGINT" for name in names)
-    return session.spark.createDataFrame([tuple(counts.values())], schema)
+    return rows_frame(session.spark, [tuple(counts.values())], schema)
 
 
 def _target(binder: Binder, txn: Transaction, table: exp.Table) -> tuple[TableInfo, str, str]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from flush.batch_commit import BATCH_METADATA_KEY
 from flush.change_commit import PIPELINE_METADATA_KEY
 from flush.commit import COMMIT_METADATA_KEY
+from flush.spark_tables import rows_frame
 from flush.tables import commit_history
 from pipelines.sql.ddl_common import utc
 
@@ -85,7 +86,7 @@ def describe_history(session: StatementContext, statement: Statement) -> DataFra
     info = session.require_table(statement.parts["name"] or "")
     _, entries = commit_history(info.uri)
     rows = [_row(entry) for entry in sorted(entries, key=lambda e: -int(e["version"]))]
-    return session.spark.createDataFrame(rows, HISTORY_SCHEMA)
+    return rows_frame(session.spark, rows, HISTORY_SCHEMA)
 
 
 def data_changed(table_uri: str, after: int, to: int) -> bool:
