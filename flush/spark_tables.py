@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -123,7 +123,7 @@ def read_delta(
 
 
 def rows_frame(
-    spark: SparkSession, rows: Sequence[Sequence[Any]], schema: str | StructType
+    spark: SparkSession, rows: Iterable[Sequence[Any]], schema: str | StructType
 ) -> DataFrame:
     """Rows made on the driver (a statement's status, SHOW's rows) as a DataFrame of
     ``schema`` (a ``StructType`` or DDL text such as ``"name STRING, n BIGINT"``).
@@ -138,7 +138,7 @@ def rows_frame(
 
     struct = schema if not isinstance(schema, str) else _ddl_schema(schema)
     arrow_schema = to_arrow_schema(struct, timezone="UTC")
-    width = len(arrow_schema)
+    width, rows = len(arrow_schema), list(rows)  # (a generator is read once)
     if any(len(row) != width for row in rows):
         raise ValueError(f"every row must have the schema's {width} values")
     columns = list(zip(*rows, strict=True)) if rows else [()] * width

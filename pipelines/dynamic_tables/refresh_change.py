@@ -267,13 +267,12 @@ def _kept(
 
 
 def _derived_incremental(info: TableInfo, deltas: Deltas, state: Sequence[str]) -> Computed:
-    from pyspark.sql import functions as F
-
-    net = deltas.net()
-    action = F.when(F.col(SIGN) > 0, F.lit("INSERT")).otherwise(F.lit("DELETE"))
-    frame = _as_table(info, net.withColumn(REFRESH_ACTION, action).drop(SIGN),
-                      (ROW_ID_COLUMN, *state, REFRESH_ACTION))  # fmt: skip
-    change = net_change(frame.toArrow(), [*info.schema.names, *state])
+    # Each row's action from its sign once collected (two Spark operations fewer, each
+    # an analysis of the whole plan).
+    signed = _as_table(info, deltas.net(), (ROW_ID_COLUMN, *state, SIGN)).toArrow()
+    action = pc.if_else(pc.greater(signed.column(SIGN), 0), "INSERT", "DELETE")
+    collected = signed.drop_columns([SIGN]).append_column(REFRESH_ACTION, action)
+    change = net_change(collected, [*info.schema.names, *state])
     rows = _checked(info, change.rows, state)
     return Computed(
         ChangeSet(rows, change.deleted.cast(pa.int64()), change.new_ids.cast(pa.int64())),

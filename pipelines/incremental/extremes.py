@@ -132,10 +132,9 @@ def retyped(found: Layout, touched: DataFrame) -> DataFrame:
 
     from pipelines.incremental.algebraic import extremes_of
 
-    for j, extreme in extremes_of(found):
-        for name in (_state(j), f"{_DELETED}{j}"):
-            touched = touched.withColumn(name, F.col(name).cast(extreme.kind))
-    return touched
+    casts = {name: F.col(name).cast(extreme.kind) for j, extreme in extremes_of(found)
+             for name in (_state(j), f"{_DELETED}{j}")}  # fmt: skip
+    return touched.withColumns(casts) if casts else touched  # one analysis, not one a column
 
 
 def lost_values(found: Layout, touched: pa.Table) -> bool:

@@ -66,6 +66,11 @@ def test_empty_rows_keep_the_schema(spark):
         ("name", "string"), ("n", "bigint")]
 
 
+def test_rows_from_a_generator(spark):
+    frame = rows_frame(spark, ((f"n{i}", i) for i in range(3)), "name STRING, n BIGINT")
+    assert [tuple(r) for r in frame.collect()] == [("n0", 0), ("n1", 1), ("n2", 2)]
+
+
 def test_rows_of_another_width_are_refused(spark):
     with pytest.raises(ValueError, match="2 values"):
         rows_frame(spark, [("a",)], "name STRING, n BIGINT")
