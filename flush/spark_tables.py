@@ -129,8 +129,9 @@ def rows_frame(
     ``schema`` (a ``StructType`` or DDL text such as ``"name STRING, n BIGINT"``).
 
     ``spark.createDataFrame(rows, schema)`` ships Python rows through a Python RDD, so
-    collecting even a one-row status started a job on Python workers (0.3-0.4 s). As
-    Arrow, a small table becomes a LocalRelation, collected without a job (0.05 s).
+    collecting even a one-row status started a job on Python workers (116 ms on a quiet
+    machine). As Arrow, a small table becomes a LocalRelation, collected without a job
+    (21 ms; docs/benchmarks.md).
     Timestamps are naive UTC or aware; naive ones are read as UTC, whatever the
     process's time zone (the row path read them in the local zone).
     """
