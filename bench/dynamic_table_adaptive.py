@@ -41,7 +41,7 @@ from bench.pipelines import _Bench, _ms, _rows, _timed, cli
 from flush.commit_clock import clock
 
 NAME = "dt_adaptive_shares"
-SHARES = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5)
+SHARES = (0.001, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5)
 SMOKE_SHARES = (0.1,)
 LABELS = ("join", "left_join", "group_by")
 
