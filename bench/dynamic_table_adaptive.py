@@ -128,6 +128,7 @@ def run_adaptive_shares(scale: float | None = None) -> dict[str, Any]:
             "scale": scale,
             "cpus": os.cpu_count(),
             "load_average": _load(),
+            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
             "source_rows": rows,
             "dimension_rows": dimension_rows,
             "shares": list(shares),

@@ -290,6 +290,7 @@ def run_engine_vs_full(scale: float | None = None) -> dict[str, Any]:
             "scale": scale,
             "cpus": os.cpu_count(),
             "load_average": _load(),
+            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
             "spark_master": "local[2]",
             "source_rows": rows,
             "dimension_rows": dimension_rows,

@@ -311,6 +311,7 @@ def run_tpch(scale: float | None = None) -> dict[str, Any]:
         report = {
             "benchmark": NAME, "scale": scale, "tpch_scale_factor": scale,
             "cpus": os.cpu_count(), "load_average": _load(), "spark_master": "local[2]",
+            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
             "table_rows": table_rows, "dbgen_s": round(dbgen_s, 1), "load_s": round(load_s, 1),
             "refresh_functions": applied,
             "measured": "refresh_with_upstreams(session, id, 'MANUAL', same data timestamp), "

@@ -13,11 +13,11 @@ A refresh goes FULL (reason ``CHANGE_TOO_LARGE``) when the share exceeds
 :data:`FULL_ABOVE_SHARE` and at least :data:`FULL_FROM_ROWS` rows changed: below that
 count either way's fixed costs (planning, Spark jobs) dominate, and the incremental
 change is the one followers want. The share was calibrated by ``python -m bench
-dt_adaptive_shares`` at scale 1 (a 1M-row source joined with a 100k-row one, two runs on
-a quiet two-core machine): the incremental refresh of an inner and a LEFT join was
-1.24-2.13x faster than FULL at 10% and 20% of the source's rows updated, and slower from
-25% (0.80-0.89x in three of four measurements, 1.03x in the fourth): 20% and 25% of that
-source are 18% and 23% of all the sources' rows, the measure's denominator.
+dt_adaptive_shares`` at scale 1 (a 1M-row source joined to a 100k-row one; two runs on a
+quiet two-core machine, as ``make bench`` runs it): the incremental refresh of an inner
+and a LEFT join was 1.02-1.22x FULL's speed with 10% of the large source's rows updated,
+0.99-1.26x with 15% and slower with 20% (0.80-0.95x); 15% and 20% of that source are 14%
+and 18% of both sources' rows, the measure's denominator.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 #: The share of changed source rows above which an ADAPTIVE refresh goes FULL
 #: (calibrated by ``dt_adaptive_shares``, see the module's docstring).
-FULL_ABOVE_SHARE = 0.20
+FULL_ABOVE_SHARE = 0.15
 #: The fewest changed rows for which an ADAPTIVE refresh goes FULL whatever the share.
 FULL_FROM_ROWS = 1000
 #: The reason code of an ADAPTIVE refresh that went FULL for its change's size.

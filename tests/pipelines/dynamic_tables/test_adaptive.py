@@ -50,7 +50,7 @@ def test_a_large_change_is_one_full_refresh_then_small_ones_are_incremental(base
         row = newest(base, name)
         assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", CHANGE_TOO_LARGE), row
         assert "changed 2,000 rows, 95.24% of the 2,100 rows" in row.STATE_MESSAGE, row
-        assert "FULL above 20% and from 1,000 changed rows" in row.STATE_MESSAGE, row
+        assert "FULL above 15% and from 1,000 changed rows" in row.STATE_MESSAGE, row
         assert_same_as_query(base, name, query)
     # P's FULL refresh matched rows by id: its stream holds the 1,000 new rows only.
     assert base.sql("SELECT count(*) FROM PS").collect()[0][0] == 1000
@@ -133,9 +133,9 @@ def test_the_measure_counts_the_rows_each_kind_of_commit_changed(base):
 
 def test_the_rule_is_a_share_above_the_threshold_of_at_least_the_floor():
     share, floor = adaptive.FULL_ABOVE_SHARE, adaptive.FULL_FROM_ROWS
-    assert (share, floor) == (0.20, 1000)
-    assert not Measure(2000, 10_000).too_large  # exactly 20%: incremental
-    assert Measure(2001, 10_000).too_large
+    assert (share, floor) == (0.15, 1000)
+    assert not Measure(1500, 10_000).too_large  # exactly 15%: incremental
+    assert Measure(1501, 10_000).too_large
     assert not Measure(999, 1000).too_large  # under the floor, whatever the share
     assert Measure(1000, 0).too_large and Measure(1000, 0).share == float("inf")
     assert not Measure(0, 0).too_large and Measure(0, 0).share == 0.0

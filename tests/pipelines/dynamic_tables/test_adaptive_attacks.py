@@ -57,13 +57,13 @@ def difference(before: Counter, after: Counter) -> Counter:
 def test_exactly_at_the_share_is_incremental_just_above_is_full(base):
     s = base
     s.sql(f"CREATE DYNAMIC TABLE P {LAG} REFRESH_MODE = ADAPTIVE AS {STATELESS}")
-    insert(s, 1000, 8900)  # 9,000 rows: 8,900 changed, FULL
+    insert(s, 1000, 8400)  # 8,500 rows: 8,400 changed, FULL
     assert refresh(s, "P").startswith("Dynamic table P refreshed: FULL")
-    insert(s, 20_000, 2250)  # 2,250 of 11,250: exactly 20%
+    insert(s, 20_000, 1500)  # 1,500 of 10,000: exactly 15%
     refresh(s, "P")
     row = newest(s, "P")
     assert (row.REFRESH_ACTION, row.STATE_CODE) == ("INCREMENTAL", None), row
-    insert(s, 30_000, 2813)  # 2,813 of 14,063: just above 20% (2,812 of 14,062 is under)
+    insert(s, 30_000, 1765)  # 1,765 of 11,765: just above 15% (1,764 of 11,764 is under)
     refresh(s, "P")
     row = newest(s, "P")
     assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", CHANGE_TOO_LARGE), row
@@ -86,17 +86,17 @@ def test_small_changes_add_up_between_refreshes_and_not_across(base):
     s.sql(f"CREATE DYNAMIC TABLE P {LAG} REFRESH_MODE = ADAPTIVE AS {STATELESS}")
     insert(s, 1000, 9900)  # 10,000 rows
     refresh(s, "P")
-    for i in range(4):  # four refreshes of 800 rows each: each under the floor
-        insert(s, 20_000 + i * 1000, 800)
+    for i in range(4):  # four refreshes of 600 rows each: each under the floor
+        insert(s, 20_000 + i * 1000, 600)
         refresh(s, "P")
         assert tuple(newest(s, "P"))[:2] == ("INCREMENTAL", None)
-    for i in range(4):  # four commits of 800, one refresh: 3,200 of 13,200 (24%)
+    for i in range(4):  # four commits of 600, one refresh: 2,400 of 12,400 (19%)
         s.sql(f"UPDATE T SET V = 'u{i}' WHERE ID >= {20_000 + i * 1000} "
-              f"AND ID < {20_000 + i * 1000 + 800}")  # fmt: skip
+              f"AND ID < {20_000 + i * 1000 + 600}")  # fmt: skip
     refresh(s, "P")
     row = newest(s, "P")
     assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", CHANGE_TOO_LARGE), row
-    assert "changed 3,200 rows, 24.24% of the 13,200 rows" in row.STATE_MESSAGE, row
+    assert "changed 2,400 rows, 19.35% of the 12,400 rows" in row.STATE_MESSAGE, row
     assert_same_as_query(s, "P", STATELESS)
     assert_consistent(s, "P")
 
