@@ -10,8 +10,12 @@ import pytest
 # C1 only and collects with the serial GC. They live for seconds to minutes on small
 # data, so the optimizing compiler's threads only compete with the tests for the two
 # cores: a module of killed children ran in 141 s instead of 205 s, a module of Spark
-# statements in 53 s instead of 61 s. The service itself and `make bench` keep the
-# JVM's defaults. (SPARK_SUBMIT_OPTS reaches the driver JVM without the notice that
+# statements in 53 s instead of 61 s; measured again on 2026-12-03 over seven Spark-heavy
+# files in two processes (each about 5 minutes on one shared session): 656 worker-seconds
+# with C1 only, 746 with the default tiered compilers. (Three processes instead of two
+# took 387 s against 341 s: the two cores are the limit.) The service itself and
+# `make bench` keep the JVM's defaults, under which Spark's work on large data runs about
+# twice as fast. (SPARK_SUBMIT_OPTS reaches the driver JVM without the notice that
 # JAVA_TOOL_OPTIONS prints on every start.)
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 # The services' Spark workers run at the service's own priority here (their default is

@@ -38,6 +38,7 @@ from pipelines.dynamic_tables.schedule import Node, TargetLag, check_graph, pars
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.binding import Binder
 from pipelines.sql.ddl_common import (
+    DESCRIBE_COLUMNS,
     check_name_free,
     drop_table_info,
     in_scope,
@@ -498,7 +499,7 @@ def effective_mode(dt: DynamicTableRecord) -> str:
 def describe_dynamic_table(session: StatementContext, statement: Statement) -> DataFrame:
     info, _ = dynamic_or_error(session, statement.parts["name"] or "")
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N") for c in info.schema]
-    return rows_frame(session.spark, rows, "name STRING, type STRING, kind STRING, null STRING")
+    return rows_frame(session.spark, rows, DESCRIBE_COLUMNS)
 
 
 HANDLERS: dict[str, Callable[[StatementContext, Statement], DataFrame]] = {

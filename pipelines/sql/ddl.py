@@ -28,6 +28,7 @@ from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.binding import check_writable
 from pipelines.sql.ddl_commits import abandon_commit_statement, show_pending_commits
 from pipelines.sql.ddl_common import (
+    DESCRIBE_COLUMNS,
     check_name_free,
     drop_named,
     drop_table_info,
@@ -165,8 +166,7 @@ def describe_table(session: StatementContext, statement: Statement) -> DataFrame
     key = info.primary_key
     rows = [(c.name, c.declaration, "COLUMN", "Y" if c.nullable else "N",
              "Y" if c.name in key else "N") for c in info.schema]  # fmt: skip
-    columns = "name STRING, type STRING, kind STRING, null STRING, `primary key` STRING"
-    return rows_frame(session.spark, rows, columns)
+    return rows_frame(session.spark, rows, f"{DESCRIBE_COLUMNS}, `primary key` STRING")
 
 
 def create_stream(session: StatementContext, statement: Statement) -> DataFrame:

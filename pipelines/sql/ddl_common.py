@@ -27,7 +27,12 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+#: The columns DESCRIBE answers for a table, a view and a dynamic table (a table adds
+#: `primary key`).
+DESCRIBE_COLUMNS = "name STRING, type STRING, kind STRING, null STRING"
+
 __all__ = [
+    "DESCRIBE_COLUMNS",
     "check_name_free",
     "check_parts",
     "drop_named",

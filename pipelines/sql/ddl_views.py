@@ -18,6 +18,7 @@ from flush.spark_tables import rows_frame
 from ingest_sdk.schema import check_object_name
 from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.ddl_common import (
+    DESCRIBE_COLUMNS,
     check_name_free,
     drop_named,
     in_scope,
@@ -115,7 +116,7 @@ def describe_view(session: StatementContext, statement: Statement) -> DataFrame:
                 for f in frame.schema.fields]  # fmt: skip
     finally:
         session.release_views()
-    return rows_frame(session.spark, rows, "name STRING, type STRING, kind STRING, null STRING")
+    return rows_frame(session.spark, rows, DESCRIBE_COLUMNS)
 
 
 def _quoted(view: ViewRecord) -> str:
