@@ -31,6 +31,7 @@ from bench.dynamic_tables import (
     MILLION,
     _checksums,
     _create_source,
+    _jvm_options,
     _load,
     _progress,
     _refresh,
@@ -128,7 +129,7 @@ def run_adaptive_shares(scale: float | None = None) -> dict[str, Any]:
             "scale": scale,
             "cpus": os.cpu_count(),
             "load_average": _load(),
-            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
+            "spark_submit_opts": _jvm_options(),
             "source_rows": rows,
             "dimension_rows": dimension_rows,
             "shares": list(shares),

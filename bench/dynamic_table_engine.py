@@ -78,6 +78,7 @@ from bench.dynamic_tables import (
     _counts,
     _create_source,
     _expected,
+    _jvm_options,
     _load,
     _log_writes,
     _phases,
@@ -290,7 +291,7 @@ def run_engine_vs_full(scale: float | None = None) -> dict[str, Any]:
             "scale": scale,
             "cpus": os.cpu_count(),
             "load_average": _load(),
-            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
+            "spark_submit_opts": _jvm_options(),
             "spark_master": "local[2]",
             "source_rows": rows,
             "dimension_rows": dimension_rows,

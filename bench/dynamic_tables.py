@@ -141,6 +141,12 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _jvm_options() -> str:
+    """The driver JVM's options (JIT, GC): the suite's C1-only options make Spark's work
+    on large data about twice as slow as the JVM's defaults, which ``make bench`` uses."""
+    return os.environ.get("SPARK_SUBMIT_OPTS", "")
+
+
 # -- tables, refreshes, jobs and phases ------------------------------------------------------
 
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
-from bench.dynamic_tables import _load, _progress, _refresh, _table_id, default_scale
+from bench.dynamic_tables import _jvm_options, _load, _progress, _refresh, _table_id, default_scale
 from bench.pipelines import _Bench, _ms, _timed, cli
 from bench.tpch_queries import TABLES, queries
 from flush import TableWriter
@@ -311,7 +311,7 @@ def run_tpch(scale: float | None = None) -> dict[str, Any]:
         report = {
             "benchmark": NAME, "scale": scale, "tpch_scale_factor": scale,
             "cpus": os.cpu_count(), "load_average": _load(), "spark_master": "local[2]",
-            "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),  # JIT, GC
+            "spark_submit_opts": _jvm_options(),
             "table_rows": table_rows, "dbgen_s": round(dbgen_s, 1), "load_s": round(load_s, 1),
             "refresh_functions": applied,
             "measured": "refresh_with_upstreams(session, id, 'MANUAL', same data timestamp), "
