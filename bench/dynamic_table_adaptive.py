@@ -3,15 +3,17 @@ for changes of growing size, the measure behind ADAPTIVE's threshold.
 
 ``dt_adaptive_shares`` builds the sources of :mod:`bench.dynamic_table_engine` (``T``,
 1M rows in 10 commits, and ``C``, 100k rows; both scaled by ``--scale``) and three of
-its query pairs, each created ``REFRESH_MODE = INCREMENTAL`` and ``FULL``: ``join``
+its queries, each created ``REFRESH_MODE = INCREMENTAL``, ``FULL`` and ``ADAPTIVE``: ``join``
 (inner join of T and C), ``left_join`` and ``group_by`` (1,000 groups). For each share
 ``s`` of :data:`SHARES`, one UPDATE changes ``s`` of T's rows (``ID % 1000 < s x
 1000``: rows scattered over every file, and for ``group_by`` every group touched from
-``s = 0.001`` on, the worst case for recomputing groups), then every pair refreshes for
-one data timestamp, alternating which twin goes first. One warm-up round at the
+``s = 0.001`` on, the worst case for recomputing groups), then every triple refreshes for
+one data timestamp, rotating which twin goes first. One warm-up round at the
 smallest share, untimed.
 
-Reported per query and share: both refreshes' milliseconds and FULL over INCREMENTAL;
+Reported per query and share: the INCREMENTAL and FULL refreshes' milliseconds and FULL
+over INCREMENTAL, and the ADAPTIVE twin's action, reason and milliseconds over the faster
+of the other two (``adaptive_over_best``: what its choice cost against knowing the answer);
 per query, ``switch_share``: the smallest share at which FULL was faster (None: the
 incremental refresh was faster at every share measured). After the rounds both twins
 and the query agree (checksums). Scale as the other benchmarks (``--scale``,
@@ -45,16 +47,18 @@ NAME = "dt_adaptive_shares"
 SHARES = (0.001, 0.01, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5)
 SMOKE_SHARES = (0.1,)
 LABELS = ("join", "left_join", "group_by")
+KINDS = ("INCREMENTAL", "FULL", "ADAPTIVE")
 
 
 def _pairs(bench: _Bench, queries: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Each query's INCREMENTAL and FULL twins, created (initial refresh included)."""
+    """Each query's INCREMENTAL, FULL and ADAPTIVE twins, created (initial refresh
+    included)."""
     session = bench.session
     tables: dict[str, dict[str, int]] = {}
     for label in LABELS:
         spec = queries[label]
         tables[label] = {}
-        for kind in ("INCREMENTAL", "FULL"):
+        for kind in KINDS:
             name = f"A{spec['table']}_{kind[0]}"
             _progress(f"{NAME}: CREATE DYNAMIC TABLE {name} ({label}, {kind})")
             session.sql(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' "
@@ -66,25 +70,33 @@ def _pairs(bench: _Bench, queries: dict[str, dict[str, Any]]) -> dict[str, dict[
 def _round(
     bench: _Bench, tables: dict[str, dict[str, int]], share: float, number: int
 ) -> dict[str, dict[str, Any]]:
-    """One UPDATE of ``share`` of T, then every pair refreshed: ms per twin."""
+    """One UPDATE of ``share`` of T, then every triple refreshed: ms per twin."""
     session = bench.session
     below = max(1, round(share * 1000))
     session.sql(f"UPDATE T SET AMOUNT = AMOUNT + 1 WHERE ID % 1000 < {below}").collect()
     moment = clock()
     found: dict[str, dict[str, Any]] = {}
     for position, label in enumerate(LABELS):
-        order = ["INCREMENTAL", "FULL"] if (number + position) % 2 == 0 else ["FULL", "INCREMENTAL"]
+        turn = (number + position) % len(KINDS)
         found[label] = {}
-        for kind in order:
+        for kind in KINDS[turn:] + KINDS[:turn]:
             seconds, record = _timed(functools.partial(_refresh, session, tables[label][kind],
                                                        moment))  # fmt: skip
-            assert record.action == kind, (label, kind, record.action, record.reason)
+            if kind == "ADAPTIVE":
+                found[label]["adaptive_action"] = record.action
+                found[label]["adaptive_reason"] = record.reason or None
+            else:
+                assert record.action == kind, (label, kind, record.action, record.reason)
             found[label][kind.lower() + "_ms"] = _ms(seconds)
-        found[label]["full_over_incremental"] = round(
-            found[label]["full_ms"] / found[label]["incremental_ms"], 2)  # fmt: skip
+        times = found[label]
+        times["full_over_incremental"] = round(times["full_ms"] / times["incremental_ms"], 2)
+        best = min(times["full_ms"], times["incremental_ms"])
+        times["adaptive_over_best"] = round(times["adaptive_ms"] / best, 2)
         _progress(f"{NAME}:   share {share:.3f} {label}: incremental "
-                  f"{found[label]['incremental_ms']:,.0f} ms, full {found[label]['full_ms']:,.0f} "
-                  f"ms ({found[label]['full_over_incremental']}x)")  # fmt: skip
+                  f"{times['incremental_ms']:,.0f} ms, full {times['full_ms']:,.0f} ms "
+                  f"({times['full_over_incremental']}x), adaptive "
+                  f"{times['adaptive_action']} {times['adaptive_ms']:,.0f} ms "
+                  f"({times['adaptive_over_best']}x the best)")  # fmt: skip
     return found
 
 
@@ -113,9 +125,9 @@ def run_adaptive_shares(scale: float | None = None) -> dict[str, Any]:
         measured = {share: _round(bench, tables, share, n + 1) for n, share in enumerate(shares)}
         for label in LABELS:
             spec = queries[label]
-            names = [f"A{spec['table']}_I", f"A{spec['table']}_F", f"({spec['query']})"]
+            names = [f"A{spec['table']}_{kind[0]}" for kind in KINDS] + [f"({spec['query']})"]
             sums = _checksums(session, spec["sums"], names)
-            assert sums[0] == sums[1] == sums[2], (label, sums)
+            assert all(s == sums[0] for s in sums), (label, sums)
         per_query = {
             label: {
                 "query": queries[label]["query"],

@@ -18,13 +18,23 @@ quiet two-core machine, as ``make bench`` runs it): the incremental refresh of a
 and a LEFT join was 1.02-1.22x FULL's speed with 10% of the large source's rows updated,
 0.99-1.26x with 15% and slower with 20% (0.80-0.95x); 15% and 20% of that source are 14%
 and 18% of both sources' rows, the measure's denominator.
+
+Rows are not work: some queries refresh incrementally slower than FULL at any share (a
+GROUP BY whose groups are recomputed from the sources, a join over large sources whose
+change is tiny). So a table whose sources hold at least :data:`COST_FROM_ROWS` rows also
+goes FULL (reason ``INCREMENTAL_SLOWER``) when its history shows its newest incremental
+refresh took more than :data:`SLOWER_BY` times its newest FULL refresh, unless the change
+now is under half of that incremental refresh's (a smaller change may pay off) or
+:data:`RETRY_AFTER` refreshes went FULL for this reason since (the next one measures the
+incremental way again: sources grow, FULL's time with them). Under that many rows both
+ways cost about their fixed costs (a second on two cores), and which is faster is noise.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,11 +44,12 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 if TYPE_CHECKING:
-    from catalog import DynamicTableRecord
+    from catalog import DynamicTableRecord, RefreshRecord
     from pipelines.dynamic_tables.refresh_change import PinnedSource
 
-__all__ = ["CHANGE_TOO_LARGE", "FULL_ABOVE_SHARE", "FULL_FROM_ROWS", "Measure", "choose",
-           "is_adaptive", "measure"]  # fmt: skip
+__all__ = ["CHANGE_TOO_LARGE", "COST_FROM_ROWS", "FULL_ABOVE_SHARE", "FULL_FROM_ROWS",
+           "HISTORY_ROWS", "INCREMENTAL_SLOWER", "RETRY_AFTER", "SLOWER_BY", "Measure",
+           "Timing", "choose", "is_adaptive", "measure", "timing"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +60,18 @@ FULL_ABOVE_SHARE = 0.15
 FULL_FROM_ROWS = 1000
 #: The reason code of an ADAPTIVE refresh that went FULL for its change's size.
 CHANGE_TOO_LARGE = "CHANGE_TOO_LARGE"
+#: The reason code of an ADAPTIVE refresh that went FULL because the table's incremental
+#: refreshes were slower than its FULL ones (see the module's docstring).
+INCREMENTAL_SLOWER = "INCREMENTAL_SLOWER"
+#: The fewest rows the sources hold for the history's times to weigh in.
+COST_FROM_ROWS = 100_000
+#: How many times FULL's time the newest incremental refresh must have taken: refresh
+#: times of one table vary by about a fifth between runs (``dt_adaptive_shares``).
+SLOWER_BY = 1.25
+#: After this many refreshes gone FULL for INCREMENTAL_SLOWER, one goes incremental.
+RETRY_AFTER = 8
+#: How many history rows are read for the times (NO_DATA rows between included).
+HISTORY_ROWS = 200
 
 #: Operation metrics that count the rows a commit touched (delta-rs' and Spark's names).
 _ROW_METRICS = (
@@ -81,30 +104,103 @@ class Measure:
     def too_large(self) -> bool:
         return self.changed >= FULL_FROM_ROWS and self.share > FULL_ABOVE_SHARE
 
-    def text(self) -> str:
+    def text(self, full: bool) -> str:
         """The history's message: the measure and the rule it met."""
         share = "more than all" if self.share == float("inf") else f"{self.share:.2%}"
-        verdict = "FULL" if self.too_large else "INCREMENTAL"
-        return (f"ADAPTIVE chose {verdict}: the sources' commits since the last refresh "
-                f"changed {self.changed:,} row{'' if self.changed == 1 else 's'}, {share} of "
-                f"the {self.total:,} rows they hold "
-                f"(FULL above {FULL_ABOVE_SHARE:.0%} and from {FULL_FROM_ROWS:,} changed "
-                "rows)")  # fmt: skip
+        return (f"ADAPTIVE chose {'FULL' if full else 'INCREMENTAL'}: the sources' commits "
+                f"since the last refresh changed {self.changed:,} "
+                f"row{'' if self.changed == 1 else 's'}, {share} of the {self.total:,} rows "
+                f"they hold (FULL above {FULL_ABOVE_SHARE:.0%} and from {FULL_FROM_ROWS:,} "
+                "changed rows)")  # fmt: skip
 
 
-def choose(pinned: Sequence[PinnedSource]) -> tuple[str, str]:
-    """The reason an ADAPTIVE refresh goes FULL (``CHANGE_TOO_LARGE``, or "" to go
-    incremental) and the message naming the measure. A log that cannot be read gives
-    no measure: the incremental attempt then finds what is missing itself."""
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """What a table's history says of its two ways: the newest incremental refresh's
+    seconds and changed rows (None if its commits are gone), the newest FULL refresh's
+    seconds, and the refreshes gone FULL for INCREMENTAL_SLOWER since that incremental."""
+
+    incremental_s: float
+    incremental_changed: int | None
+    full_s: float
+    full_since: int
+
+    def weigh(self, found: Measure) -> tuple[bool, str]:
+        """Whether the refresh of the change ``found`` goes FULL for these times, and
+        what the history's message adds ("" when the times do not weigh in)."""
+        slower = self.incremental_s > SLOWER_BY * self.full_s
+        if found.too_large or found.total < COST_FROM_ROWS or not found.changed or not slower:
+            return False, ""
+        then = self.incremental_changed
+        said = (f"; the newest incremental refresh took {self.incremental_s:.2f} s"
+                f"{'' if then is None else f' for {then:,} changed rows'}, more than "
+                f"{SLOWER_BY}x the newest FULL refresh's {self.full_s:.2f} s")  # fmt: skip
+        if self.full_since >= RETRY_AFTER:
+            return False, f"{said}, and {self.full_since} refreshes went FULL since: measured again"
+        if then is not None and 2 * found.changed < then:
+            return False, f"{said}, and this change is under half as large"
+        return True, (f"{said} (incremental again for a change under half as large, or "
+                      f"after {RETRY_AFTER} such FULL refreshes)")  # fmt: skip
+
+
+def choose(
+    pinned: Sequence[PinnedSource], history: Callable[[], Sequence[RefreshRecord]]
+) -> tuple[str, str]:
+    """The reason an ADAPTIVE refresh goes FULL (``CHANGE_TOO_LARGE``,
+    ``INCREMENTAL_SLOWER``, or "" to go incremental) and the message naming the measure;
+    ``history``: the table's refreshes, newest first (read only when its times weigh in).
+    A log that cannot be read gives no measure: the incremental attempt then finds what
+    is missing itself."""
+    times = None
     try:
         found = measure(pinned)
+        if found is not None and not found.too_large and found.total >= COST_FROM_ROWS:
+            times = timing(history(), pinned)
     except Exception:  # advice only: a log it cannot read never fails the refresh
         log.warning("the change of %s could not be measured", [p.info.full_name for p in pinned],
                     exc_info=True)  # fmt: skip
         found = None
     if found is None:
         return "", ""
-    return (CHANGE_TOO_LARGE if found.too_large else ""), found.text()
+    if found.too_large:
+        return CHANGE_TOO_LARGE, found.text(True)
+    full, said = times.weigh(found) if times is not None else (False, "")
+    return (INCREMENTAL_SLOWER if full else ""), found.text(full) + said
+
+
+def timing(history: Sequence[RefreshRecord], pinned: Sequence[PinnedSource]) -> Timing | None:
+    """The times of the newest incremental and FULL refreshes that succeeded in
+    ``history`` (newest first), None without both."""
+    done = [r for r in history if r.state == "SUCCEEDED" and r.ended_at is not None
+            and r.action in ("INCREMENTAL", "FULL")]  # fmt: skip
+    incremental = next((r for r in done if r.action == "INCREMENTAL"), None)
+    full = next((r for r in done if r.action == "FULL"), None)
+    if incremental is None or full is None:
+        return None
+    newer = done[:done.index(incremental)]
+    since = sum(r.action == "FULL" and r.reason == INCREMENTAL_SLOWER for r in newer)
+    return Timing(_seconds(incremental), _changed_then(incremental, pinned), _seconds(full),
+                  since)  # fmt: skip
+
+
+def _seconds(record: RefreshRecord) -> float:
+    return max(0.0, (record.ended_at or record.started_at) - record.started_at)
+
+
+def _changed_then(record: RefreshRecord, pinned: Sequence[PinnedSource]) -> int | None:
+    """The rows the sources' commits changed for an earlier refresh, from the versions
+    its history row read; None if a source is not among today's or a commit is gone."""
+    uris = {item.info.full_name: item.info.uri for item in pinned}
+    changed = 0
+    for name, versions in record.source_versions.items():
+        after, to = versions
+        if name not in uris or after is None or to < after:
+            return None
+        rows = _changed_rows(uris[name], after, to)
+        if rows is None:
+            return None
+        changed += rows
+    return changed
 
 
 def measure(pinned: Sequence[PinnedSource]) -> Measure | None:

@@ -142,7 +142,7 @@ def compute(
     packed = dt.row_ids == "PACKED"
     why = ("", "")
     if packed and dt.refresh_mode != "FULL" and not initial:
-        computed, why = _attempt(dt, pinned, handle,
+        computed, why = _attempt(session, dt, pinned, handle,
                                  lambda: _incremental(session, dt, info, pinned))  # fmt: skip
         if computed is not None:
             return computed
@@ -157,16 +157,17 @@ def compute(
 
 
 def _attempt(
-    dt: DynamicTableRecord, pinned: Sequence[PinnedSource], handle: DeltaTable,
-    incremental: Callable[[], Computed],
+    session: StatementContext, dt: DynamicTableRecord, pinned: Sequence[PinnedSource],
+    handle: DeltaTable, incremental: Callable[[], Computed],
 ) -> tuple[Computed | None, tuple[str, str]]:  # fmt: skip
     """The INCREMENTAL change, or None and the reason (and message) the refresh goes
     FULL instead (CATALOG_BEHIND, SOURCE_MOVED_BACK, CHANGES_NOT_RETAINED; for ADAPTIVE
-    also CHANGE_TOO_LARGE, decided before anything runs); with INCREMENTAL_STRICT that
-    reason fails the refresh."""
+    also CHANGE_TOO_LARGE or INCREMENTAL_SLOWER, decided before anything runs); with
+    INCREMENTAL_STRICT that reason fails the refresh."""
     reason, message = _catalog_behind(dt, pinned, handle), ""
     if not reason and adaptive.is_adaptive(dt):
-        reason, message = adaptive.choose(pinned)
+        reason, message = adaptive.choose(pinned, lambda: session.catalog.list_refreshes(
+            dt.table_id, limit=adaptive.HISTORY_ROWS))
     if not reason:
         try:
             return replace(incremental(), message=message), ("", "")
@@ -228,7 +229,7 @@ def _derived(
                "which groups whose keys differ only in where their NULLs are shared an "
                "id; this FULL refresh gives them the current ids, once")  # fmt: skip
     elif dt.refresh_mode != "FULL" and not initial:
-        computed, why = _attempt(dt, pinned, handle,
+        computed, why = _attempt(session, dt, pinned, handle,
                                  lambda: _derived_incremental(info, deltas, names))  # fmt: skip
         if computed is not None:
             return computed

@@ -139,7 +139,7 @@ def test_the_rule_is_a_share_above_the_threshold_of_at_least_the_floor():
     assert not Measure(999, 1000).too_large  # under the floor, whatever the share
     assert Measure(1000, 0).too_large and Measure(1000, 0).share == float("inf")
     assert not Measure(0, 0).too_large and Measure(0, 0).share == 0.0
-    assert "more than all of the 0 rows" in Measure(1000, 0).text()
+    assert "more than all of the 0 rows" in Measure(1000, 0).text(True)
 
 
 def test_adaptive_is_a_mode_of_the_create_statement_only(session):
@@ -148,3 +148,84 @@ def test_adaptive_is_a_mode_of_the_create_statement_only(session):
     with pytest.raises(SqlError, match="AUTO, INCREMENTAL, FULL, INCREMENTAL_STRICT, ADAPTIVE"):
         session.sql("CREATE DYNAMIC TABLE D TARGET_LAG = '1 minute' REFRESH_MODE = ADAPT AS "
                     "SELECT ID FROM T")  # fmt: skip
+
+
+def _last_took(session, name: str, action: str, seconds: float) -> None:
+    """The newest ``action`` refresh of ``name`` as if it had taken ``seconds``: the
+    history's times are the rule's input, set here so the test does not depend on how
+    fast this machine refreshes."""
+    table_id = session.require_table(name).id
+    record = next(r for r in session.catalog.list_refreshes(table_id) if r.action == action)
+    session.catalog.update_refresh(record.id, ended_at=record.started_at + seconds)
+
+
+def test_a_table_whose_incremental_refreshes_were_slower_goes_full_until_a_smaller_change(
+    base, monkeypatch
+):
+    """With the history saying the last incremental refresh took 9 s and the last FULL 1 s,
+    a change as large goes FULL (INCREMENTAL_SLOWER, both times in the message); a change
+    under half as large goes incremental; after RETRY_AFTER such FULL refreshes, one goes
+    incremental to measure again. The rows threshold is lowered to the fixture's 100 rows
+    (its own edge is checked below); the table equals its query after every refresh."""
+    monkeypatch.setattr(adaptive, "COST_FROM_ROWS", 100)
+    monkeypatch.setattr(adaptive, "RETRY_AFTER", 2)
+    base.sql(f"CREATE DYNAMIC TABLE A TARGET_LAG = '1 minute' AS {GROUPED}")
+    base.sql("UPDATE T SET V = 'x' WHERE ID < 10")  # 10 rows
+    assert "refreshed: INCREMENTAL" in refresh(base, "A")  # no incremental time yet
+    _last_took(base, "A", "INCREMENTAL", 9.0)
+    _last_took(base, "A", "FULL", 1.0)
+    base.sql("UPDATE T SET V = 'y' WHERE ID < 5")  # 5 rows: half of 10, as large
+    assert "refreshed: FULL" in refresh(base, "A")
+    row = newest(base, "A")
+    assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", "INCREMENTAL_SLOWER"), row
+    assert row.STATE_MESSAGE.startswith("ADAPTIVE chose FULL: the sources' commits since the "
+                                        "last refresh changed 5 rows, 5.00%"), row  # fmt: skip
+    assert ("the newest incremental refresh took 9.00 s for 10 changed rows, more than 1.25x "
+            "the newest FULL refresh's 1.00 s") in row.STATE_MESSAGE, row  # fmt: skip
+    assert_same_as_query(base, "A", GROUPED)
+    _last_took(base, "A", "FULL", 1.0)
+    base.sql("UPDATE T SET V = 'z' WHERE ID < 4")  # 4 rows: under half of 10
+    assert "refreshed: INCREMENTAL" in refresh(base, "A")
+    assert newest(base, "A").STATE_MESSAGE.endswith("and this change is under half as large")
+    assert_same_as_query(base, "A", GROUPED)
+    _last_took(base, "A", "INCREMENTAL", 9.0)  # 4 rows in 9 s now
+    for step in range(2):
+        base.sql(f"UPDATE T SET G = {20 + step} WHERE ID < 4")
+        assert "refreshed: FULL" in refresh(base, "A")
+        assert newest(base, "A").STATE_CODE == "INCREMENTAL_SLOWER"
+        _last_took(base, "A", "FULL", 1.0)
+    base.sql("UPDATE T SET G = 30 WHERE ID < 4")
+    assert "refreshed: INCREMENTAL" in refresh(base, "A")  # measured again
+    assert newest(base, "A").STATE_MESSAGE.endswith("2 refreshes went FULL since: measured again")
+    assert_same_as_query(base, "A", GROUPED)
+    assert_consistent(base, "A")
+
+
+def _record(action: str, seconds: float, reason: str = "", state: str = "SUCCEEDED"):
+    from catalog import RefreshRecord
+
+    return RefreshRecord(1, 1, "A", "u", "MANUAL", action, state, reason, "", 0, {"T": [1, 2]},
+                         0, 0, 0, 3, 100.0, 100.0 + seconds, "")  # fmt: skip
+
+
+def test_the_times_weigh_in_from_the_rows_threshold_and_only_when_incremental_was_slower():
+    """``timing`` reads the newest incremental and FULL refreshes that succeeded (a failed
+    or running one is not a time), counts the INCREMENTAL_SLOWER refreshes since; ``weigh``
+    needs COST_FROM_ROWS rows held, a change, and more than SLOWER_BY times FULL's time."""
+    assert (adaptive.COST_FROM_ROWS, adaptive.SLOWER_BY, adaptive.RETRY_AFTER) == (
+        100_000, 1.25, 8)
+    history = [_record("FULL", 1.0, adaptive.INCREMENTAL_SLOWER), _record("FAILED", 0.1, "",
+               "FAILED"), _record("INCREMENTAL", 0.5), _record("INCREMENTAL", 9.0),
+               _record("FULL", 3.0)]  # fmt: skip
+    times = adaptive.timing(history, [])
+    assert times == adaptive.Timing(0.5, None, 1.0, 1)  # T is not among today's sources
+    assert adaptive.timing(history[:2], []) is None  # no incremental refresh
+    slow = adaptive.Timing(1.26, 1000, 1.0, 0)
+    assert slow.weigh(Measure(500, 100_000))[0]
+    assert not slow.weigh(Measure(500, 99_999))[0]  # too few rows held: noise
+    assert not slow.weigh(Measure(499, 100_000))[0]  # under half the change
+    assert not slow.weigh(Measure(0, 100_000))[0]  # nothing changed
+    assert not adaptive.Timing(1.25, 1000, 1.0, 0).weigh(Measure(500, 100_000))[0]
+    assert not adaptive.Timing(1.26, 1000, 1.0, 8).weigh(Measure(500, 100_000))[0]
+    assert adaptive.Timing(1.26, None, 1.0, 7).weigh(Measure(1, 100_000))[0]
+    assert adaptive.Timing(0.5, 1000, 1.0, 0).weigh(Measure(500, 100_000)) == (False, "")
