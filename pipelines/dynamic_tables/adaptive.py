@@ -151,11 +151,8 @@ def choose(
     ``history``: the table's refreshes, newest first (read only when its times weigh in).
     A log that cannot be read gives no measure: the incremental attempt then finds what
     is missing itself."""
-    times = None
     try:
         found = measure(pinned)
-        if found is not None and not found.too_large and found.total >= COST_FROM_ROWS:
-            times = timing(history(), pinned)
     except Exception:  # advice only: a log it cannot read never fails the refresh
         log.warning("the change of %s could not be measured", [p.info.full_name for p in pinned],
                     exc_info=True)  # fmt: skip
@@ -164,6 +161,13 @@ def choose(
         return "", ""
     if found.too_large:
         return CHANGE_TOO_LARGE, found.text(True)
+    times = None
+    if found.total >= COST_FROM_ROWS and found.changed:
+        try:
+            times = timing(history(), pinned)
+        except Exception:  # the same: without times, the share alone decides
+            log.warning("the refresh times of %s could not be read",
+                        [p.info.full_name for p in pinned], exc_info=True)  # fmt: skip
     full, said = times.weigh(found) if times is not None else (False, "")
     return (INCREMENTAL_SLOWER if full else ""), found.text(full) + said
 
