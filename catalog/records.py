@@ -481,7 +481,9 @@ class RefreshRecord:
 
     ``action``: INCREMENTAL, FULL, NO_DATA, SKIPPED or FAILED (None while it runs);
     ``state``: EXECUTING, SUCCEEDED, FAILED or SKIPPED; ``source_versions`` maps each
-    source's name to the versions ``[after, to]`` read.
+    source's name to the versions ``[after, to]`` read; ``took_s``: the seconds from its
+    start to its commit, as the process that ran it measured them (None if recovery
+    finished it: its ``ended_at`` then includes the wait for recovery).
     """
 
     id: int
@@ -503,3 +505,4 @@ class RefreshRecord:
     ended_at: float | None
     owner: str
     skipped_ticks: int = 0
+    took_s: float | None = None

@@ -55,6 +55,7 @@ _SETTABLE = {"target_lag_us", "state", "state_reason", "last_tick_us", "owner"}
 _REFRESH_SETTABLE = {
     "action", "state", "reason", "error", "rows_inserted", "rows_deleted", "rows_updated",
     "table_version", "ended_at", "skipped_ticks", "data_timestamp_us", "source_versions",
+    "took_s",
 }  # fmt: skip
 
 

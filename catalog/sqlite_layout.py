@@ -128,7 +128,7 @@ CREATE TABLE IF NOT EXISTS dynamic_table_refreshes (
     data_timestamp_us INTEGER NOT NULL, source_versions TEXT NOT NULL DEFAULT '{}',
     rows_inserted INTEGER, rows_deleted INTEGER, rows_updated INTEGER, table_version INTEGER,
     started_at REAL NOT NULL, ended_at REAL, owner TEXT NOT NULL DEFAULT '',
-    skipped_ticks INTEGER NOT NULL DEFAULT 0);
+    skipped_ticks INTEGER NOT NULL DEFAULT 0, took_s REAL);
 CREATE INDEX IF NOT EXISTS dynamic_table_refreshes_by_table
     ON dynamic_table_refreshes (dt_table_id, id);
 CREATE TABLE IF NOT EXISTS change_streams (
@@ -168,6 +168,7 @@ ADDED_COLUMNS = {
     ("pending_commits", "decided_seq"): "INTEGER NOT NULL DEFAULT 0",
     ("change_streams", "column_lists"): "TEXT NOT NULL DEFAULT '[]'",
     ("change_streams", "exclusions"): "TEXT NOT NULL DEFAULT '[]'",
+    ("dynamic_table_refreshes", "took_s"): "REAL",
 }
 TABLE_COLUMNS = (
     "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
@@ -210,7 +211,7 @@ DYNAMIC_COLUMNS = (
 REFRESH_COLUMNS = (
     "id, dt_table_id, name, refresh_uid, trigger, action, state, reason, error,"
     " data_timestamp_us, source_versions, rows_inserted, rows_deleted, rows_updated,"
-    " table_version, started_at, ended_at, owner, skipped_ticks"
+    " table_version, started_at, ended_at, owner, skipped_ticks, took_s"
 )
 MIGRATION_COLUMNS = (
     "id, table_id, started_at, ended_at, status, files_in, bytes_in, rows_in, files_out,"

@@ -22,11 +22,12 @@ and 18% of both sources' rows, the measure's denominator.
 Rows are not work: some queries refresh incrementally slower than FULL at any share (a
 GROUP BY whose groups are recomputed from the sources, a join over large sources whose
 change is tiny). So a table whose sources hold at least :data:`COST_FROM_ROWS` rows also
-goes FULL (reason ``INCREMENTAL_SLOWER``) when its history shows its newest incremental
-refresh took more than :data:`SLOWER_BY` times its newest FULL refresh, unless the change
-now is under half of that incremental refresh's (a smaller change may pay off) or
-:data:`RETRY_AFTER` refreshes went FULL for this reason since (the next one measures the
-incremental way again: sources grow, FULL's time with them). Under that many rows both
+goes FULL (reason ``INCREMENTAL_SLOWER``) when its history shows its incremental
+refreshes (the quicker of the newest two) took more than :data:`SLOWER_BY` times its
+newest FULL refresh, unless the change now is under half of that incremental refresh's
+(a smaller change may pay off) or :data:`RETRY_AFTER` refreshes went FULL for this
+reason since (the next one measures the incremental way again: sources grow, FULL's
+time with them). Under that many rows both
 ways cost about their fixed costs (a second on two cores), and which is faster is noise.
 """
 
@@ -116,9 +117,10 @@ class Measure:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """What a table's history says of its two ways: the newest incremental refresh's
-    seconds and changed rows (None if its commits are gone), the newest FULL refresh's
-    seconds, and the refreshes gone FULL for INCREMENTAL_SLOWER since that incremental."""
+    """What a table's history says of its two ways (:func:`timing`): an incremental
+    refresh's seconds and changed rows (None if its commits are gone, or not read), the
+    newest FULL refresh's seconds, and the refreshes gone FULL for INCREMENTAL_SLOWER
+    since the newest incremental one."""
 
     incremental_s: float
     incremental_changed: int | None
@@ -132,9 +134,10 @@ class Timing:
         if found.too_large or found.total < COST_FROM_ROWS or not found.changed or not slower:
             return False, ""
         then = self.incremental_changed
-        said = (f"; the newest incremental refresh took {self.incremental_s:.2f} s"
-                f"{'' if then is None else f' for {then:,} changed rows'}, more than "
-                f"{SLOWER_BY}x the newest FULL refresh's {self.full_s:.2f} s")  # fmt: skip
+        rows = "" if then is None else f", for {then:,} changed rows"
+        said = (f"; the table's incremental refreshes took {self.incremental_s:.2f} s (the "
+                f"quicker of the newest two{rows}), more than {SLOWER_BY}x its newest FULL "
+                f"refresh's {self.full_s:.2f} s")  # fmt: skip
         if self.full_since >= RETRY_AFTER:
             return False, f"{said}, and {self.full_since} refreshes went FULL since: measured again"
         if then is not None and 2 * found.changed < then:
@@ -173,28 +176,31 @@ def choose(
 
 
 def timing(history: Sequence[RefreshRecord], pinned: Sequence[PinnedSource]) -> Timing | None:
-    """The times of the newest incremental and FULL refreshes that succeeded in
-    ``history`` (newest first), None without both."""
-    done = [r for r in history if r.state == "SUCCEEDED" and r.ended_at is not None
+    """The times in ``history`` (newest first) of the refreshes that succeeded and were
+    timed by the process that ran them (not those recovery finished): the quicker of the
+    two newest incremental ones (one slow outlier, such as the first after a restart,
+    does not decide) and the newest FULL one; None without both. The incremental
+    refresh's changed rows are read only if it was the slower."""
+    done = [r for r in history if r.state == "SUCCEEDED" and r.took_s is not None
             and r.action in ("INCREMENTAL", "FULL")]  # fmt: skip
-    incremental = next((r for r in done if r.action == "INCREMENTAL"), None)
+    incremental = [r for r in done if r.action == "INCREMENTAL"][:2]
     full = next((r for r in done if r.action == "FULL"), None)
-    if incremental is None or full is None:
+    if not incremental or full is None:
         return None
-    newer = done[:done.index(incremental)]
+    newer = done[:done.index(incremental[0])]
     since = sum(r.action == "FULL" and r.reason == INCREMENTAL_SLOWER for r in newer)
-    return Timing(_seconds(incremental), _changed_then(incremental, pinned), _seconds(full),
-                  since)  # fmt: skip
-
-
-def _seconds(record: RefreshRecord) -> float:
-    return max(0.0, (record.ended_at or record.started_at) - record.started_at)
+    quickest = min(incremental, key=lambda r: r.took_s or 0.0)
+    quick_s, full_s = max(0.0, quickest.took_s or 0.0), max(0.0, full.took_s or 0.0)
+    slower = quick_s > SLOWER_BY * full_s
+    return Timing(quick_s, _changed_then(quickest, pinned) if slower else None, full_s, since)
 
 
 def _changed_then(record: RefreshRecord, pinned: Sequence[PinnedSource]) -> int | None:
     """The rows the sources' commits changed for an earlier refresh, from the versions
     its history row read; None if a source is not among today's or a commit is gone."""
     uris = {item.info.full_name: item.info.uri for item in pinned}
+    if not record.source_versions:
+        return None
     changed = 0
     for name, versions in record.source_versions.items():
         after, to = versions

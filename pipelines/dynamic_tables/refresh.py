@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from deltalake import DeltaTable
 
 from catalog import (
+    Catalog,
     DynamicTableRecord,
     RefreshClaimConflict,
     RefreshRecord,
@@ -354,3 +355,16 @@ def _commit(
         app_transactions=app_transactions(dt, pinned),
         metadata=metadata, refresh=claim,
     )  # fmt: skip
+    _record_took(catalog, refresh_id)
+
+
+def _record_took(catalog: Catalog, refresh_id: int) -> None:
+    """The refresh's seconds, as this process saw them end (ADAPTIVE weighs them): a
+    refresh recovery finishes keeps none, its end being the recovery's. Advice only: the
+    refresh is committed, and a failure here never reports it otherwise."""
+    try:
+        record = catalog.get_refresh(refresh_id)
+        if record is not None and record.state == "SUCCEEDED" and record.ended_at is not None:
+            catalog.update_refresh(refresh_id, took_s=record.ended_at - record.started_at)
+    except Exception:
+        log.warning("the time of refresh %s was not recorded", refresh_id, exc_info=True)

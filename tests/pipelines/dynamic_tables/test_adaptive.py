@@ -9,6 +9,8 @@ The scheduled variant is in ``test_scheduler.py``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from deltalake import DeltaTable
 
@@ -156,7 +158,8 @@ def _last_took(session, name: str, action: str, seconds: float) -> None:
     fast this machine refreshes."""
     table_id = session.require_table(name).id
     record = next(r for r in session.catalog.list_refreshes(table_id) if r.action == action)
-    session.catalog.update_refresh(record.id, ended_at=record.started_at + seconds)
+    assert record.took_s is not None and record.took_s > 0  # the refresh timed itself
+    session.catalog.update_refresh(record.id, took_s=seconds)
 
 
 def test_a_table_whose_incremental_refreshes_were_slower_goes_full_until_a_smaller_change(
@@ -180,8 +183,9 @@ def test_a_table_whose_incremental_refreshes_were_slower_goes_full_until_a_small
     assert (row.REFRESH_ACTION, row.STATE_CODE) == ("FULL", "INCREMENTAL_SLOWER"), row
     assert row.STATE_MESSAGE.startswith("ADAPTIVE chose FULL: the sources' commits since the "
                                         "last refresh changed 5 rows, 5.00%"), row  # fmt: skip
-    assert ("the newest incremental refresh took 9.00 s for 10 changed rows, more than 1.25x "
-            "the newest FULL refresh's 1.00 s") in row.STATE_MESSAGE, row  # fmt: skip
+    assert ("the table's incremental refreshes took 9.00 s (the quicker of the newest two, for "
+            "10 changed rows), more than 1.25x its newest FULL refresh's 1.00 s"
+            ) in row.STATE_MESSAGE, row  # fmt: skip
     assert_same_as_query(base, "A", GROUPED)
     _last_took(base, "A", "FULL", 1.0)
     base.sql("UPDATE T SET V = 'z' WHERE ID < 4")  # 4 rows: under half of 10
@@ -205,21 +209,26 @@ def _record(action: str, seconds: float, reason: str = "", state: str = "SUCCEED
     from catalog import RefreshRecord
 
     return RefreshRecord(1, 1, "A", "u", "MANUAL", action, state, reason, "", 0, {"T": [1, 2]},
-                         0, 0, 0, 3, 100.0, 100.0 + seconds, "")  # fmt: skip
+                         0, 0, 0, 3, 100.0, 100.0 + seconds, "", took_s=seconds)  # fmt: skip
 
 
 def test_the_times_weigh_in_from_the_rows_threshold_and_only_when_incremental_was_slower():
-    """``timing`` reads the newest incremental and FULL refreshes that succeeded (a failed
-    or running one is not a time), counts the INCREMENTAL_SLOWER refreshes since; ``weigh``
+    """``timing`` reads the newest incremental and FULL refreshes that succeeded and timed
+    themselves (a failed or running one, or one recovery finished, is not a time), counts the INCREMENTAL_SLOWER refreshes since; ``weigh``
     needs COST_FROM_ROWS rows held, a change, and more than SLOWER_BY times FULL's time."""
     assert (adaptive.COST_FROM_ROWS, adaptive.SLOWER_BY, adaptive.RETRY_AFTER) == (
         100_000, 1.25, 8)
+    recovered = replace(_record("INCREMENTAL", 3600.0), took_s=None)  # finished by recovery
     history = [_record("FULL", 1.0, adaptive.INCREMENTAL_SLOWER), _record("FAILED", 0.1, "",
-               "FAILED"), _record("INCREMENTAL", 0.5), _record("INCREMENTAL", 9.0),
+               "FAILED"), recovered, _record("INCREMENTAL", 0.5), _record("INCREMENTAL", 9.0),
                _record("FULL", 3.0)]  # fmt: skip
     times = adaptive.timing(history, [])
     assert times == adaptive.Timing(0.5, None, 1.0, 1)  # T is not among today's sources
     assert adaptive.timing(history[:2], []) is None  # no incremental refresh
+    # The quicker of the two newest incremental refreshes: one slow outlier does not decide.
+    outlier = [_record("INCREMENTAL", 9.0), _record("INCREMENTAL", 3.0), _record("FULL", 1.0),
+               _record("INCREMENTAL", 0.1)]  # fmt: skip
+    assert adaptive.timing(outlier, []) == adaptive.Timing(3.0, None, 1.0, 0)
     slow = adaptive.Timing(1.26, 1000, 1.0, 0)
     assert slow.weigh(Measure(500, 100_000))[0]
     assert not slow.weigh(Measure(500, 99_999))[0]  # too few rows held: noise
