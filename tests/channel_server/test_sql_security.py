@@ -814,16 +814,30 @@ def test_an_idle_worker_is_not_stopped_under_an_open_transaction(tmp_path):
             compaction=CompactionTrigger(enabled=False, worker_idle_seconds=1.0),
         )
     )
+    worker = server.service.compaction_worker
+    asked, kept = worker.keep_alive, threading.Event()
+    answers: list[bool] = []
+
+    def recording() -> bool:  # each idle period's question: may the worker be stopped?
+        answer = asked()
+        answers.append(answer)
+        if answers.count(True) >= 2 or False in answers:
+            kept.set()
+        return answer
+
+    worker.keep_alive = recording
     try:
         idle = World(server, tmp_path, tmp_path / "warehouse", tmp_path / "none", tmp_path,
                      None, None)  # type: ignore[arg-type]  # fmt: skip
         assert sql(idle, "CREATE TABLE idle_t (id INT)").status == 200
         assert sql(idle, "BEGIN", session="idle").status == 200
         assert sql(idle, "INSERT INTO idle_t VALUES (1)", session="idle").status == 200
-        for _ in range(100):  # until the worker would be stopped for idleness
-            if server.service.compaction_worker.pid is None:
-                break
-            time.sleep(0.1)
+        answers.clear()  # (a question before the transaction may have answered False)
+        holder = worker.pid
+        # Two idle periods (1 s each) after the statement, each answered "keep it": the
+        # worker, which holds the transaction, is still the one that ran the INSERT.
+        assert kept.wait(60) and False not in answers, answers
+        assert holder is not None and worker.pid == holder
         commit = sql(idle, "COMMIT", session="idle")
         assert commit.status == 200, commit.body
         assert rows(sql(idle, "SELECT id FROM idle_t")) == [["1"]]
