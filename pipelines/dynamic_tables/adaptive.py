@@ -27,8 +27,9 @@ refreshes (the quicker of the newest two) took more than :data:`SLOWER_BY` times
 newest FULL refresh, unless the change now is under half of that incremental refresh's
 (a smaller change may pay off) or :data:`RETRY_AFTER` refreshes went FULL for this
 reason since (the next one measures the incremental way again: sources grow, FULL's
-time with them). Under that many rows both
-ways cost about their fixed costs (a second on two cores), and which is faster is noise.
+time with them). Under that many rows both ways cost about their fixed costs (a second
+on two cores), and which is faster is noise. A refresh's time is the one the process
+that ran it recorded (``took_s``): one finished by recovery has none.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ CHANGE_TOO_LARGE = "CHANGE_TOO_LARGE"
 INCREMENTAL_SLOWER = "INCREMENTAL_SLOWER"
 #: The fewest rows the sources hold for the history's times to weigh in.
 COST_FROM_ROWS = 100_000
-#: How many times FULL's time the newest incremental refresh must have taken: refresh
-#: times of one table vary by about a fifth between runs (``dt_adaptive_shares``).
+#: How many times its newest FULL refresh's time the table's incremental refreshes (the
+#: quicker of the newest two) must have taken: refresh times of one table vary by about
+#: a fifth between runs (``dt_adaptive_shares``).
 SLOWER_BY = 1.25
 #: After this many refreshes gone FULL for INCREMENTAL_SLOWER, one goes incremental.
 RETRY_AFTER = 8
