@@ -193,8 +193,11 @@ def _refreshed_meanwhile(session: StatementContext, dt: DynamicTableRecord) -> b
 
 
 def _concurrent(session: StatementContext, refresh_id: int) -> None:
+    """The refresh lost to another: SKIPPED, without the message of what it would have
+    done (ADAPTIVE's choice, written before its commit)."""
     session.catalog.update_refresh(refresh_id, state="SKIPPED", action="SKIPPED",
-                                   reason="CONCURRENT_REFRESH", ended_at=time.time())  # fmt: skip
+                                   reason="CONCURRENT_REFRESH", error="",
+                                   ended_at=time.time())  # fmt: skip
 
 
 def _reason(session: StatementContext, exc: SqlError) -> tuple[str, str]:
