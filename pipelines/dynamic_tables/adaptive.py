@@ -22,9 +22,9 @@ and 18% of both sources' rows, the measure's denominator.
 Rows are not work: some queries refresh incrementally slower than FULL at any share (a
 GROUP BY whose groups are recomputed from the sources, a join over large sources whose
 change is tiny). So a table whose sources hold at least :data:`COST_FROM_ROWS` rows also
-goes FULL (reason ``INCREMENTAL_SLOWER``) when its history shows its incremental
-refreshes took more than :data:`SLOWER_BY` times its FULL refreshes (each way's time the
-quicker of its newest two), unless the change now is under half of that incremental refresh's
+goes FULL (reason ``INCREMENTAL_SLOWER``) when its history shows its newest incremental
+refresh took more than :data:`SLOWER_BY` times its FULL refreshes (the quicker of the
+newest two), unless the change now is under half of that incremental refresh's
 (a smaller change may pay off) or :data:`RETRY_AFTER` refreshes went FULL for this
 reason since (the next one measures the incremental way again: sources grow, FULL's
 time with them). Under that many rows both ways cost about their fixed costs (a second
@@ -67,9 +67,9 @@ CHANGE_TOO_LARGE = "CHANGE_TOO_LARGE"
 INCREMENTAL_SLOWER = "INCREMENTAL_SLOWER"
 #: The fewest rows the sources hold for the history's times to weigh in.
 COST_FROM_ROWS = 100_000
-#: How many times its FULL refreshes' time the table's incremental refreshes must have
-#: taken (each way's the quicker of its newest two): refresh times of one table vary by
-#: about a fifth between runs (``dt_adaptive_shares``).
+#: How many times its FULL refreshes' time (the quicker of the newest two) the table's
+#: newest incremental refresh must have taken: refresh times of one table vary by about a
+#: fifth between runs (``dt_adaptive_shares``).
 SLOWER_BY = 1.25
 #: After this many refreshes gone FULL for INCREMENTAL_SLOWER, one goes incremental.
 RETRY_AFTER = 8
@@ -119,10 +119,10 @@ class Measure:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """What a table's history says of its two ways (:func:`timing`): an incremental
-    refresh's seconds and changed rows (None if its commits are gone, or not read), a
-    FULL refresh's seconds, and the refreshes gone FULL for INCREMENTAL_SLOWER since the
-    newest incremental one."""
+    """What a table's history says of its two ways (:func:`timing`): the newest
+    incremental refresh's seconds and changed rows (None if its commits are gone, or not
+    read), FULL's seconds, and the refreshes gone FULL for INCREMENTAL_SLOWER since that
+    incremental one."""
 
     incremental_s: float
     incremental_changed: int | None
@@ -137,9 +137,9 @@ class Timing:
             return False, ""
         then = self.incremental_changed
         rows = "" if then is None else f", for {then:,} changed rows"
-        said = (f"; the table's incremental refreshes took {self.incremental_s:.2f} s{rows}, "
-                f"more than {SLOWER_BY}x its FULL refreshes' {self.full_s:.2f} s, each way's "
-                "time the quicker of its newest two")  # fmt: skip
+        said = (f"; the table's newest incremental refresh took {self.incremental_s:.2f} s"
+                f"{rows}, more than {SLOWER_BY}x its FULL refreshes' {self.full_s:.2f} s (the "
+                "quicker of the newest two)")  # fmt: skip
         if self.full_since >= RETRY_AFTER:
             return False, f"{said}, and {self.full_since} refreshes went FULL since: measured again"
         if then is not None and 2 * found.changed < then:
@@ -179,22 +179,23 @@ def choose(
 
 def timing(history: Sequence[RefreshRecord], pinned: Sequence[PinnedSource]) -> Timing | None:
     """The times in ``history`` (newest first) of the refreshes that succeeded and were
-    timed by the process that ran them (not those recovery finished): each way's is the
-    quicker of its two newest refreshes (one slow outlier, such as the first refresh
-    after a restart, does not decide); None without both ways. The incremental
-    refresh's changed rows are read only if it was the slower."""
+    timed by the process that ran them (not those recovery finished): the newest
+    incremental one's (its time grows with its change, so an older, smaller change's
+    would flatter it) and the quicker of the two newest FULL ones (FULL's time hardly
+    moves with the change: one slow outlier does not decide); None without both ways.
+    The incremental refresh's changed rows are read only if it was the slower."""
     done = [r for r in history if r.state == "SUCCEEDED" and r.took_s is not None
             and r.action in ("INCREMENTAL", "FULL")]  # fmt: skip
-    incremental = [r for r in done if r.action == "INCREMENTAL"][:2]
+    incremental = next((r for r in done if r.action == "INCREMENTAL"), None)
     full = [r for r in done if r.action == "FULL"][:2]
-    if not incremental or not full:
+    if incremental is None or not full:
         return None
-    newer = done[:done.index(incremental[0])]
+    newer = done[:done.index(incremental)]
     since = sum(r.action == "FULL" and r.reason == INCREMENTAL_SLOWER for r in newer)
-    quickest = min(incremental, key=_took)
-    quick_s, full_s = _took(quickest), min(map(_took, full))
-    slower = quick_s > SLOWER_BY * full_s
-    return Timing(quick_s, _changed_then(quickest, pinned) if slower else None, full_s, since)
+    incremental_s, full_s = _took(incremental), min(map(_took, full))
+    slower = incremental_s > SLOWER_BY * full_s
+    changed = _changed_then(incremental, pinned) if slower else None
+    return Timing(incremental_s, changed, full_s, since)
 
 
 def _took(record: RefreshRecord) -> float:

@@ -199,6 +199,6 @@ def test_an_incremental_slower_full_refresh_cut_after_its_delta_commit_is_applie
     row = base.catalog.list_refreshes(table_id, limit=1)[0]
     expected = ("SUCCEEDED", "FULL", adaptive.INCREMENTAL_SLOWER)
     assert (row.state, row.action, row.reason) == expected, row
-    assert "took 9.00 s, for 10 changed rows, more than 1.25x" in row.error, row
+    assert "refresh took 9.00 s, for 10 changed rows, more than 1.25x" in row.error, row
     assert_same_as_query(base, "A", GROUPED)
     assert_consistent(base, "A")
