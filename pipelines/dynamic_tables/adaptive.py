@@ -190,7 +190,7 @@ def timing(history: Sequence[RefreshRecord], pinned: Sequence[PinnedSource]) -> 
     full = [r for r in done if r.action == "FULL"][:2]
     if incremental is None or not full:
         return None
-    newer = done[:done.index(incremental)]
+    newer = done[: done.index(incremental)]
     since = sum(r.action == "FULL" and r.reason == INCREMENTAL_SLOWER for r in newer)
     incremental_s, full_s = _took(incremental), min(map(_took, full))
     slower = incremental_s > SLOWER_BY * full_s

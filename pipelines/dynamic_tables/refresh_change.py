@@ -166,8 +166,9 @@ def _attempt(
     INCREMENTAL_STRICT that reason fails the refresh."""
     reason, message = _catalog_behind(dt, pinned, handle), ""
     if not reason and adaptive.is_adaptive(dt):
-        reason, message = adaptive.choose(pinned, lambda: session.catalog.list_refreshes(
-            dt.table_id, limit=adaptive.HISTORY_ROWS))
+        reason, message = adaptive.choose(
+            pinned, lambda: session.catalog.list_refreshes(dt.table_id, limit=adaptive.HISTORY_ROWS)
+        )
     if not reason:
         try:
             return replace(incremental(), message=message), ("", "")

@@ -219,8 +219,7 @@ def test_the_times_weigh_in_from_the_rows_threshold_and_only_when_incremental_wa
     """``timing`` reads the newest incremental and FULL refreshes that succeeded and timed
     themselves (a failed or running one, or one recovery finished, is not a time), counts the INCREMENTAL_SLOWER refreshes since; ``weigh``
     needs COST_FROM_ROWS rows held, a change, and more than SLOWER_BY times FULL's time."""
-    assert (adaptive.COST_FROM_ROWS, adaptive.SLOWER_BY, adaptive.RETRY_AFTER) == (
-        100_000, 1.25, 8)
+    assert (adaptive.COST_FROM_ROWS, adaptive.SLOWER_BY, adaptive.RETRY_AFTER) == (100_000, 1.25, 8)
     recovered = replace(_record("INCREMENTAL", 3600.0), took_s=None)  # finished by recovery
     history = [_record("FULL", 1.0, adaptive.INCREMENTAL_SLOWER), _record("FAILED", 0.1, "",
                "FAILED"), recovered, _record("INCREMENTAL", 0.5), _record("INCREMENTAL", 9.0),
