@@ -138,8 +138,8 @@ class Timing:
         then = self.incremental_changed
         rows = "" if then is None else f", for {then:,} changed rows"
         said = (f"; the table's newest incremental refresh took {self.incremental_s:.2f} s"
-                f"{rows}, more than {SLOWER_BY}x its FULL refreshes' {self.full_s:.2f} s (the "
-                "quicker of the newest two)")  # fmt: skip
+                f"{rows}, more than {SLOWER_BY}x the {self.full_s:.2f} s of the quicker of its "
+                "two newest FULL refreshes")  # fmt: skip
         if self.full_since >= RETRY_AFTER:
             return False, f"{said}, and {self.full_since} refreshes went FULL since: measured again"
         if then is not None and 2 * found.changed < then:

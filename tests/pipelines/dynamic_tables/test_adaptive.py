@@ -185,7 +185,7 @@ def test_a_table_whose_incremental_refreshes_were_slower_goes_full_until_a_small
     assert row.STATE_MESSAGE.startswith("ADAPTIVE chose FULL: the sources' commits since the "
                                         "last refresh changed 5 rows, 5.00%"), row  # fmt: skip
     assert ("the table's newest incremental refresh took 9.00 s, for 10 changed rows, more "
-            "than 1.25x its FULL refreshes' 1.00 s (the quicker of the newest two) "
+            "than 1.25x the 1.00 s of the quicker of its two newest FULL refreshes "
             "(incremental again for a change under half as large, or after 2 such FULL "
             "refreshes)"
             ) in row.STATE_MESSAGE, row  # fmt: skip
