@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +107,12 @@ class Measure:
     def too_large(self) -> bool:
         return self.changed >= FULL_FROM_ROWS and self.share > FULL_ABOVE_SHARE
 
+    @property
+    def weighs_times(self) -> bool:
+        """Whether the table's refresh times weigh in on this change (it is not too large
+        already, and the sources hold enough rows for the times to mean something)."""
+        return not self.too_large and self.total >= COST_FROM_ROWS and self.changed > 0
+
     def text(self, full: bool) -> str:
         """The history's message: the measure and the rule it met."""
         share = "more than all" if self.share == float("inf") else f"{self.share:.2%}"
@@ -129,11 +135,15 @@ class Timing:
     full_s: float
     full_since: int
 
+    @property
+    def slower(self) -> bool:
+        """Whether the incremental refresh was the slower, by :data:`SLOWER_BY`."""
+        return self.incremental_s > SLOWER_BY * self.full_s
+
     def weigh(self, found: Measure) -> tuple[bool, str]:
         """Whether the refresh of the change ``found`` goes FULL for these times, and
         what the history's message adds ("" when the times do not weigh in)."""
-        slower = self.incremental_s > SLOWER_BY * self.full_s
-        if found.too_large or found.total < COST_FROM_ROWS or not found.changed or not slower:
+        if not found.weighs_times or not self.slower:
             return False, ""
         then = self.incremental_changed
         rows = "" if then is None else f", for {then:,} changed rows"
@@ -167,7 +177,7 @@ def choose(
     if found.too_large:
         return CHANGE_TOO_LARGE, found.text(True)
     times = None
-    if found.total >= COST_FROM_ROWS and found.changed:
+    if found.weighs_times:
         try:
             times = timing(history(), pinned)
         except Exception:  # the same: without times, the share alone decides
@@ -192,10 +202,10 @@ def timing(history: Sequence[RefreshRecord], pinned: Sequence[PinnedSource]) -> 
         return None
     newer = done[: done.index(incremental)]
     since = sum(r.action == "FULL" and r.reason == INCREMENTAL_SLOWER for r in newer)
-    incremental_s, full_s = _took(incremental), min(map(_took, full))
-    slower = incremental_s > SLOWER_BY * full_s
-    changed = _changed_then(incremental, pinned) if slower else None
-    return Timing(incremental_s, changed, full_s, since)
+    times = Timing(_took(incremental), None, min(map(_took, full)), since)
+    if times.slower:
+        times = replace(times, incremental_changed=_changed_then(incremental, pinned))
+    return times
 
 
 def _took(record: RefreshRecord) -> float:
