@@ -6,7 +6,7 @@ compacted several ways in the same run:
 - ours, cold: the first run in a new Spark session (what a one-off
   ``python -m flush.compact`` pays on top of starting Spark);
 - ours, warm: later runs in the same session, what the service's long-lived
-  compaction worker does (median of 3);
+  Spark worker does (median of 3);
 - ours, clustered by ``K`` (warm, median of 3);
 - delta-rs ``optimize.compact()`` (the same rewrite: bins to one file each, median
   of 3) and ``optimize.z_order(["K"])`` (a clustering rewrite, informational).

@@ -94,7 +94,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument(
         "--compaction-worker-idle",
         default="10 minutes",
-        help="stop the compaction worker (and its JVM) after this idle time (default 10 minutes)",
+        help="stop the Spark worker (compaction, SQL, refreshes; its JVM) after this idle time "
+        "(default 10 minutes)",
     )
     parser.add_argument(
         "--spark-worker-nice", type=int, default=CompactionTrigger().worker_nice,

@@ -19,10 +19,8 @@ nothing for :attr:`ReadLimits.stall_seconds`; at most :attr:`ReadLimits.max_read
 at once (then 429).
 
 State: the reads of a service (their count, the catalog connection they poll) live in
-:class:`ChangeStreamReads`, found by :func:`reads_of`. The module registers its route in
-the shared route table (``channel_server.app`` imports it, as it does ``sql_api``), so it
-cannot add an ``AppKey`` or a ``cleanup_ctx`` of its own; the state is kept per service
-object, weakly, and a service that goes away takes it along.
+:class:`ChangeStreamReads`, made at start-up by :func:`setup`'s context and found by
+:func:`reads_of`.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ import contextlib
 import logging
 import re
 import threading
-import weakref
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +39,7 @@ import orjson
 from aiohttp import web
 
 from catalog import Catalog, ChangeStreamRecord, SqliteCatalog, did_you_mean, full_name
-from channel_server.handlers import SERVICE, routes
-from channel_server.service import IngestService
+from channel_server.http_common import SERVICE, Routes
 from ingest_sdk.errors import (
     BackpressureError,
     ChangeStreamNotFoundError,
@@ -59,9 +55,9 @@ from pipelines.errors import ObjectNotFoundError, SqlError
 from pipelines.sql.statements import DEFAULT_DATABASE, DEFAULT_SCHEMA
 
 __all__ = [
-    "LIMITS", "NDJSON", "ChangeStreamNotFoundError", "ChangeStreamReads", "InvalidArgumentError",
-    "ReadLimits", "change_stream_name", "query_arguments", "read_change_stream", "reads_of",
-    "stream_named",
+    "LIMITS", "NDJSON", "READS", "ChangeStreamNotFoundError", "ChangeStreamReads",
+    "InvalidArgumentError", "ReadLimits", "change_stream_name", "query_arguments",
+    "read_change_stream", "reads_of", "setup", "stream_named",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -144,6 +140,14 @@ class ChangeStreamReads:
         with self._lock:
             self._running.discard(stop)
 
+    def close(self) -> None:
+        """Close the reads' catalog connection, unless a read's thread still runs (a read
+        releases its place only after its last use of the connection)."""
+        with self._opening, self._lock:
+            if self._catalog is not None and not self._running:
+                self._catalog.close()
+                self._catalog = None
+
     def catalog(self) -> Catalog:
         """The reads' catalog connection, opened on first use (blocking: call it in a
         thread)."""
@@ -153,23 +157,33 @@ class ChangeStreamReads:
             return self._catalog
 
 
-_READS: weakref.WeakKeyDictionary[IngestService, ChangeStreamReads] = weakref.WeakKeyDictionary()
+READS = web.AppKey("change_stream_reads", ChangeStreamReads)
+routes = Routes()
 
 
-def reads_of(service: IngestService) -> ChangeStreamReads:
-    """The change stream reads of ``service`` (made on its first read, with :data:`LIMITS`;
-    ``GET /metrics`` shows their count as ``ingest_change_stream_reads`` from then on)."""
-    found = _READS.get(service)
-    if found is None:
-        reads = found = ChangeStreamReads(service.config.catalog_file, LIMITS)
-        _READS[service] = reads
-        service.metrics.watch(
-            "ingest_change_stream_reads",
-            "Change stream reads open now (GET /v1/change-streams/{name}/read), each with "
-            "a thread of its own.",
-            lambda: reads.active,
-        )
-    return found
+def setup(app: web.Application) -> None:
+    """Add the read route and its state; call it after the service's context is added."""
+    app.add_routes(routes)
+    app.cleanup_ctx.append(_reads_context)
+
+
+async def _reads_context(app: web.Application) -> AsyncIterator[None]:
+    service = app[SERVICE]
+    reads = app[READS] = ChangeStreamReads(service.config.catalog_file, LIMITS)
+    service.metrics.watch(
+        "ingest_change_stream_reads",
+        "Change stream reads open now (GET /v1/change-streams/{name}/read), each with "
+        "a thread of its own.",
+        lambda: reads.active,
+    )
+    yield
+    reads.close()
+
+
+def reads_of(app: web.Application) -> ChangeStreamReads:
+    """The change stream reads of a running application (with :data:`LIMITS` as they
+    were at its start)."""
+    return app[READS]
 
 
 # -- the request ------------------------------------------------------------------------
@@ -267,7 +281,7 @@ def _checked(
 @routes.get("/v1/change-streams/{name:[^/]+}/read", allow_head=False)  # a HEAD would hold a read
 async def read_change_stream(request: web.Request) -> web.StreamResponse:
     """Check the read at the door, then stream its records as NDJSON until it ends."""
-    reads = reads_of(request.app[SERVICE])
+    reads = reads_of(request.app)
     names = change_stream_name(request.match_info["name"])
     values = query_arguments(request.rel_url.query)
     catalog = await asyncio.to_thread(reads.catalog)

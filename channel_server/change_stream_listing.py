@@ -8,9 +8,7 @@ tables that have one (``"columns"``: full name -> columns), its options as ``OPT
 writes them (``value_capture_type``, ``retention_period``, the four ``exclude_*``
 booleans), its creation time (epoch
 seconds, as ``GET /v1/tables`` gives ``created_at``) and its partitions open now (the
-tokens a reader resumes from are in ``SHOW CHANGE STREAM PARTITIONS``). The module
-registers its routes in the shared route table, as :mod:`channel_server.change_stream_api`
-does (``channel_server.app`` imports both).
+tokens a reader resumes from are in ``SHOW CHANGE STREAM PARTITIONS``).
 """
 
 from __future__ import annotations
@@ -22,13 +20,21 @@ from aiohttp import web
 
 from catalog import Catalog, ChangeStreamRecord
 from channel_server.change_stream_api import change_stream_name, stream_named
-from channel_server.handlers import SERVICE, routes
+from channel_server.http_common import SERVICE, Routes
 from ingest_sdk.errors import InvalidRequestError
 from pipelines.change_streams.definition import exclusion_flags, retention_text, watched_names
 
 __all__ = [
     "change_stream_json", "describe_change_stream", "list_change_streams", "no_change_stream_named",
+    "setup",
 ]  # fmt: skip
+
+
+routes = Routes()
+
+
+def setup(app: web.Application) -> None:
+    app.add_routes(routes)
 
 
 def change_stream_json(catalog: Catalog, stream: ChangeStreamRecord,

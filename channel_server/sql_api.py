@@ -23,11 +23,11 @@ import orjson
 import pyarrow as pa
 from aiohttp import web
 
-from channel_server.handlers import AUTH_TOKENS, SERVICE, routes
+from channel_server.http_common import AUTH_TOKENS, SERVICE, Routes
 from channel_server.requests import field, json_body
 from ingest_sdk.errors import InvalidRequestError
 
-__all__ = ["ARROW_STREAM", "sql"]
+__all__ = ["ARROW_STREAM", "setup", "sql"]
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 MAX_STATEMENT_CHARS = 1_000_000
@@ -38,6 +38,12 @@ DEFAULT_TIMEOUT = 300.0
 _SESSION = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 #: The answer goes to the client in pieces of this size (it is never built twice).
 CHUNK_BYTES = 1 << 20
+
+routes = Routes()
+
+
+def setup(app: web.Application) -> None:
+    app.add_routes(routes)
 
 
 def _decimal_as_text(value: Any) -> Any:

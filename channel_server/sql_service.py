@@ -26,8 +26,8 @@ from typing import Any
 
 import orjson
 
-from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied, WorkerBusy
 from channel_server.metrics import Metrics
+from channel_server.spark_worker import SparkWorker, SparkWorkerDied, WorkerBusy
 from channel_server.sql_sessions import (
     SqlLimits,
     SqlSessionError,
@@ -68,7 +68,7 @@ class SqlService:
     """The SQL face of one service: its sessions and the worker that runs statements."""
 
     def __init__(
-        self, worker: CompactionWorker, limits: SqlLimits, metrics: Metrics, journal: Path
+        self, worker: SparkWorker, limits: SqlLimits, metrics: Metrics, journal: Path
     ) -> None:
         self.worker = worker
         self.limits = limits
@@ -167,7 +167,7 @@ class SqlService:
                 sql_code="WORKER_BUSY",
                 retry_after=1.0,
             ) from None
-        except CompactionWorkerDied as exc:
+        except SparkWorkerDied as exc:
             log.error("the SQL worker failed while running a statement: %s", exc)
             raise SqlWorkerError(
                 "the service's SQL worker stopped while running the statement and was "
@@ -226,7 +226,7 @@ class SqlService:
     async def _close_in_worker(self, key: str) -> None:
         if self.worker.pid is None:
             return  # no worker, no session state to drop
-        with contextlib.suppress(CompactionWorkerDied):
+        with contextlib.suppress(SparkWorkerDied):
             await self.worker.exchange({"close_session": key}, answer_within=60.0)
 
 

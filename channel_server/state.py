@@ -170,7 +170,6 @@ class TableState:
     #: Intermediate files (and bytes) since the last compaction; drive the trigger.
     ingest_files: int = 0
     ingest_bytes: int = 0
-    compaction: asyncio.Task[None] | None = None
 
     def add(self, batch: PendingBatch, max_bytes: int) -> None:
         """Queue a batch; wake the flusher only if it must now flush sooner than it planned."""

@@ -17,7 +17,7 @@ import orjson
 from aiohttp import web
 
 from channel_server import ServerConfig, create_app
-from channel_server.handlers import SERVICE
+from channel_server.http_common import SERVICE
 from channel_server.service import IngestService
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -110,7 +110,7 @@ async def test_a_refused_body_is_never_read(server_factory, client_factory, kind
     async with aiohttp.ClientSession(base_url=server.url) as http:
         async with http.post("/v1/channels/open", json={"table": "db.s.t", "channel": "c"}) as r:
             assert r.status == 200
-        server.call(server.service.budget.reserve, 1000, 0.5, "someone else")
+        server.call(server.service.channels.budget.reserve, 1000, 0.5, "someone else")
         content_type = ARROW_CONTENT_TYPE if kind == "arrow" else "application/json"
         async with http.post("/v1/channels/rows?table=db.s.t&channel=c&generation=1&batch_seq=1",
                              data=b"\x00garbage" * 1000,
@@ -118,13 +118,13 @@ async def test_a_refused_body_is_never_read(server_factory, client_factory, kind
             body = await response.json()
             assert response.status == 429, body
             assert float(response.headers["Retry-After"]) > 0
-        server.call(server.service.budget.release, 1000)
+        server.call(server.service.channels.budget.release, 1000)
         # The same producer is now first in line; its garbage is read and refused.
         async with http.post("/v1/channels/rows?table=db.s.t&channel=c&generation=1&batch_seq=1",
                              data=b"\x00garbage" * 10,
                              headers={"Content-Type": content_type}) as response:  # fmt: skip
             assert response.status == 400
-    assert server.service.budget.used == 0  # what the refused request held was given back
+    assert server.service.channels.budget.used == 0  # what the refused request held was given back
 
 
 def test_a_full_buffer_flushes_before_the_deadlines_and_clients_build_smaller_requests(
@@ -143,7 +143,7 @@ def test_a_full_buffer_flushes_before_the_deadlines_and_clients_build_smaller_re
     assert slow._channel.max_request_bytes == max(64 * 1024, 400_000 // 8)
     slow.insert_rows([{"ID": n, "S": "x" * 300} for n in range(1000)], end_offset_token="a")
     deadline = time.monotonic() + 30
-    while server.service.budget.used < 300_000:  # the slow producer's rows are buffered
+    while server.service.channels.budget.used < 300_000:  # the slow producer's rows are buffered
         assert time.monotonic() < deadline
         time.sleep(0.05)
     other = client_factory(server.url, max_client_lag=60.0)

@@ -10,6 +10,7 @@ import pytest
 from deltalake import DeltaTable
 
 from channel_server import CompactionTrigger
+from channel_server.service import spark_worker_command
 from ingest_sdk import InvalidRequestError, OpenChannelRequest
 
 
@@ -51,7 +52,7 @@ def test_the_worker_runs_at_its_niceness(server_factory, tmp_path):
     """The Spark worker starts through nice(1) at its niceness, so its compactions and
     statements take the CPU the flushes leave; 0 runs it at the service's priority."""
     niced = server_factory(compaction=CompactionTrigger(enabled=False, worker_nice=7))
-    command = niced.service._compaction_command()
+    command = spark_worker_command(niced.config)
     assert command[1:3] == ["-n", "7"] and command[3] == sys.executable
     shown = subprocess.run(
         [*command[:3], sys.executable, "-c", "import os; print(os.nice(0))"],
@@ -61,7 +62,7 @@ def test_the_worker_runs_at_its_niceness(server_factory, tmp_path):
     plain = server_factory(
         warehouse=tmp_path / "plain", compaction=CompactionTrigger(enabled=False, worker_nice=0)
     )
-    assert plain.service._compaction_command()[0] == sys.executable
+    assert spark_worker_command(plain.config)[0] == sys.executable
 
 
 def test_clustering_must_name_table_columns(server, client_factory):
@@ -88,7 +89,7 @@ def test_stopping_the_service_stops_a_running_compaction(server_factory, client_
     time.sleep(0.5)  # the compaction process is starting its JVM
     server.stop()  # cancels it: the process is killed and reaped, nothing leaks
     gc.collect()  # a leaked subprocess transport would warn (an error in this suite) here
-    logs = list((server.config.warehouse / "_logs").glob("compaction-*.log"))
+    logs = list((server.config.warehouse / "_logs").glob("spark-worker.log"))
     assert len(logs) == 1
 
 
@@ -115,7 +116,7 @@ def _two_tables_with_flushes(client, flushes=3):
 
 
 def _ids(server, name):
-    location = server.service.describe_table(name).uri
+    location = server.service.tables.describe(name).uri
     return sorted(int(v) for v in DeltaTable(location).to_pyarrow_table().column("ID").to_pylist())
 
 
@@ -132,7 +133,7 @@ def test_one_warm_worker_serves_every_table_and_stops_when_idle(server_factory, 
         (run,) = _wait_for_runs(client, name, 1)
         assert run["status"] == "SUCCEEDED" and (run["files_in"], run["files_out"]) == (3, 1)
         assert _ids(server, name) == [0, 1, 2]
-    worker = server.service.compaction_worker
+    worker = server.service.worker
     assert worker.starts == 1  # the second table found the worker (and Spark) warm
     deadline = time.monotonic() + 60
     while worker.pid is not None and time.monotonic() < deadline:
@@ -151,16 +152,17 @@ def test_a_worker_killed_mid_run_loses_nothing_and_is_replaced(server_factory, c
     server = server_factory(compaction=trigger)
     client = client_factory(server.url, max_client_lag=0.05)
     _two_tables_with_flushes(client, flushes=4)
-    worker = server.service.compaction_worker
+    worker = server.service.worker
     assert client.compact("db.s.a") is True
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and b"DB.S.A: 4 files" not in _read(worker.log_path):
         time.sleep(0.05)
     os.kill(worker.pid, signal.SIGKILL)  # mid-run: after planning, before or in the rewrite
-    state = server.service._table_state(server.service.describe_table("db.s.a"))
-    while time.monotonic() < deadline and not state.compaction.done():
+    run = server.service.compaction.run_of(server.service.tables.describe("db.s.a").id)
+    assert run is not None
+    while time.monotonic() < deadline and not run.done():
         time.sleep(0.1)
-    assert state.compaction.done() and worker.pid is None
+    assert run.done() and worker.pid is None
     assert _ids(server, "db.s.a") == [0, 1, 2, 3]  # the table is readable and unchanged
     assert client.compact("db.s.a") is True  # a new worker takes over
     runs = _wait_for_runs(client, "db.s.a", 1)

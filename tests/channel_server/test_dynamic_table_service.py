@@ -63,7 +63,7 @@ def test_the_worker_refreshes_on_schedule_and_survives_kills_and_restarts(server
         wait_until(lambda: ids(client, "DT") == [1, 2, 3, 4, 5], "a scheduled refresh")
         assert any(r["REFRESH_ACTION"] == "INCREMENTAL" for r in scheduled(client, "DT"))
         # The worker dies: the service starts it again and refreshes go on.
-        server.run(server.service.compaction_worker.kill())
+        server.run(server.service.worker.kill())
         channel.insert_rows([{"ID": 6, "V": "y"}], end_offset_token="6")
         channel.wait_for_commit("6", timeout=60)
         wait_until(lambda: ids(client, "DT") == [1, 2, 3, 4, 5, 6], "refreshes after a kill")

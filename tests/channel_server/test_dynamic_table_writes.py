@@ -130,7 +130,7 @@ async def test_a_channel_on_a_dynamic_table_is_refused_and_other_channels_go_on(
     assert status == 404 and body["error"]["code"] == "CHANNEL_NOT_FOUND", body
     status, body, _ = await call(http, "GET", f"/v1/channels?table={D}")
     assert status == 200 and body["channels"] == [], body
-    assert before[0][0].id not in server.service._tables  # no table state, no flusher
+    assert before[0][0].id not in server.service.channels.live_tables  # no table state, no flusher
     # T's open handle was not disturbed, and a new channel opens and commits.
     await insert_and_wait(http, "c1", generation, 2, [5])
     await insert_and_wait(http, "c2", await open_channel(http, T, "c2"), 1, [6, 7])

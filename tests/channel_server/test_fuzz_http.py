@@ -16,7 +16,7 @@ checks what must hold whatever a client sends:
 * what the playground table acknowledged is exactly what it commits.
 
 ``POST /v1/tables/{name}/compact`` is only sent to names that are no table: on a table it
-queues a run in the compaction worker, a Spark process. What the fuzz found is kept as
+queues a run in the Spark worker, a Spark process. What the fuzz found is kept as
 plain cases at the end of the module.
 
 One server per test function; hypothesis examples share it. Requests are written byte
@@ -562,7 +562,7 @@ def test_table_names_in_paths(warehouse, name, body, clustering):
     for method, suffix, payload in (
         ("GET", "", None), ("GET", "/migrations", None), ("DELETE", "", None),
         ("PUT", "/clustering", {"columns": clustering}), ("PUT", "/clustering", body),
-        # Never at an existing table: that would start the Spark compaction worker.
+        # Never at an existing table: that would start the Spark worker.
         ("POST", "/compact", None),
     ):  # fmt: skip
         data = b"" if payload is None else encode(payload).encode()

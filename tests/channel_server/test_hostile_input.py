@@ -216,10 +216,10 @@ async def test_one_channel_that_cannot_commit_does_not_stop_the_others(server):
 
     location = fill(server.url, "db.s.t", "good", 2)
     service = server.service
-    bad = server.run(service.open_channel("db.s.t", "bad"))
+    bad = server.run(service.channels.open("db.s.t", "bad"))
     data = pa.table({"ID": pa.array([100], pa.int64()), "S": pa.array(["x"])})
     schema = bad.table.info.schema.to_arrow()
-    server.call(service.insert, "db.s.t", "bad", bad.generation, 2**41, data.cast(schema), "t")
+    server.call(service.channels.insert, "db.s.t", "bad", bad.generation, 2**41, data.cast(schema), "t")
     with StreamingIngestClient("t", url=server.url, max_client_lag=0.1) as client:
         handle = client.open_channel(OpenChannelRequest("good", "DB", "S", "T"))
         handle.insert_rows([{"ID": 2}], end_offset_token="2")

@@ -198,7 +198,7 @@ def test_backpressure_answers_429_and_the_sdk_waits_and_retries(server_factory):
     assert ids(info["location"]) == list(range(2000))
     # Bounded by the limit plus one request (an empty buffer always admits one, so a
     # request larger than the limit cannot wait forever).
-    assert 0 < server.service.budget.peak <= 40_000 + 16_000
+    assert 0 < server.service.channels.budget.peak <= 40_000 + 16_000
     registry = server.service.metrics.registry
     refused = registry.get_sample_value("ingest_rejected_requests_total", {"code": "BACKPRESSURE"})
     assert refused and refused > 0  # 429s happened and were retried
@@ -208,9 +208,9 @@ def test_backpressure_error_carries_retry_after(server_factory):
     from channel_server import Limits
 
     server = server_factory(limits=Limits(max_buffer_bytes=1))
-    service = server.service
-    service.budget.used = 1  # something is buffered already
+    budget = server.service.channels.budget
+    budget.used = 1  # something is buffered already
     with pytest.raises(BackpressureError) as info:
-        service.budget.reserve(10, retry_after=0.25)
+        budget.reserve(10, retry_after=0.25)
     assert info.value.details["retry_after"] == 0.25 and info.value.retriable
-    service.budget.used = 0
+    budget.used = 0

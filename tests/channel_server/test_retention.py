@@ -17,7 +17,7 @@ def test_idle_channels_are_removed_open_ones_kept(server_factory, client_factory
     time.sleep(0.7)
     busy.insert_rows([{"ID": 2}], end_offset_token="2")  # activity keeps it
     busy.wait_for_commit(timeout=30)
-    assert server.call(server.service.remove_inactive_channels) == 1
+    assert server.call(server.service.channels.remove_inactive) == 1
     names = [row["channel"] for row in client.show_channels("db.s.t")]
     assert names == ["busy"]
     (status,) = client.get_latest_committed_offset_tokens([("db.s.t", "idle")])

@@ -67,11 +67,11 @@ class World:
 
     @property
     def worker_pid(self) -> int | None:
-        return self.server.service.compaction_worker.pid
+        return self.server.service.worker.pid
 
     @property
     def log_path(self) -> Path:
-        return self.server.service.compaction_worker.log_path
+        return self.server.service.worker.log_path
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ def check_refused(world: World, statement: str, answer: Answer) -> None:
     texts = [answer.body.decode("utf-8", errors="replace"), error["message"]]
     for text in texts:
         assert SECRET not in text
-        assert "compaction-worker.log" not in text and str(world.log_path) not in text, text[:500]
+        assert "spark-worker.log" not in text and str(world.log_path) not in text, text[:500]
         if str(world.warehouse) in text:
             assert str(world.warehouse) in statement, text[:500]
         for leak in LEAKS.finditer(text):
@@ -751,7 +751,7 @@ def test_a_killed_worker_aborts_open_transactions_never_silently(world):
     thread = threading.Thread(target=lambda: in_flight.setdefault(
         "answer", sql(world, "SELECT count(*) FROM range(100000000000)", timeout=120)))  # fmt: skip
     thread.start()
-    worker = world.server.service.compaction_worker
+    worker = world.server.service.worker
     for _ in range(200):  # until the statement holds the worker
         if worker._turn.locked():
             break
@@ -814,7 +814,7 @@ def test_an_idle_worker_is_not_stopped_under_an_open_transaction(tmp_path):
             compaction=CompactionTrigger(enabled=False, worker_idle_seconds=1.0),
         )
     )
-    worker = server.service.compaction_worker
+    worker = server.service.worker
     asked, kept = worker.keep_alive, threading.Event()
     answers: list[bool] = []
 

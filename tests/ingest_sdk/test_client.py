@@ -226,7 +226,7 @@ def test_reopen_invalidates_the_old_handle_and_discards_its_buffer(server, clien
     info = slow.create_table("db.s.t", {"ID": "INT"})
     old = slow.open_channel(request())
     old.insert_rows([{"ID": 1}, {"ID": 2}], end_offset_token="2")
-    server_channel = server.call(lambda: server.service._tables)  # wait until the server has them
+    server_channel = server.call(lambda: dict(server.service.channels.live_tables))  # wait until the server has them
     assert server_channel
     fast = client_factory(server.url)
     new = fast.open_channel(request())

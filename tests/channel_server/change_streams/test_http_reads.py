@@ -176,7 +176,7 @@ def test_heartbeats_arrive_on_an_idle_table_in_order(session, client, server):
         # Each heartbeat follows the last one by about the interval (the service waits
         # that long without records before it says "nothing up to here").
         assert all(b - a >= interval * 900 for a, b in itertools.pairwise(stamps)), stamps
-    wait_until(lambda: reads_of(server.service).active == 0, "the reads to end")
+    wait_until(lambda: reads_of(server.app).active == 0, "the reads to end")
 
 
 def test_a_split_ends_the_read_with_its_child_partitions_record(session, client):
@@ -248,9 +248,9 @@ async def test_a_client_that_leaves_ends_the_read_in_the_service(server, session
         assert response.status == 200 and response.content_type == NDJSON
         assert response.headers["Cache-Control"] == "no-store"
         assert orjson.loads(await response.content.readline())["heartbeat_record"]
-        assert reads_of(server.service).active == 1 and len(read_threads()) == 1
+        assert reads_of(server.app).active == 1 and len(read_threads()) == 1
     # Leaving before the end closes the connection: the service stops the read's thread.
-    await asyncio.to_thread(wait_until, lambda: reads_of(server.service).active == 0,
+    await asyncio.to_thread(wait_until, lambda: reads_of(server.app).active == 0,
                             "the read to end")  # fmt: skip
     await asyncio.to_thread(wait_until, lambda: not read_threads(), "the thread to end")
     async with http.get("/metrics") as response:
@@ -266,7 +266,7 @@ def test_a_service_that_stops_breaks_the_read_so_the_reader_resumes(server, sess
                                         heartbeat_milliseconds=1000)  # fmt: skip
     assert "heartbeat_record" in next(records)
     server.stop()  # the read does not hold the shutdown (aiohttp would wait 60 s)
-    wait_until(lambda: reads_of(server.service).active == 0, "the read to end")
+    wait_until(lambda: reads_of(server.app).active == 0, "the read to end")
     wait_until(lambda: not read_threads(), "the read's thread to end")
     with pytest.raises(TransportError):  # not a clean end: the reader resumes elsewhere
         for record in records:
@@ -315,7 +315,7 @@ async def test_every_mistake_is_a_4xx_naming_the_fix(server, session, http, clie
                 found = (response.status, error["code"], error["message"])
         assert found[:2] == (status, code), (name, params, found)
         assert message in found[2], (name, params, found)
-    assert reads_of(server.service).active == 0  # none was admitted
+    assert reads_of(server.app).active == 0  # none was admitted
 
     # The SDK raises the service's message; wrong types fail before any request.
     with pytest.raises(InvalidRequestError, match="is not a partition of change stream"):
@@ -356,7 +356,7 @@ async def test_reads_past_the_limit_get_429(server_factory, spark, monkeypatch):
                 error = (await refused.json())["error"]
             assert error["code"] == "BACKPRESSURE"
             assert error["message"].startswith("1 change stream reads are open on this service")
-        await asyncio.to_thread(wait_until, lambda: reads_of(server.service).active == 0,
+        await asyncio.to_thread(wait_until, lambda: reads_of(server.app).active == 0,
                                 "the held read to end")  # fmt: skip
         async with http.get(READ.format("CS"), params=params) as again:
             assert again.status == 200  # room again
@@ -393,7 +393,7 @@ async def test_a_client_that_never_reads_holds_up_neither_other_reads_nor_the_fl
     query = "&".join(f"{k}={v}" for k, v in params.items())
     stalled.sendall(f"GET {READ.format('CS')}?{query} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     try:
-        await asyncio.to_thread(wait_until, lambda: reads_of(server.service).active == 1,
+        await asyncio.to_thread(wait_until, lambda: reads_of(server.app).active == 1,
                                 "the stalled read to start")  # fmt: skip
         async with aiohttp.ClientSession(base_url=server.url) as http:
             # Another client reads the same records to the end meanwhile...
@@ -412,10 +412,10 @@ async def test_a_client_that_never_reads_holds_up_neither_other_reads_nor_the_fl
         await asyncio.to_thread(small.insert_rows, [{"ID": 1}], None, "1")
         assert await asyncio.to_thread(small.wait_for_commit, "1", 120) == "1"
         # The stalled read is still there: it cannot have sent its 40 MB.
-        assert reads_of(server.service).active == 1
+        assert reads_of(server.app).active == 1
     finally:
         stalled.close()
-    await asyncio.to_thread(wait_until, lambda: reads_of(server.service).active == 0,
+    await asyncio.to_thread(wait_until, lambda: reads_of(server.app).active == 0,
                             "the stalled read to end once its client left")  # fmt: skip
 
 

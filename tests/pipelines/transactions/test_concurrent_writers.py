@@ -2,7 +2,7 @@
 
 The service ingests rows through channels (a flush commit every ~100-200 ms), a SQL
 session runs INSERT/UPDATE/DELETE on the same table, a child process runs another
-session, and the compaction worker rewrites the files under them. Row ids come from
+session, and the Spark worker rewrites the files under them. Row ids come from
 one sequence in the catalog: nothing may be lost, doubled, or given a row id twice.
 
 Three bugs showed up under this load, all fixed; each has a deterministic test below:
@@ -368,7 +368,7 @@ def test_row_ids_stay_unique_with_a_session_in_another_process(
     assert inside > 0, "the child ran before or after the ingestion, not during it"
 
 
-# 3. The service's compaction worker rewrites files while UPDATEs and DELETEs run.
+# 3. The service's Spark worker rewrites files while UPDATEs and DELETEs run.
 def test_compaction_races_updates(server_factory, client_factory, session_factory):
     server = server_factory(compaction=CompactionTrigger(enabled=False, spark_master="local[1]"))
     client = client_factory(server.url, max_client_lag=0.3)

@@ -1,4 +1,4 @@
-"""The service's side of the compaction worker protocol, against small real processes.
+"""The service's side of the Spark worker protocol, against small real processes.
 
 The worker's own side (``python -m flush.compact --serve``) is tested in
 tests/flush/test_compaction.py and end to end in test_compaction_service.py; these
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from channel_server.compaction_worker import CompactionWorker, CompactionWorkerDied
+from channel_server.spark_worker import SparkWorker, SparkWorkerDied
 
 ECHO = """
 import json, sys
@@ -28,7 +28,7 @@ for line in sys.stdin:
 
 @pytest.fixture
 def worker(tmp_path):
-    return CompactionWorker([sys.executable, "-c", ECHO], tmp_path / "worker.log", 60)
+    return SparkWorker([sys.executable, "-c", ECHO], tmp_path / "worker.log", 60)
 
 
 async def test_answers_come_back_in_turn_from_one_process(worker):
@@ -45,7 +45,7 @@ async def test_answers_come_back_in_turn_from_one_process(worker):
     ids=["died-log-tail", "unreadable-answer"],
 )
 async def test_a_failed_worker_is_reported_and_replaced(worker, request_name, reported):
-    with pytest.raises(CompactionWorkerDied, match=reported):
+    with pytest.raises(SparkWorkerDied, match=reported):
         await worker.compact(request_name)
     assert worker.pid is None
     assert await worker.compact("DB.S.T") == {"table": "DB.S.T", "status": "SUCCEEDED"}
@@ -54,7 +54,7 @@ async def test_a_failed_worker_is_reported_and_replaced(worker, request_name, re
 
 
 async def test_the_worker_stops_after_its_idle_time(tmp_path):
-    worker = CompactionWorker([sys.executable, "-c", ECHO], tmp_path / "worker.log", 0.2)
+    worker = SparkWorker([sys.executable, "-c", ECHO], tmp_path / "worker.log", 0.2)
     await worker.compact("DB.S.T")
     assert worker.pid is not None
     for _ in range(100):
@@ -88,7 +88,7 @@ for line in sys.stdin:
 @pytest.fixture
 def framed(tmp_path):
     deaths = []
-    worker = CompactionWorker([sys.executable, "-c", FRAMES], tmp_path / "worker.log", 60,
+    worker = SparkWorker([sys.executable, "-c", FRAMES], tmp_path / "worker.log", 60,
                               on_death=lambda: deaths.append(1))  # fmt: skip
     worker.deaths = deaths
     return worker
@@ -134,7 +134,7 @@ async def test_a_queued_request_withdrawn_before_its_turn_is_never_sent(framed):
 
 
 async def test_a_worker_that_does_not_answer_in_time_is_killed_and_replaced(framed):
-    with pytest.raises(CompactionWorkerDied, match="did not answer within"):
+    with pytest.raises(SparkWorkerDied, match="did not answer within"):
         await framed.exchange({"tag": "slow:30:x"}, answer_within=0.5)
     assert framed.pid is None and framed.deaths == [1]
     assert (await framed.exchange({"tag": "after"}))[0]["tag"] == "after"
@@ -149,7 +149,7 @@ async def test_a_worker_that_does_not_answer_in_time_is_killed_and_replaced(fram
 )
 async def test_a_malformed_frame_is_reported_and_the_worker_replaced(tmp_path, answer):
     script = f"import sys\nfor line in sys.stdin:\n    print({answer!r}, flush=True)\n    sys.exit(0)\n"
-    worker = CompactionWorker([sys.executable, "-c", script], tmp_path / "worker.log", 60)
-    with pytest.raises(CompactionWorkerDied):
+    worker = SparkWorker([sys.executable, "-c", script], tmp_path / "worker.log", 60)
+    with pytest.raises(SparkWorkerDied):
         await worker.exchange({"tag": "x"})
     assert worker.pid is None

@@ -24,14 +24,14 @@ from typing import Any
 
 import orjson
 
-__all__ = ["CompactionWorker", "CompactionWorkerDied", "WorkerBusy"]
+__all__ = ["SparkWorker", "SparkWorkerDied", "WorkerBusy"]
 
 log = logging.getLogger(__name__)
 #: The longest answer header line read from the worker (the rows follow it as raw bytes).
 HEADER_LIMIT = 1 << 20
 
 
-class CompactionWorkerDied(RuntimeError):
+class SparkWorkerDied(RuntimeError):
     """The worker exited without answering (its log says why)."""
 
 
@@ -39,7 +39,7 @@ class WorkerBusy(RuntimeError):
     """A request waited its longest for its turn and was withdrawn, never sent."""
 
 
-class CompactionWorker:
+class SparkWorker:
     """Sends table names to the worker process, one at a time, and returns its answers.
 
     Args:
@@ -77,7 +77,7 @@ class CompactionWorker:
         """Compact one table in the worker and return its run record.
 
         Raises:
-            CompactionWorkerDied: the worker exited before answering.
+            SparkWorkerDied: the worker exited before answering.
         """
         return await self.request({"table": table_name})
 
@@ -106,7 +106,7 @@ class CompactionWorker:
                 withdrawn, never sent (:class:`WorkerBusy`).
 
         Raises:
-            CompactionWorkerDied: the worker exited (or was killed) before answering in full,
+            SparkWorkerDied: the worker exited (or was killed) before answering in full,
                 or answered out of step (it is stopped, and started afresh next time).
             WorkerBusy: the request waited ``queue_within`` seconds and was not sent.
         """
@@ -176,18 +176,16 @@ class CompactionWorker:
             line = b""
         except TimeoutError:
             await self.kill()
-            raise CompactionWorkerDied(
+            raise SparkWorkerDied(
                 f"the worker did not answer within {answer_within:g} s and was stopped"
             ) from None
         except ValueError:  # a header line over the limit: out of step
             await self.kill()
-            raise CompactionWorkerDied(
-                "the worker answered a header over the size limit"
-            ) from None
+            raise SparkWorkerDied("the worker answered a header over the size limit") from None
         if not line:
             await self.kill()
-            raise CompactionWorkerDied(
-                f"the compaction worker exited without answering (log {self.log_path}): "
+            raise SparkWorkerDied(
+                f"the Spark worker exited without answering (log {self.log_path}): "
                 f"{self._log_tail()}"
             )
         try:
@@ -197,14 +195,14 @@ class CompactionWorker:
                 raise ValueError(size)
         except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
             await self.kill()  # out of step with us: start afresh next time
-            raise CompactionWorkerDied(
-                f"the compaction worker answered {line[:200]!r} (log {self.log_path})"
+            raise SparkWorkerDied(
+                f"the Spark worker answered {line[:200]!r} (log {self.log_path})"
             ) from None
         try:
             body = await process.stdout.readexactly(size) if size else b""
         except asyncio.IncompleteReadError:
             await self.kill()
-            raise CompactionWorkerDied(
+            raise SparkWorkerDied(
                 f"the worker exited in the middle of an answer (log {self.log_path}): "
                 f"{self._log_tail()}"
             ) from None
@@ -238,7 +236,7 @@ class CompactionWorker:
                 limit=HEADER_LIMIT,
             )
         self.starts += 1
-        log.info("compaction worker started (pid %d)", self._process.pid)
+        log.info("Spark worker started (pid %d)", self._process.pid)
         return self._process
 
     async def _stop_when_idle(self) -> None:
@@ -246,13 +244,13 @@ class CompactionWorker:
         while self.keep_alive():  # e.g. open SQL transactions live in the worker
             await asyncio.sleep(self.idle_seconds)
         if not self._turn.locked():
-            log.info("compaction worker idle for %.0fs: stopping it", self.idle_seconds)
+            log.info("Spark worker idle for %.0fs: stopping it", self.idle_seconds)
             self._idle_stop = None  # stop() must not cancel this very task
             await self.stop()
 
     async def kill(self) -> None:
         """Kill the worker now (a request it is answering fails with
-        :class:`CompactionWorkerDied`); the next request starts a new one."""
+        :class:`SparkWorkerDied`); the next request starts a new one."""
         process, self._process = self._process, None
         if process is not None:
             await _kill(process)
