@@ -187,6 +187,59 @@ def client_factory():
             client.close()
 
 
+def _server_unavailable(reason: str):
+    """A server this machine cannot run: the test is skipped, but fails in CI (``CI=true``),
+    where .ci/run installs what the servers need and a skip would hide a missing install."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A throwaway PostgreSQL cluster for this test process (:mod:`tests.postgres_server`)."""
+    from tests.postgres_server import PostgresServer, PostgresUnavailable
+
+    server = PostgresServer()
+    try:
+        server.start()
+    except PostgresUnavailable as error:
+        _server_unavailable(str(error))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server):
+    """The DSN of a fresh empty database of the test's own, dropped after it."""
+    dsn = postgres_server.create_database()
+    yield dsn
+    postgres_server.drop_database(dsn)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 API server for this test process (:mod:`tests.s3_server`)."""
+    from tests.s3_server import S3Server, S3Unavailable
+
+    server = S3Server()
+    try:
+        server.start()
+    except S3Unavailable as error:
+        _server_unavailable(str(error))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server):
+    """A fresh empty bucket of the test's own (``.uri`` is ``s3://<name>``,
+    ``.storage_options`` delta-rs's), deleted with its objects after the test."""
+    bucket = s3_server.create_bucket()
+    yield bucket
+    s3_server.delete_bucket(bucket.name)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """The seconds each of the costliest files took (setup, calls and teardown), printed
