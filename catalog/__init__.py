@@ -1,6 +1,6 @@
 """The catalog: databases, schemas, tables, channels, row-id sequences, streams, views,
-dynamic tables and pending pipeline commits. SQLite by default; nothing here imports a
-layer above."""
+dynamic tables and pending pipeline commits. SQLite by default, PostgreSQL for several
+servers (:func:`open_catalog`); nothing here imports a layer above."""
 
 from catalog.base import (
     Catalog,
@@ -13,6 +13,8 @@ from catalog.base import (
     TableBusyError,
     TablesGoneError,
 )
+from catalog.opening import CATALOG_FILE, is_postgres, open_catalog
+from catalog.postgres import PostgresCatalog
 from catalog.records import (
     APPEND_INTENT,
     EXCLUDE_OPTIONS,
@@ -41,11 +43,12 @@ from catalog.records import (
     full_name,
     held_tables,
 )
-from catalog.sqlite import SqliteCatalog
+from catalog.sqlite import SqlCatalog, SqliteCatalog
 from catalog.suggest import did_you_mean
 
 __all__ = [
     "APPEND_INTENT",
+    "CATALOG_FILE",
     "EXCLUDE_OPTIONS",
     "KEY_SPACE",
     "REFRESH_PLAN_KEY",
@@ -67,10 +70,12 @@ __all__ = [
     "ObjectNotEmptyError",
     "PartitionRecord",
     "PendingCommit",
+    "PostgresCatalog",
     "RefreshClaimConflict",
     "RefreshRecord",
     "SchemaRecord",
     "Seal",
+    "SqlCatalog",
     "SqliteCatalog",
     "StreamClaim",
     "StreamClaimConflict",
@@ -82,4 +87,6 @@ __all__ = [
     "did_you_mean",
     "full_name",
     "held_tables",
+    "is_postgres",
+    "open_catalog",
 ]

@@ -13,6 +13,7 @@ Several processes (the service, SQL sessions) may share one file: every write is
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -46,6 +47,7 @@ from catalog.sqlite_layout import (
     SCHEMA,
     STREAM_COLUMNS,
     TABLE_COLUMNS,
+    IntegrityError,
     check_not_busy,
     drop_contents,
     find_databases,
@@ -61,33 +63,24 @@ from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import quote_identifier
 
-__all__ = ["SqliteCatalog"]
+__all__ = ["SqlCatalog", "SqliteCatalog"]
 
 
-class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamStore, Catalog):
-    """The embedded catalog. Calls are short and serialised by a lock, so the event
-    loop and the flush threads can share one connection; other processes wait for
-    SQLite's write lock (up to 30 s)."""
+class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamStore, Catalog):
+    """The catalog's operations, in SQL that SQLite and PostgreSQL both run (see
+    :mod:`catalog.postgres` for the few forms it rewrites). Calls are short and serialised
+    by a lock, so the event loop and the flush threads can share one connection; other
+    processes wait for the database's write lock: every write transaction holds the
+    catalog's one lock, so writes mean the same on both databases.
 
-    def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            str(path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
-        self._db.executescript(SCHEMA)
-        for (table, column), declaration in ADDED_COLUMNS.items():
-            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            if column not in present:
-                try:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-                except sqlite3.OperationalError as exc:  # another process added it first
-                    if "duplicate column" not in str(exc):
-                        raise
-        with self._immediate() as db:
-            ensure_catalog_id(db)
+    A subclass opens the connection (``_db``) and says how its transactions begin.
+    """
+
+    _db: sqlite3.Connection
+    _lock: threading.Lock
+    #: The statements that begin a write transaction, and a read-only snapshot.
+    _BEGIN_WRITE: tuple[str, ...] = ("BEGIN IMMEDIATE",)
+    _BEGIN_SNAPSHOT: tuple[str, ...] = ("BEGIN DEFERRED",)
 
     def close(self) -> None:
         with self._lock:
@@ -103,11 +96,11 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
 
     def _immediate(self) -> _Transaction:
         """A write transaction for reads and writes that must see no one in between."""
-        return _Transaction(self._lock, self._db)
+        return _Transaction(self._lock, self._db, self._BEGIN_WRITE)
 
     def _snapshot(self) -> _Transaction:
         """A read transaction: several reads of one state, without the write lock."""
-        return _Transaction(self._lock, self._db, "BEGIN DEFERRED")
+        return _Transaction(self._lock, self._db, self._BEGIN_SNAPSHOT)
 
     # Databases and schemas
     def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
@@ -115,7 +108,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         with self._immediate() as db:
             existing = find_databases(db, name)
             # Recorded even when only implied, so it outlives the tables that implied it.
-            db.execute("INSERT OR IGNORE INTO databases VALUES (?, ?)", (name, now))
+            db.execute("INSERT INTO databases VALUES (?, ?) ON CONFLICT DO NOTHING", (name, now))
         return (existing[0], False) if existing else (DatabaseRecord(name, now), True)
 
     def create_schema(self, database: str, name: str) -> tuple[SchemaRecord, bool]:
@@ -192,7 +185,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
                     ),
                 ]
             )
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise TableAlreadyExistsError(
                 f"table {database}.{schema_name}.{name} already exists; use if_not_exists=True "
                 "to keep it, or drop it first"
@@ -249,10 +242,12 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
             [
                 (
                     "INSERT INTO channels (table_id, name, generation, last_activity, created_at)"
-                    " VALUES (?, ?, MAX(1, ?), ?, ?) ON CONFLICT (table_id, name) DO UPDATE SET"
-                    " generation = MAX(generation + 1, excluded.generation),"
+                    " VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?)"
+                    " ON CONFLICT (table_id, name) DO UPDATE SET generation = CASE"
+                    " WHEN excluded.generation > channels.generation + 1"
+                    " THEN excluded.generation ELSE channels.generation + 1 END,"
                     " last_activity = excluded.last_activity",
-                    (table_id, name, min_generation, now, now),
+                    (table_id, name, min_generation, min_generation, now, now),
                 )
             ]
         )
@@ -298,8 +293,9 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
                     (progress.offset_token, progress.rows, now, table_id, progress.channel),
                 )
             db.execute(
-                "UPDATE tables SET applied_version=?, next_row_id=MAX(next_row_id, ?) WHERE id=?",
-                (record.version, record.next_row_id, table_id),
+                "UPDATE tables SET applied_version=?, next_row_id=CASE WHEN next_row_id > ?"
+                " THEN next_row_id ELSE ? END WHERE id=?",
+                (record.version, record.next_row_id, record.next_row_id, table_id),
             )
 
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
@@ -314,7 +310,7 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
                     ),
                 ]
             )
-        except sqlite3.IntegrityError as exc:
+        except IntegrityError as exc:
             raise TableAlreadyExistsError(
                 f"table {database}.{schema_name}.{name} already exists; choose another name"
             ) from exc
@@ -360,13 +356,13 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
     def record_migration(self, table_id: int, run: dict[str, Any]) -> int:
         """Record one compaction run (keys as :data:`MIGRATION_COLUMNS`, without ids)."""
         names = MIGRATION_COLUMNS.split(", ")[2:]
-        with self._lock:
-            cursor = self._db.execute(
+        with self._immediate() as db:
+            (run_id,) = db.execute(
                 f"INSERT INTO migrations (table_id, {', '.join(names)}) VALUES "
-                f"(?, {', '.join('?' for _ in names)})",
+                f"(?, {', '.join('?' for _ in names)}) RETURNING id",
                 (table_id, *(run.get(name) for name in names)),
-            )
-            return int(cursor.lastrowid or 0)
+            ).fetchone()
+        return int(run_id)
 
     def list_migrations(self, table_id: int) -> list[dict[str, Any]]:
         rows = self._read(
@@ -413,21 +409,21 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
             for sql, args in namespace_statements(database, schema_name, now):
                 db.execute(sql, args)
             try:
-                cursor = db.execute(
+                (stream_id,) = db.execute(
                     "INSERT INTO streams (database, schema_name, name, table_id, mode,"
                     " offset_version, created_at, offset_moved_at, comment, uid, view_id,"
-                    " view_uids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " view_uids) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                     (database, schema_name, name, table_id, mode, offset_version, now, now,
                      comment, uuid.uuid4().hex, view_id, orjson.dumps(list(uids)).decode()),
-                )  # fmt: skip
-            except sqlite3.IntegrityError as exc:
+                ).fetchone()  # fmt: skip
+            except IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
                     f"stream {database}.{schema_name}.{name} already exists; use CREATE OR "
                     "REPLACE STREAM to recreate it, or IF NOT EXISTS to keep it"
                 ) from exc
             db.executemany(
                 "INSERT INTO stream_offsets (stream_id, table_id, version) VALUES (?, ?, ?)",
-                [(cursor.lastrowid, t, v) for t, v in sorted(bases.items())],
+                [(stream_id, t, v) for t, v in sorted(bases.items())],
             )
         stream = self.get_stream(database, schema_name, name)
         assert stream is not None
@@ -462,20 +458,52 @@ class SqliteCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStre
         return count > 0
 
 
+class SqliteCatalog(SqlCatalog):
+    """The embedded catalog: one SQLite file in WAL mode with full fsync, shared by the
+    processes of one machine (every write a ``BEGIN IMMEDIATE`` transaction; others wait
+    up to 30 s for it)."""
+
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            str(path), check_same_thread=False, isolation_level=None, timeout=30.0
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
+        self._db.executescript(SCHEMA)
+        for (table, column), declaration in ADDED_COLUMNS.items():
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in present:
+                try:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                except sqlite3.OperationalError as exc:  # another process added it first
+                    if "duplicate column" not in str(exc):
+                        raise
+        try:
+            with self._immediate() as db:
+                ensure_catalog_id(db)
+        except BaseException:
+            self._db.close()
+            raise
+
+
 class _Transaction:
-    """``with`` block of one ``BEGIN IMMEDIATE`` transaction (or ``begin``) under the
-    connection lock."""
+    """``with`` block of one transaction, begun by ``begin``, under the connection lock."""
 
     def __init__(
-        self, lock: threading.Lock, db: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE"
+        self, lock: threading.Lock, db: sqlite3.Connection, begin: tuple[str, ...]
     ) -> None:
         self._lock, self._db, self._begin = lock, db, begin
 
     def __enter__(self) -> sqlite3.Connection:
         self._lock.acquire()
         try:
-            self._db.execute(self._begin)
+            for statement in self._begin:
+                self._db.execute(statement)
         except BaseException:
+            with contextlib.suppress(Exception):
+                self._db.execute("ROLLBACK")
             self._lock.release()
             raise
         return self._db

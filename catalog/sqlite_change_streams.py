@@ -29,7 +29,9 @@ from catalog.sqlite_layout import (
     ORPHAN_HISTORY,
     ORPHAN_PARTITIONS,
     PARTITION_COLUMNS,
+    IntegrityError,
     namespace_statements,
+    replacing,
 )
 
 if TYPE_CHECKING:
@@ -113,8 +115,9 @@ _HISTORY = (
 #: Append the stream's current definition to its history, from a moment (the row of a
 #: stream made before histories were kept goes in first, from its creation).
 _APPEND_HISTORY = (
-    f"INSERT OR REPLACE INTO change_stream_history (stream_uid, from_us, {DEFINITION_COLUMNS})"
+    f"INSERT INTO change_stream_history (stream_uid, from_us, {DEFINITION_COLUMNS})"
     f" SELECT uid, ?, {DEFINITION_COLUMNS} FROM change_streams WHERE id=?"
+    f" {replacing('stream_uid, from_us', f'stream_uid, from_us, {DEFINITION_COLUMNS}')}"
 )
 _LEGACY_HISTORY = (
     f"INSERT INTO change_stream_history (stream_uid, from_us, {DEFINITION_COLUMNS})"
@@ -136,7 +139,9 @@ def _held(db: sqlite3.Connection, table_ids: Iterable[int]) -> dict[int, int]:
 def _write_seal(db: sqlite3.Connection, table_id: int, version: int, heartbeat_us: int) -> None:
     db.execute(
         "INSERT INTO change_stream_seals VALUES (?, ?, ?, ?) ON CONFLICT (table_id,"
-        " version) DO UPDATE SET heartbeat_us=max(heartbeat_us, excluded.heartbeat_us)",
+        " version) DO UPDATE SET heartbeat_us=CASE WHEN excluded.heartbeat_us >"
+        " change_stream_seals.heartbeat_us THEN excluded.heartbeat_us"
+        " ELSE change_stream_seals.heartbeat_us END",
         (table_id, version, heartbeat_us, heartbeat_us),
     )
     db.execute(
@@ -251,7 +256,7 @@ class ChangeStreamStore:
                      value_capture_type, retention_s, now, created_us, uid,
                      _lists_text(column_lists), _exclusions_text(exclusions or {})),
                 )  # fmt: skip
-            except sqlite3.IntegrityError as exc:
+            except IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
                     f"change stream {'.'.join(key)} already exists; use CREATE OR REPLACE "
                     "CHANGE STREAM to replace it, or IF NOT EXISTS to keep it"

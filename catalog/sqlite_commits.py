@@ -25,16 +25,39 @@ from catalog.sqlite_layout import PENDING_COLUMNS, claims_text, to_claim, to_pen
 if TYPE_CHECKING:
     from catalog.sqlite import _Transaction
 
-__all__ = ["PendingCommitStore", "ensure_catalog_id"]
+__all__ = ["SCHEMA_VERSION", "PendingCommitStore", "ensure_catalog_id"]
+
+
+#: The layout's version, kept in ``catalog_meta``: a program refuses a catalog a newer
+#: one laid out (it would misread it); a newer program brings an older one up to date
+#: (``ADDED_COLUMNS``) and writes its own number.
+SCHEMA_VERSION = 1
 
 
 def ensure_catalog_id(db: sqlite3.Connection) -> None:
-    """Give a new (or pre-id) catalog its random id, and older streams their uids."""
+    """Give a new (or pre-id) catalog its random id and layout version, and older streams
+    their uids.
+
+    Raises:
+        RuntimeError: a newer program laid the catalog out.
+    """
     db.execute(
-        "INSERT OR IGNORE INTO catalog_meta (key, value) VALUES ('catalog_id', ?)",
+        "INSERT INTO catalog_meta (key, value) VALUES ('catalog_id', ?) ON CONFLICT DO NOTHING",
         (uuid.uuid4().hex,),
     )
-    db.execute("UPDATE streams SET uid = lower(hex(randomblob(16))) WHERE uid = ''")
+    row = db.execute("SELECT value FROM catalog_meta WHERE key='schema_version'").fetchone()
+    if row is not None and int(row[0]) > SCHEMA_VERSION:
+        raise RuntimeError(
+            f"the catalog's layout is version {row[0]}, newer than this program's "
+            f"{SCHEMA_VERSION}: a newer version of the service wrote it; run that version"
+        )
+    db.execute(
+        "INSERT INTO catalog_meta (key, value) VALUES ('schema_version', ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        (str(SCHEMA_VERSION),),
+    )
+    for (stream_id,) in db.execute("SELECT id FROM streams WHERE uid = ''").fetchall():
+        db.execute("UPDATE streams SET uid=? WHERE id=?", (uuid.uuid4().hex, stream_id))
 
 
 def _pending(db: sqlite3.Connection) -> list[PendingCommit]:
@@ -71,11 +94,11 @@ class PendingCommitStore:
                 raise TablesGoneError(gone)
             cursor = db.execute(
                 "INSERT INTO pending_commits (owner, plan, claims, created_at, state, intents)"
-                " VALUES (?, ?, '[]', ?, 'preparing', ?)",
+                " VALUES (?, ?, '[]', ?, 'preparing', ?) RETURNING id",
                 (owner, orjson.dumps(plan).decode(), now,
                  orjson.dumps([(i.table_id, i.kind) for i in intents]).decode()),
             )  # fmt: skip
-            commit_id = int(cursor.lastrowid or 0)
+            commit_id = int(cursor.fetchone()[0])
         return PendingCommit(commit_id, owner, plan, (), now, "preparing", intents)
 
     def decide_commit(self, commit_id: int, claims: Sequence[StreamClaim]) -> PendingCommit:

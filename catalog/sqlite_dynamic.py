@@ -33,6 +33,7 @@ from catalog.sqlite_layout import (
     DYNAMIC_COLUMNS,
     REFRESH_COLUMNS,
     TABLE_COLUMNS,
+    IntegrityError,
     namespace_statements,
     to_table,
 )
@@ -121,9 +122,10 @@ def _insert_refresh(db: sqlite3.Connection, record: Mapping[str, Any]) -> int:
                                                         ).decode()}  # fmt: skip
     columns = ", ".join(values)
     marks = ", ".join("?" for _ in values)
-    cursor = db.execute(
-        f"INSERT INTO dynamic_table_refreshes ({columns}) VALUES ({marks})", tuple(values.values())
-    )
+    (refresh_id,) = db.execute(
+        f"INSERT INTO dynamic_table_refreshes ({columns}) VALUES ({marks}) RETURNING id",
+        tuple(values.values()),
+    ).fetchone()
     db.execute(
         "DELETE FROM dynamic_table_refreshes WHERE dt_table_id=? AND (started_at < ?"
         " OR id <= (SELECT id FROM dynamic_table_refreshes WHERE dt_table_id=?"
@@ -131,7 +133,7 @@ def _insert_refresh(db: sqlite3.Connection, record: Mapping[str, Any]) -> int:
         (record["dt_table_id"], now - HISTORY_RETENTION_SECONDS, record["dt_table_id"],
          HISTORY_MAX_ROWS),
     )  # fmt: skip
-    return int(cursor.lastrowid or 0)
+    return refresh_id
 
 
 def _move_no_data(
@@ -171,10 +173,10 @@ def finish_refresh(
     updated = db.execute(
         "UPDATE dynamic_tables SET refresh_seq=refresh_seq+1, claimed_by=NULL,"
         " data_timestamp_us=?, data_version=?,"
-        " owner=CASE WHEN state='INITIALIZING' AND NOT ? THEN owner ELSE '' END,"
-        " state=CASE WHEN state='INITIALIZING' AND ? THEN 'ACTIVE' ELSE state END"
+        " owner=CASE WHEN state='INITIALIZING' AND ? = 0 THEN owner ELSE '' END,"
+        " state=CASE WHEN state='INITIALIZING' AND ? = 1 THEN 'ACTIVE' ELSE state END"
         " WHERE table_id=? AND claimed_by=?",
-        (refresh["data_timestamp_us"], version, activate, activate, dt, commit_id),
+        (refresh["data_timestamp_us"], version, int(activate), int(activate), dt, commit_id),
     ).rowcount
     if not updated:
         return  # finished already (recovery and the owner may both try)
@@ -227,17 +229,16 @@ class DynamicTableStore:
             for sql, args in namespace_statements(database, schema_name, now):
                 db.execute(sql, args)
             try:
-                cursor = db.execute(
+                (table_id,) = db.execute(
                     "INSERT INTO tables (database, schema_name, name, uri, columns, created_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                     (database, schema_name, name, uri,
                      orjson.dumps(schema.declarations()).decode(), now),
-                )  # fmt: skip
-            except sqlite3.IntegrityError as exc:
+                ).fetchone()  # fmt: skip
+            except IntegrityError as exc:
                 raise TableAlreadyExistsError(
                     f"table {'.'.join(names)} already exists; choose another name"
                 ) from exc
-            table_id = int(cursor.lastrowid or 0)
             db.execute(
                 "INSERT INTO dynamic_tables (table_id, uid, query, default_database,"
                 " default_schema, target_lag_us, refresh_mode, mode_reason, row_ids, initialize,"

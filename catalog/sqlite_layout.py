@@ -49,6 +49,7 @@ __all__ = [
     "STREAM_COLUMNS",
     "TABLE_COLUMNS",
     "VIEW_COLUMNS",
+    "IntegrityError",
     "check_not_busy",
     "claims_text",
     "drop_contents",
@@ -57,12 +58,16 @@ __all__ = [
     "find_schemas",
     "forget_table",
     "namespace_statements",
+    "replacing",
     "to_channel",
     "to_claim",
     "to_pending",
     "to_stream",
     "to_table",
 ]  # fmt: skip
+#: The error a statement raises when it breaks a unique key, whichever database runs it:
+#: the PostgreSQL catalog's connection raises this class too (:mod:`catalog.postgres`).
+IntegrityError = sqlite3.IntegrityError
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS databases (
     name TEXT PRIMARY KEY, created_at REAL NOT NULL);
@@ -170,10 +175,22 @@ ADDED_COLUMNS = {
     ("change_streams", "exclusions"): "TEXT NOT NULL DEFAULT '[]'",
     ("dynamic_table_refreshes", "took_s"): "REAL",
 }
+
+
+def replacing(key: str, columns: str) -> str:
+    """The clause that makes an INSERT replace the row of the same ``key`` (its columns
+    ``columns``, comma separated), as SQLite's ``INSERT OR REPLACE`` does, in the form
+    SQLite and PostgreSQL share."""
+    keys = set(key.split(", "))
+    sets = ", ".join(f"{c} = excluded.{c}" for c in columns.split(", ") if c not in keys)
+    return f"ON CONFLICT ({key}) DO UPDATE SET {sets}"
+
+
 TABLE_COLUMNS = (
     "id, database, schema_name, name, uri, columns, created_at, applied_version, next_row_id,"
     " clustering, properties"
 )
+_REPLACE_DROPPED = replacing("id", f"{TABLE_COLUMNS}, dropped_us, keep_until_us")
 STREAM_COLUMNS = (
     "id, database, schema_name, name, table_id, mode, offset_version, created_at,"
     " offset_moved_at, comment, claimed_by, uid, view_id, view_uids,"
@@ -231,7 +248,7 @@ NAMED_SCHEMAS = (
 )
 NAMED_DATABASES = (
     f"SELECT name AS database, created_at FROM databases UNION ALL"
-    f" SELECT database, created_at FROM ({NAMED_SCHEMAS})"
+    f" SELECT database, created_at FROM ({NAMED_SCHEMAS}) named"
 )
 
 
@@ -293,8 +310,11 @@ def namespace_statements(
 ) -> list[tuple[str, tuple[Any, ...]]]:
     """Statements recording that a schema and its database exist (kept if recorded)."""
     return [
-        ("INSERT OR IGNORE INTO databases VALUES (?, ?)", (database, now)),
-        ("INSERT OR IGNORE INTO schemas VALUES (?, ?, ?)", (database, schema_name, now)),
+        ("INSERT INTO databases VALUES (?, ?) ON CONFLICT DO NOTHING", (database, now)),
+        (
+            "INSERT INTO schemas VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            (database, schema_name, now),
+        ),
     ]
 
 
@@ -302,7 +322,7 @@ def find_databases(db: sqlite3.Connection, name: str | None = None) -> list[Data
     """The databases (one, or all) as :data:`NAMED_DATABASES` finds them."""
     where, args = ("WHERE database=?", (name,)) if name is not None else ("", ())
     rows = db.execute(
-        f"SELECT database, MIN(created_at) FROM ({NAMED_DATABASES}) {where}"
+        f"SELECT database, MIN(created_at) FROM ({NAMED_DATABASES}) named {where}"
         " GROUP BY database ORDER BY database",
         args,
     ).fetchall()
@@ -315,7 +335,7 @@ def find_schemas(
     conditions = [(c, v) for c, v in (("database=?", database), ("name=?", name)) if v is not None]
     where = f"WHERE {' AND '.join(c for c, _ in conditions)}" if conditions else ""
     rows = db.execute(
-        f"SELECT database, name, MIN(created_at) FROM ({NAMED_SCHEMAS}) {where}"
+        f"SELECT database, name, MIN(created_at) FROM ({NAMED_SCHEMAS}) named {where}"
         " GROUP BY database, name ORDER BY database, name",
         tuple(v for _, v in conditions),
     ).fetchall()
@@ -393,9 +413,9 @@ def check_not_busy(db: sqlite3.Connection, table_ids: list[int]) -> None:
 #: definition still kept (the history), or every table (``FOR ALL``); NULL: none does.
 _WATCHED_FOR = (
     "SELECT max(retention_s) FROM change_streams c WHERE c.for_all = 1"
-    " OR EXISTS (SELECT 1 FROM json_each(c.table_ids) WHERE value = ?1)"
+    " OR EXISTS (SELECT 1 FROM json_each(c.table_ids) WHERE value = ?)"
     " OR EXISTS (SELECT 1 FROM change_stream_history h WHERE h.stream_uid = c.uid AND"
-    " (h.for_all = 1 OR EXISTS (SELECT 1 FROM json_each(h.table_ids) WHERE value = ?1)))"
+    " (h.for_all = 1 OR EXISTS (SELECT 1 FROM json_each(h.table_ids) WHERE value = ?)))"
 )
 
 
@@ -407,11 +427,11 @@ def forget_table(db: sqlite3.Connection, table_id: int, name: str | None = None)
     before its drop), kept as long as the change streams that watch it keep their
     records (none: at once), so that what they recorded before the drop stays readable;
     its folder goes when it expires (``purge_dropped`` in flush.catalog_tables)."""
-    keep_s = db.execute(_WATCHED_FOR, (table_id,)).fetchone()[0] or 0
+    keep_s = db.execute(_WATCHED_FOR, (table_id, table_id)).fetchone()[0] or 0
     now = int(time.time() * 1_000_000)
     db.execute(
-        f"INSERT OR REPLACE INTO dropped_tables ({TABLE_COLUMNS}, dropped_us, keep_until_us)"
-        f" SELECT {TABLE_COLUMNS}, ?, ? FROM tables WHERE id=?",
+        f"INSERT INTO dropped_tables ({TABLE_COLUMNS}, dropped_us, keep_until_us)"
+        f" SELECT {TABLE_COLUMNS}, ?, ? FROM tables WHERE id=? {_REPLACE_DROPPED}",
         (now, now + keep_s * 1_000_000, table_id),
     )
     if name is not None:

@@ -3,14 +3,13 @@ tables and streams (a view's name is checked against them in the same transactio
 
 from __future__ import annotations
 
-import sqlite3
 import time
 import uuid
 from typing import TYPE_CHECKING
 
 from catalog.base import ObjectAlreadyExistsError
 from catalog.records import ViewRecord
-from catalog.sqlite_layout import VIEW_COLUMNS, namespace_statements
+from catalog.sqlite_layout import VIEW_COLUMNS, IntegrityError, namespace_statements
 
 if TYPE_CHECKING:
     from catalog.sqlite import _Transaction
@@ -58,7 +57,7 @@ class ViewStore:
                     " default_schema, created_at, comment, uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (*key, query, *defaults, now, comment, uuid.uuid4().hex),
                 )
-            except sqlite3.IntegrityError as exc:
+            except IntegrityError as exc:
                 raise ObjectAlreadyExistsError(
                     f"view {'.'.join(key)} already exists; use CREATE OR REPLACE VIEW to "
                     "replace it, or IF NOT EXISTS to keep it"

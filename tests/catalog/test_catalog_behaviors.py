@@ -20,20 +20,13 @@ from catalog import (
     SqliteCatalog,
     StreamClaim,
     StreamClaimConflict,
+    open_catalog,
 )
 from catalog.records import DEFAULT_PROPERTIES
 from flush import ChannelProgress, CommitRecord
 from ingest_sdk import TableAlreadyExistsError, TableNotFoundError, TableSchema
 
 SCHEMA = TableSchema.parse({"ID": "INT NOT NULL", "S": "VARCHAR(3)"})
-
-
-@pytest.fixture(params=["sqlite"])
-def catalog(request, tmp_path):
-    implementation = {"sqlite": lambda: SqliteCatalog(tmp_path / "catalog.sqlite")}[request.param]
-    made = implementation()
-    yield made
-    made.close()
 
 
 def record(version, *channels, next_row_id=10):
@@ -55,15 +48,14 @@ def test_tables(catalog):
     assert recreated.id != info.id  # ids are never reused
 
 
-def test_open_bumps_the_generation_durably(catalog, tmp_path):
+def test_open_bumps_the_generation_durably(catalog, catalog_location):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     assert catalog.open_channel(table.id, "c").generation == 1
     assert catalog.open_channel(table.id, "c").generation == 2
     assert catalog.get_channel(table.id, "c").offset_token is None
-    if isinstance(catalog, SqliteCatalog):
-        again = SqliteCatalog(tmp_path / "catalog.sqlite")
-        assert again.open_channel(table.id, "c").generation == 3
-        again.close()
+    again = open_catalog(catalog_location)
+    assert again.open_channel(table.id, "c").generation == 3
+    again.close()
 
 
 def test_open_starts_above_a_generation_the_log_holds(catalog):
@@ -109,15 +101,15 @@ def test_drop_and_retention(catalog):
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: Run first in every child: its arguments are the catalog file, a barrier folder, the
+#: Run first in every child: its arguments are the catalog's location, a barrier folder, the
 #: child's index, then the test's own. ``wait()`` returns once every child is ready, so
 #: their calls really race.
 _CHILD_PRELUDE = """
 import json, os, random, sys, time
 from pathlib import Path
-from catalog import SqliteCatalog, StreamClaim, StreamClaimConflict
+from catalog import StreamClaim, StreamClaimConflict, open_catalog
 path, barrier, index, args = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-catalog = SqliteCatalog(path)
+catalog = open_catalog(path)
 
 def wait():
     (barrier / f"ready-{index}").touch()
@@ -225,14 +217,10 @@ print(json.dumps(reserved))
 """
 
 
-def test_row_id_reservations_are_unique_across_processes(catalog, tmp_path):
-    if not isinstance(catalog, SqliteCatalog):
-        pytest.skip("shares the catalog file between processes")
+def test_row_id_reservations_are_unique_across_processes(catalog, catalog_location, tmp_path):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     start = catalog.reserve_row_ids(table.id, 7) + 7
-    outputs = run_children(
-        _RESERVE_CHILD, tmp_path / "catalog.sqlite", tmp_path / "barrier", 4, table.id, 200
-    )
+    outputs = run_children(_RESERVE_CHILD, catalog_location, tmp_path / "barrier", 4, table.id, 200)
     ranges = sorted((first, count) for output in outputs for first, count in output)
     assert len(ranges) == 4 * 200
     for (first, count), (following, _) in itertools.pairwise(ranges):
@@ -283,7 +271,7 @@ def test_rename_keeps_the_id_and_streams(catalog):
     assert recreated.id not in (table.id, other.id)
 
 
-def test_table_properties_merge_into_defaults_and_persist(catalog, tmp_path):
+def test_table_properties_merge_into_defaults_and_persist(catalog, catalog_location):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     other = catalog.create_table("DB", "S", "U", "/w2", SCHEMA)
     assert table.properties == DEFAULT_PROPERTIES
@@ -301,11 +289,10 @@ def test_table_properties_merge_into_defaults_and_persist(catalog, tmp_path):
     missing = max(t.id for t in catalog.list_tables()) + 1000
     with pytest.raises(TableNotFoundError):
         catalog.set_table_properties(missing, {"change_tracking": True})
-    if isinstance(catalog, SqliteCatalog):
-        again = SqliteCatalog(tmp_path / "catalog.sqlite")
-        assert again.get_table_by_id(table.id).properties == expected
-        assert again.get_table_by_id(other.id).properties == DEFAULT_PROPERTIES
-        again.close()
+    again = open_catalog(catalog_location)
+    assert again.get_table_by_id(table.id).properties == expected
+    assert again.get_table_by_id(other.id).properties == DEFAULT_PROPERTIES
+    again.close()
 
 
 # --- Streams -------------------------------------------------------------------------
@@ -518,14 +505,10 @@ print(json.dumps(result))
 """
 
 
-def test_racing_processes_claim_a_stream_once(catalog, tmp_path):
-    if not isinstance(catalog, SqliteCatalog):
-        pytest.skip("shares the catalog file between processes")
+def test_racing_processes_claim_a_stream_once(catalog, catalog_location, tmp_path):
     streams = streams_of(catalog, *[0] * 20)
     ids = [s.id for s in streams]
-    outputs = run_children(
-        _CLAIM_CHILD, tmp_path / "catalog.sqlite", tmp_path / "barrier", 4, json.dumps(ids)
-    )
+    outputs = run_children(_CLAIM_CHILD, catalog_location, tmp_path / "barrier", 4, json.dumps(ids))
     winners = {}  # stream id -> (child, commit id)
     for child, output in enumerate(outputs):
         assert [stream_id for stream_id, _ in output] == ids
@@ -738,7 +721,7 @@ def test_views(catalog):
     assert catalog.get_view("DB", "S2", "V2") is None
 
 
-def test_change_streams(catalog, tmp_path):
+def test_change_streams(catalog, catalog_location, tmp_path):
     """Change streams: created (their schema too), read, listed, altered field by field,
     replaced (a new uid), dropped; a name of their own beside a table's; durable."""
     catalog.create_table("DB", "S", "T", str(tmp_path / "t"), SCHEMA)
@@ -762,7 +745,7 @@ def test_change_streams(catalog, tmp_path):
         retention_s=60, created_us=12, replace=True,
     )  # fmt: skip
     assert replaced.uid != made.uid and catalog.list_change_streams() == [replaced]
-    reopened = SqliteCatalog(tmp_path / "catalog.sqlite")
+    reopened = open_catalog(catalog_location)
     try:
         assert reopened.get_change_stream("DB", "S", "T") == replaced
     finally:

@@ -6,22 +6,13 @@ before histories were kept has its current definition from its creation."""
 
 from __future__ import annotations
 
-import sqlite3
-
 import pytest
 
-from catalog import AlterSeal, ChangeStreamDefinition, Seal, SqliteCatalog
+from catalog import AlterSeal, ChangeStreamDefinition, Seal
 from ingest_sdk import TableSchema
 
 SCHEMA = TableSchema.parse({"ID": "NUMBER", "V": "VARCHAR"})
 DAY_US = 86_400 * 1_000_000
-
-
-@pytest.fixture
-def catalog(tmp_path):
-    made = SqliteCatalog(tmp_path / "catalog.sqlite")
-    yield made
-    made.close()
 
 
 def _stream(catalog, tmp_path, created_us=1_000):
@@ -88,8 +79,7 @@ def test_entries_superseded_long_ago_are_pruned_and_dropping_forgets_them(catalo
 
 def test_a_stream_made_before_histories_has_its_definition_since_its_creation(catalog, tmp_path):
     t, made = _stream(catalog, tmp_path)
-    with sqlite3.connect(tmp_path / "catalog.sqlite") as db:  # as an older version left it
-        db.execute("DELETE FROM change_stream_history")
+    catalog._db.execute("DELETE FROM change_stream_history")  # as an older version left it
     (legacy,) = catalog.change_stream_history(made.uid)
     assert legacy == ChangeStreamDefinition(1_000, False, (t.id,), "NEW_ROW")
     assert catalog.alter_change_stream(made.id, value_capture_type="NEW_VALUES",

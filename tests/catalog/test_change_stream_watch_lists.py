@@ -7,22 +7,15 @@ from __future__ import annotations
 
 import sqlite3
 
-import pytest
-
-from catalog import SqliteCatalog
+from catalog import SqliteCatalog, open_catalog
 from ingest_sdk import TableSchema
 
 SCHEMA = TableSchema.parse({"ID": "NUMBER", "V": "VARCHAR", "W": "VARCHAR"})
 
 
-@pytest.fixture
-def catalog(tmp_path):
-    made = SqliteCatalog(tmp_path / "catalog.sqlite")
-    yield made
-    made.close()
-
-
-def test_column_lists_and_exclusions_are_kept_replaced_and_merged(catalog, tmp_path):
+def test_column_lists_and_exclusions_are_kept_replaced_and_merged(
+    catalog, catalog_location, tmp_path
+):
     t = catalog.create_table("DB", "S", "T", str(tmp_path / "t"), SCHEMA)
     u = catalog.create_table("DB", "S", "U", str(tmp_path / "u"), SCHEMA)
     made = catalog.create_change_stream(
@@ -56,7 +49,7 @@ def test_column_lists_and_exclusions_are_kept_replaced_and_merged(catalog, tmp_p
     assert altered.exclusions == merged.exclusions
     assert catalog.alter_change_stream(made.id, for_all=True, table_ids=())
     assert catalog.get_change_stream("DB", "S", "CS").column_lists == ()
-    reopened = SqliteCatalog(tmp_path / "catalog.sqlite")
+    reopened = open_catalog(catalog_location)
     try:
         assert reopened.get_change_stream("DB", "S", "CS") == catalog.get_change_stream(
             "DB", "S", "CS")  # fmt: skip

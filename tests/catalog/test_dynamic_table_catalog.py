@@ -20,6 +20,7 @@ from catalog import (
     StreamClaim,
     StreamClaimConflict,
     TableBusyError,
+    open_catalog,
     sqlite_dynamic,
 )
 from ingest_sdk import TableNotFoundError, TableSchema
@@ -31,14 +32,6 @@ SOURCE_SCHEMA = TableSchema.parse({"ID": "INT NOT NULL", "S": "VARCHAR(3)"})
 #: A data timestamp (microseconds); refreshes in these tests move on from it.
 T0 = 1_700_000_000_000_000
 MINUTE_US = 60_000_000
-
-
-@pytest.fixture(params=["sqlite"])
-def catalog(request, tmp_path):
-    implementation = {"sqlite": lambda: SqliteCatalog(tmp_path / "catalog.sqlite")}[request.param]
-    made = implementation()
-    yield made
-    made.close()
 
 
 # --- Helpers ------------------------------------------------------------------------------
@@ -172,7 +165,7 @@ def sqlite_only(catalog):
 # --- Create, get, list -------------------------------------------------------------------
 
 
-def test_create_records_a_table_and_its_definition(catalog, tmp_path):
+def test_create_records_a_table_and_its_definition(catalog, catalog_location, tmp_path):
     sources = make_sources(catalog)
     before = time.time()
     info, dt = make_dt(
@@ -223,12 +216,11 @@ def test_create_records_a_table_and_its_definition(catalog, tmp_path):
     assert sorted(catalog.list_dynamic_tables(), key=lambda d: d.table_id) == [dt, other]
     assert make_dt(catalog, "DT3", comment="")[1].sources == ()
 
-    if isinstance(catalog, SqliteCatalog):  # durable
-        again = SqliteCatalog(tmp_path / "catalog.sqlite")
-        try:
-            assert again.get_dynamic_table(info.id) == dt
-        finally:
-            again.close()
+    again = open_catalog(catalog_location)  # durable
+    try:
+        assert again.get_dynamic_table(info.id) == dt
+    finally:
+        again.close()
 
 
 def test_create_on_a_taken_name_records_nothing(catalog, tmp_path):
@@ -791,7 +783,6 @@ def test_list_refreshes_is_newest_first(catalog):
 
 
 def test_history_keeps_at_most_max_rows_per_table(catalog, monkeypatch):
-    sqlite_only(catalog)
     monkeypatch.setattr(sqlite_dynamic, "HISTORY_MAX_ROWS", 3)
     first, _ = make_dt(catalog, "A")
     second, _ = make_dt(catalog, "B")
@@ -805,7 +796,6 @@ def test_history_keeps_at_most_max_rows_per_table(catalog, monkeypatch):
 
 
 def test_history_drops_rows_past_retention(catalog, monkeypatch):
-    sqlite_only(catalog)
     first, _ = make_dt(catalog, "A")
     second, _ = make_dt(catalog, "B")
 
@@ -833,11 +823,10 @@ def test_history_drops_rows_past_retention(catalog, monkeypatch):
 # --- Racing for one refresh ----------------------------------------------------------------
 
 
-def test_two_connections_claim_one_refresh_once(catalog, tmp_path):
-    sqlite_only(catalog)
+def test_two_connections_claim_one_refresh_once(catalog, catalog_location):
     info, dt = make_dt(catalog, sources=make_sources(catalog))
     history = start_refresh(catalog, info.id)
-    other = SqliteCatalog(tmp_path / "catalog.sqlite")
+    other = open_catalog(catalog_location)
     try:
         intents = [CommitIntent(info.id, APPEND_INTENT)]
         mine = catalog.reserve_commit("1:a", refresh_plan(dt, history), intents)
@@ -876,14 +865,13 @@ print(json.dumps(result))
 """
 
 
-def test_racing_processes_claim_a_refresh_once(catalog, tmp_path):
-    sqlite_only(catalog)
+def test_racing_processes_claim_a_refresh_once(catalog, catalog_location, tmp_path):
     sources = make_sources(catalog)
     tables = []
     for n in range(10):
         info, dt = make_dt(catalog, f"DT{n}", sources)
         tables.append((info.id, dt.uid, start_refresh(catalog, info.id)))
-    outputs = run_children(_REFRESH_CLAIM_CHILD, tmp_path / "catalog.sqlite",
+    outputs = run_children(_REFRESH_CLAIM_CHILD, catalog_location,
                            tmp_path / "barrier", 2, json.dumps(tables))  # fmt: skip
     winners = {}  # table id -> (child, commit id)
     for child, output in enumerate(outputs):
