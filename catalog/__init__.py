@@ -14,7 +14,7 @@ from catalog.base import (
     TablesGoneError,
 )
 from catalog.opening import CATALOG_FILE, is_postgres, open_catalog
-from catalog.postgres import PostgresCatalog
+from catalog.postgres import CatalogUnavailableError, PostgresCatalog
 from catalog.records import (
     APPEND_INTENT,
     EXCLUDE_OPTIONS,
@@ -55,6 +55,7 @@ __all__ = [
     "ROWS_INTENT",
     "AlterSeal",
     "Catalog",
+    "CatalogUnavailableError",
     "ChangeStreamDefinition",
     "ChangeStreamRecord",
     "ChannelProgress",

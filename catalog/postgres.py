@@ -24,7 +24,7 @@ from catalog.sqlite import SqlCatalog
 from catalog.sqlite_commits import ensure_catalog_id
 from catalog.sqlite_layout import ADDED_COLUMNS, SCHEMA, IntegrityError
 
-__all__ = ["PostgresCatalog", "postgres_layout", "to_postgres"]
+__all__ = ["CatalogUnavailableError", "PostgresCatalog", "postgres_layout", "to_postgres"]
 
 #: The advisory lock every write transaction takes (any 64-bit number of our own).
 CATALOG_LOCK = 0x1A6E57_CA7A106
@@ -45,6 +45,22 @@ _TYPES = (
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
 )  # fmt: skip
+
+
+class CatalogUnavailableError(RuntimeError):
+    """The catalog's PostgreSQL server could not be reached or refused the login."""
+
+
+def where(dsn: str) -> str:
+    """The server, database and user a URL names, without its password (for messages)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # not a URL psycopg reads: say nothing of it
+        return "the catalog URL given (psycopg cannot read it)"
+    host, port = parts.get("host", "localhost"), parts.get("port", "5432")
+    return f"{parts.get('dbname', '?')} on {host}:{port} as {parts.get('user', '?')}"
 
 
 def postgres_layout(declaration: str) -> str:
@@ -75,7 +91,19 @@ class _Connection:
         import psycopg
 
         self._errors = psycopg.errors
-        self._pg = psycopg.connect(dsn, autocommit=True)
+        try:
+            self._pg = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
+            # A URL psycopg cannot read may be echoed in its message, password and all.
+            lines = (
+                str(exc).strip().splitlines() if isinstance(exc, psycopg.OperationalError) else []
+            )
+            reason = " ".join(line.strip() for line in lines) or "psycopg cannot read the URL"
+            raise CatalogUnavailableError(
+                f"cannot open the catalog in PostgreSQL ({where(dsn)}): {reason[:300]}; check "
+                "the URL (postgresql://user:password@host:port/database) and that the server "
+                "runs and accepts this user"
+            ) from None
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         cursor = self._pg.cursor()
@@ -103,6 +131,7 @@ class PostgresCatalog(SqlCatalog):
 
     Raises:
         RuntimeError: psycopg is not installed (the ``postgres`` extra).
+        CatalogUnavailableError: the server cannot be reached or refuses the login.
     """
 
     _BEGIN_WRITE = ("BEGIN", f"SELECT pg_advisory_xact_lock({CATALOG_LOCK})")

@@ -62,6 +62,7 @@ from catalog.sqlite_views import ViewStore
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import quote_identifier
+from ingest_sdk.wire import pack_txn_version
 
 __all__ = ["SqlCatalog", "SqliteCatalog"]
 
@@ -241,8 +242,8 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         self._write(
             [
                 (
-                    "INSERT INTO channels (table_id, name, generation, last_activity, created_at)"
-                    " VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?)"
+                    "INSERT INTO channels (table_id, name, generation, last_activity, created_at,"
+                    " committed_position) VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?, 0)"
                     " ON CONFLICT (table_id, name) DO UPDATE SET generation = CASE"
                     " WHEN excluded.generation > channels.generation + 1"
                     " THEN excluded.generation ELSE channels.generation + 1 END,"
@@ -278,25 +279,35 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         return count > 0
 
     def apply_commit(self, table_id: int, record: CommitRecord) -> None:
-        """Record one flush commit; idempotent, and older commits never overwrite newer ones."""
+        """Record one flush commit; idempotent. Each channel moves by its own position
+        (generation, batch_seq), so a commit applied after a newer one of another writer
+        (several services on one table) still records its channels, and an older position
+        never overwrites a newer one. A channel whose position predates their keeping
+        moves only with a commit newer than the table's applied version, as before."""
         now = time.time()
         with self._immediate() as db:
             (applied,) = db.execute(
                 "SELECT applied_version FROM tables WHERE id=?", (table_id,)
             ).fetchone() or (None,)
-            if applied is None or applied >= record.version:
+            if applied is None:
                 return
+            newer = int(record.version > applied)
             for progress in record.channels:
+                position = pack_txn_version(progress.generation, progress.batch_seq)
                 db.execute(
                     "UPDATE channels SET offset_token=?, rows_committed=rows_committed+?,"
-                    " last_activity=? WHERE table_id=? AND name=?",
-                    (progress.offset_token, progress.rows, now, table_id, progress.channel),
-                )
+                    " last_activity=?, committed_position=? WHERE table_id=? AND name=? AND"
+                    " (committed_position < ? OR (committed_position IS NULL AND ? = 1))",
+                    (progress.offset_token, progress.rows, now, position, table_id,
+                     progress.channel, position, newer),
+                )  # fmt: skip
             db.execute(
-                "UPDATE tables SET applied_version=?, next_row_id=CASE WHEN next_row_id > ?"
+                "UPDATE tables SET applied_version=CASE WHEN applied_version > ?"
+                " THEN applied_version ELSE ? END, next_row_id=CASE WHEN next_row_id > ?"
                 " THEN next_row_id ELSE ? END WHERE id=?",
-                (record.version, record.next_row_id, record.next_row_id, table_id),
-            )
+                (record.version, record.version, record.next_row_id, record.next_row_id,
+                 table_id),
+            )  # fmt: skip
 
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
         now = time.time()

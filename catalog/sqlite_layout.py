@@ -90,7 +90,7 @@ CREATE TABLE IF NOT EXISTS migrations (
 CREATE TABLE IF NOT EXISTS channels (
     table_id INTEGER NOT NULL, name TEXT NOT NULL, generation INTEGER NOT NULL,
     offset_token TEXT, rows_committed INTEGER NOT NULL DEFAULT 0,
-    last_activity REAL NOT NULL, created_at REAL NOT NULL,
+    last_activity REAL NOT NULL, created_at REAL NOT NULL, committed_position INTEGER,
     PRIMARY KEY (table_id, name));
 CREATE TABLE IF NOT EXISTS streams (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -174,6 +174,9 @@ ADDED_COLUMNS = {
     ("change_streams", "column_lists"): "TEXT NOT NULL DEFAULT '[]'",
     ("change_streams", "exclusions"): "TEXT NOT NULL DEFAULT '[]'",
     ("dynamic_table_refreshes", "took_s"): "REAL",
+    # The newest applied position (generation << 40 | batch_seq); NULL: applied before
+    # positions were kept, 0: none yet.
+    ("channels", "committed_position"): "INTEGER",
 }
 
 

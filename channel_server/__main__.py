@@ -11,11 +11,13 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import NoReturn
 
 from aiohttp import web
 
+from catalog.postgres import CatalogUnavailableError
 from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig, SqlLimits
 from ingest_sdk.durations import parse_duration
@@ -38,7 +40,10 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="folder holding the Delta tables (default ./warehouse)",
     )
     parser.add_argument(
-        "--catalog", default=None, help="SQLite catalog file (default <warehouse>/catalog.sqlite)"
+        "--catalog",
+        default=os.environ.get("INGEST_CATALOG"),
+        help="the catalog: a SQLite file (default <warehouse>/catalog.sqlite) or a PostgreSQL "
+        "URL postgresql://user@host:port/database (needs the postgres extra)",
     )
     parser.add_argument(
         "--auth-token",
@@ -149,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         host=args.host,
         port=args.port,
         warehouse=Path(args.warehouse),
-        catalog_path=Path(args.catalog) if args.catalog else None,
+        catalog=args.catalog or None,
         auth_tokens=frozenset(tokens),
         channel_retention_seconds=parse_duration(args.channel_retention, "channel retention"),
         flush=FlushPolicy(
@@ -201,8 +206,13 @@ async def serve(config: ServerConfig) -> None:
     log.info("stopped")
 
 
-def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+def main(argv: list[str] | None = None) -> int:
+    try:
+        asyncio.run(serve(parse_args(argv)))
+    except CatalogUnavailableError as exc:  # a mistake in --catalog, or the server is down
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def run() -> NoReturn:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from catalog import SqliteCatalog
+from catalog import open_catalog
 from channel_server import (
     change_stream_api,
     change_stream_listing,
@@ -34,7 +34,7 @@ API_MODULES = (ops_api, tables_api, channels_api, sql_api, change_stream_listing
 
 async def _service_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
-    catalog = SqliteCatalog(config.catalog_file)
+    catalog = await asyncio.to_thread(open_catalog, config.catalog_location)
     service = IngestService(config, catalog)
     replayed = await asyncio.to_thread(service.recover)
     log.info("start-up recovery replayed %d commit(s) into the catalog", replayed,

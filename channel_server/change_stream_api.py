@@ -38,7 +38,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from catalog import Catalog, ChangeStreamRecord, SqliteCatalog, did_you_mean, full_name
+from catalog import Catalog, ChangeStreamRecord, did_you_mean, full_name, open_catalog
 from channel_server.http_common import SERVICE, Routes
 from ingest_sdk.errors import (
     BackpressureError,
@@ -105,10 +105,10 @@ class ChangeStreamReads:
     polls never wait for the lock of the service's connection, which the flushers use.
     """
 
-    def __init__(self, catalog_file: Path, limits: ReadLimits) -> None:
+    def __init__(self, catalog_location: str | Path, limits: ReadLimits) -> None:
         self.limits = limits
-        self._catalog_file = catalog_file
-        self._catalog: SqliteCatalog | None = None
+        self._catalog_location = catalog_location
+        self._catalog: Catalog | None = None
         self._opening = threading.Lock()
         self._lock = threading.Lock()
         self._running: set[threading.Event] = set()
@@ -153,7 +153,7 @@ class ChangeStreamReads:
         thread)."""
         with self._opening:
             if self._catalog is None:
-                self._catalog = SqliteCatalog(self._catalog_file)
+                self._catalog = open_catalog(self._catalog_location)
             return self._catalog
 
 
@@ -169,7 +169,7 @@ def setup(app: web.Application) -> None:
 
 async def _reads_context(app: web.Application) -> AsyncIterator[None]:
     service = app[SERVICE]
-    reads = app[READS] = ChangeStreamReads(service.config.catalog_file, LIMITS)
+    reads = app[READS] = ChangeStreamReads(service.config.catalog_location, LIMITS)
     service.metrics.watch(
         "ingest_change_stream_reads",
         "Change stream reads open now (GET /v1/change-streams/{name}/read), each with "

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from catalog import CATALOG_FILE, is_postgres
 from channel_server.sql_sessions import SqlLimits
 from ingest_sdk.errors import ConfigurationError
 from pipelines.change_streams.partitions import BalancePolicy
@@ -80,7 +81,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     warehouse: Path = Path("warehouse")
-    catalog_path: Path | None = None  # default: <warehouse>/catalog.sqlite
+    #: The catalog: a SQLite file (default ``<warehouse>/catalog.sqlite``) or a PostgreSQL
+    #: URL (``postgresql://user@host:port/database``), for several services on one warehouse.
+    catalog: str | Path | None = None
     auth_tokens: frozenset[str] = frozenset()
     channel_retention_seconds: float = 30 * 86400.0
     retention_check_seconds: float = 3600.0
@@ -107,5 +110,8 @@ class ServerConfig:
             )
 
     @property
-    def catalog_file(self) -> Path:
-        return self.catalog_path or Path(self.warehouse) / "catalog.sqlite"
+    def catalog_location(self) -> str | Path:
+        """What :func:`catalog.open_catalog` opens: the URL or the file."""
+        if self.catalog is None:
+            return Path(self.warehouse) / CATALOG_FILE
+        return self.catalog if is_postgres(self.catalog) else Path(self.catalog)

@@ -34,18 +34,22 @@ from flush import purge_dropped, replay_commits
 __all__ = ["IngestService", "refreshes_scheduled", "spark_worker_command"]
 
 log = logging.getLogger(__name__)
+#: The variable the Spark worker (``python -m pipelines.worker``, ``flush.compact``'s
+#: options) reads the catalog's location from.
+CATALOG_VARIABLE = "INGEST_CATALOG"
 
 
 def spark_worker_command(config: ServerConfig) -> list[str]:
     """The Spark worker's command line, run at its niceness through ``nice(1)`` (a POSIX
-    tool; without it the worker runs at the service's priority)."""
+    tool; without it the worker runs at the service's priority). The catalog's location
+    goes in :data:`CATALOG_VARIABLE`, never on the command line (a URL may hold a
+    password)."""
     trigger = config.compaction
     nice = shutil.which("nice") if trigger.worker_nice else None
     return [
         *([nice, "-n", str(trigger.worker_nice)] if nice else []),
         sys.executable, "-m", "pipelines.worker", "--serve",
         "--warehouse", str(config.warehouse),
-        "--catalog", str(config.catalog_file),
         "--target-file-mb", str(trigger.target_file_mb),
         *(["--spark-master", trigger.spark_master] if trigger.spark_master else []),
         *(["--refresh-scheduler"] if config.refresh_scheduler else []),
@@ -73,6 +77,7 @@ class IngestService:
             Path(config.warehouse) / "_logs" / "spark-worker.log",
             config.compaction.worker_idle_seconds,
             on_death=self.metrics.worker_restarts.inc,
+            environment={CATALOG_VARIABLE: str(config.catalog_location)},
         )
         self.tables = Tables(config, catalog, self.metrics)
         self.compaction = Compaction(config.compaction, self.worker, self.metrics)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ class SparkWorker:
         log_path: the worker's stderr (progress, Spark's log) is appended here.
         idle_seconds: the worker is stopped after this long without a request.
         on_death: called each time the worker died or was killed (not stopped when idle).
+        environment: variables set for the worker beside the service's own.
     """
 
     def __init__(
@@ -55,8 +57,12 @@ class SparkWorker:
         log_path: Path,
         idle_seconds: float,
         on_death: Callable[[], None] | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.command = command
+        #: Variables set for the worker beside the service's own (e.g. the catalog's URL,
+        #: which a command line would show to every user of the machine).
+        self.environment = dict(environment or {})
         self.on_death = on_death
         #: While this answers True the worker is not stopped for being idle.
         self.keep_alive: Callable[[], bool] = lambda: False
@@ -230,6 +236,7 @@ class SparkWorker:
         with open(self.log_path, "ab") as log_file:
             self._process = await asyncio.create_subprocess_exec(
                 *self.command,
+                env={**os.environ, **self.environment} if self.environment else None,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=log_file,

@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--warehouse", required=True, help="the service's warehouse folder")
-    parser.add_argument("--catalog", help="catalog file (default <warehouse>/catalog.sqlite)")
+    parser.add_argument("--catalog", default=os.environ.get("INGEST_CATALOG"),
+                        help="catalog: a SQLite file (default <warehouse>/catalog.sqlite) or "
+                        "a postgresql:// URL (default $INGEST_CATALOG)")  # fmt: skip
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--table", action="append", help="DB.SCHEMA.TABLE (repeatable)")
     which.add_argument("--all", action="store_true", help="every table in the catalog")
@@ -157,7 +159,7 @@ def answer_compaction(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from catalog import SqliteCatalog
+    from catalog import CATALOG_FILE, open_catalog
     from flush.spark_tables import spark_session
     from ingest_sdk.schema import split_table_name
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         # library) goes to stderr, so the answer stream holds only answers.
         replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
+    catalog = open_catalog(args.catalog or Path(args.warehouse) / CATALOG_FILE)
     tables = []  # resolved before Spark starts: a mistyped name fails fast
     if args.all:
         tables = catalog.list_tables()

@@ -19,13 +19,14 @@ from deltalake import DeltaTable
 from sqlglot import exp
 
 from catalog import (
+    CATALOG_FILE,
     Catalog,
     RefreshRecord,
-    SqliteCatalog,
     StreamRecord,
     TableBusyError,
     TableInfo,
     did_you_mean,
+    open_catalog,
 )
 from flush import commit_clock
 from flush.commit_clock import version_at
@@ -86,7 +87,8 @@ class Session:
         warehouse: the warehouse folder (``catalog.sqlite`` and the tables inside).
         spark: a Spark session to use; by default a local one (shared in the process).
         database, schema: the defaults for one- and two-part names (``USE`` changes them).
-        catalog: a catalog to use instead of the warehouse's SQLite file.
+        catalog: the catalog, or where it is (a SQLite file or a ``postgresql://`` URL:
+            :func:`catalog.open_catalog`); default the warehouse's ``catalog.sqlite``.
     """
 
     def __init__(
@@ -95,12 +97,14 @@ class Session:
         spark: SparkSession | None = None,
         database: str = DEFAULT_DATABASE,
         schema: str = DEFAULT_SCHEMA,
-        catalog: Catalog | None = None,
+        catalog: Catalog | str | Path | None = None,
     ) -> None:
         self.warehouse = Path(warehouse)
         self.warehouse.mkdir(parents=True, exist_ok=True)
-        self._own_catalog = catalog is None
-        self.catalog = catalog or SqliteCatalog(self.warehouse / "catalog.sqlite")
+        self._own_catalog = not isinstance(catalog, Catalog)
+        if not isinstance(catalog, Catalog):
+            catalog = open_catalog(catalog or self.warehouse / CATALOG_FILE)
+        self.catalog = catalog
         if spark is None:
             from flush.spark_tables import spark_session
 

@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     known, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
     args = parse_args(["--serve", *rest])
     args.refresh_scheduler = known.refresh_scheduler
-    from catalog import SqliteCatalog
+    from catalog import CATALOG_FILE, open_catalog
     from flush.spark_tables import spark_session
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     # Answers get their own copy of stdout; anything else printed goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    catalog = SqliteCatalog(args.catalog or Path(args.warehouse) / "catalog.sqlite")
+    catalog = open_catalog(args.catalog or Path(args.warehouse) / CATALOG_FILE)
     config = {"spark.scheduler.mode": "FAIR"}  # statements, compaction and refreshes share
     if args.spark_driver_memory:
         config["spark.driver.memory"] = args.spark_driver_memory

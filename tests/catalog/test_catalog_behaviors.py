@@ -85,6 +85,39 @@ def test_apply_commit_is_idempotent_and_ordered(catalog):
     assert catalog.get_channel(table.id, "gone") is None
 
 
+def test_a_commit_applied_after_a_newer_one_of_another_writer_still_counts(catalog):
+    """Two services flush one table: A's version 10 reaches the catalog after B's 11. A's
+    channels move by their own positions; no channel goes back."""
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    for name in ("a", "b"):
+        catalog.open_channel(table.id, name)
+    catalog.apply_commit(table.id, record(11, ("b", 1, 1, "b1", 3), next_row_id=30))
+    catalog.apply_commit(table.id, record(10, ("a", 1, 1, "a1", 4), next_row_id=20))
+    catalog.apply_commit(table.id, record(10, ("a", 1, 1, "a1", 4), next_row_id=20))  # again
+    catalog.apply_commit(table.id, record(12, ("a", 1, 2, "a2", 1), next_row_id=31))
+    catalog.apply_commit(table.id, record(9, ("a", 1, 1, "a0", 9), next_row_id=19))  # behind
+    a, b = catalog.get_channel(table.id, "a"), catalog.get_channel(table.id, "b")
+    assert (a.offset_token, a.rows_committed) == ("a2", 5)
+    assert (b.offset_token, b.rows_committed) == ("b1", 3)
+    info = catalog.get_table_by_id(table.id)
+    assert (info.applied_version, info.next_row_id) == (12, 31)
+    reopened = catalog.open_channel(table.id, "a")  # a new generation starts above the old
+    catalog.apply_commit(table.id, record(13, ("a", reopened.generation, 1, "a3", 2)))
+    assert catalog.get_channel(table.id, "a").offset_token == "a3"
+
+
+def test_a_channel_from_before_positions_moves_only_with_newer_versions(catalog):
+    table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
+    catalog.open_channel(table.id, "a")
+    catalog.apply_commit(table.id, record(5, ("a", 1, 3, "t3", 3)))
+    catalog._db.execute("UPDATE channels SET committed_position = NULL")  # as upgraded
+    catalog.apply_commit(table.id, record(4, ("a", 1, 2, "t2", 2)))  # replayed: ignored
+    assert catalog.get_channel(table.id, "a").offset_token == "t3"
+    catalog.apply_commit(table.id, record(6, ("a", 1, 4, "t4", 1)))
+    assert (catalog.get_channel(table.id, "a").offset_token,
+            catalog.get_channel(table.id, "a").rows_committed) == ("t4", 4)  # fmt: skip
+
+
 def test_drop_and_retention(catalog):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     for name in ("a", "b", "c"):

@@ -30,7 +30,7 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 
     def visit(name: str, path: list[str]) -> list[str] | None:
         if name in path:
-            return path[path.index(name) :] + [name]
+            return [*path[path.index(name) :], name]
         if name in done:
             return None
         for other in sorted(graph[name]):
