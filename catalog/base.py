@@ -263,6 +263,22 @@ class Catalog(ABC):
     @abstractmethod
     def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int: ...
 
+    # Leases
+    @abstractmethod
+    def take_lease(self, name: str, holder: str, seconds: float, now: float | None = None) -> bool:
+        """Take or renew the lease ``name`` for ``seconds`` from ``now`` (default the
+        clock): True if ``holder`` holds it now, False if another holder's has not
+        expired. Work that one service of several must do alone (partition balancing,
+        channel retention) runs only while its service holds the lease."""
+
+    @abstractmethod
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give a lease up (another service may take it at once); nothing if not held."""
+
+    @abstractmethod
+    def lease_holder(self, name: str) -> tuple[str, float] | None:
+        """Who holds the lease and until when (epoch seconds); None: no one ever did."""
+
     # Compaction
     @abstractmethod
     def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None: ...

@@ -354,6 +354,27 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
             raise TableNotFoundError(f"table id {table_id} does not exist any more")
         return int(row[0]) - count
 
+    def take_lease(self, name: str, holder: str, seconds: float, now: float | None = None) -> bool:
+        moment = time.time() if now is None else now
+        with self._immediate() as db:
+            row = db.execute("SELECT holder, expires_at FROM leases WHERE name=?", (name,))
+            current = row.fetchone()
+            if current is not None and current[0] != holder and current[1] > moment:
+                return False
+            db.execute(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT"
+                " (name) DO UPDATE SET holder=excluded.holder, expires_at=excluded.expires_at",
+                (name, holder, moment + seconds),
+            )
+        return True
+
+    def release_lease(self, name: str, holder: str) -> None:
+        self._write([("DELETE FROM leases WHERE name=? AND holder=?", (name, holder))])
+
+    def lease_holder(self, name: str) -> tuple[str, float] | None:
+        rows = self._read("SELECT holder, expires_at FROM leases WHERE name=?", (name,))
+        return (str(rows[0][0]), float(rows[0][1])) if rows else None
+
     def set_clustering(self, table_id: int, columns: tuple[str, ...]) -> None:
         self._write(
             [

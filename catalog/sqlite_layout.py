@@ -155,6 +155,8 @@ CREATE TABLE IF NOT EXISTS change_stream_history (
     table_ids TEXT NOT NULL, value_capture_type TEXT NOT NULL, column_lists TEXT NOT NULL,
     exclusions TEXT NOT NULL, PRIMARY KEY (stream_uid, from_us));
 CREATE TABLE IF NOT EXISTS catalog_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dropped_tables (
     id INTEGER PRIMARY KEY, database TEXT NOT NULL, schema_name TEXT NOT NULL,
     name TEXT NOT NULL, uri TEXT NOT NULL, columns TEXT NOT NULL, created_at REAL NOT NULL,

@@ -44,7 +44,7 @@ async def _service_context(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await schedules.stop(tasks)
+        await schedules.stop(service, tasks)
         await service.stop()
         catalog.close()
 

@@ -4,7 +4,10 @@ Spark worker kept running while dynamic tables refresh on a schedule, and change
 partition balancing.
 
 One step's failure is logged and the step runs again at its next period; it never stops
-the others or the service.
+the others or the service. The steps that one service of several on a warehouse must run
+alone (partition balancing, channel retention) run only while their service holds the
+step's lease in the catalog (:meth:`catalog.Catalog.take_lease`), renewed at each period
+and given up when the service stops; another service takes an expired one over.
 """
 
 from __future__ import annotations
@@ -29,18 +32,34 @@ PIPELINE_RECOVERY_SECONDS = 10.0
 REFRESH_WORKER_CHECK_SECONDS = 2.0
 
 
+#: A step's lease lasts this many of its periods (a service that stopped without giving
+#: it up, or died, hands it over after that long).
+LEASE_PERIODS = 3
+#: The shortest lease, so a short period does not make a lease flap under load.
+MIN_LEASE_SECONDS = 10.0
+
+
 def periodic(
-    what: str, seconds: float, step: Callable[[], Awaitable[None]], *, wait_first: bool = False
+    what: str,
+    seconds: float,
+    step: Callable[[], Awaitable[None]],
+    *,
+    wait_first: bool = False,
+    lease: Callable[[float], Awaitable[bool]] | None = None,
 ) -> asyncio.Task[None]:
     """Run ``step`` now (or after one period) and then every ``seconds``; a failure is
-    logged as "``what`` failed" and the step runs again at its next period."""
+    logged as "``what`` failed" and the step runs again at its next period. With
+    ``lease``, each run first takes or renews it for a few periods and is skipped while
+    another holder's runs."""
+    lease_seconds = max(MIN_LEASE_SECONDS, LEASE_PERIODS * seconds)
 
     async def loop() -> None:
         if wait_first:
             await asyncio.sleep(seconds)
         while True:
             try:
-                await step()
+                if lease is None or await lease(lease_seconds):
+                    await step()
             except Exception:
                 log.exception("%s failed", what)
             await asyncio.sleep(seconds)
@@ -48,12 +67,25 @@ def periodic(
     return asyncio.create_task(loop(), name=what)
 
 
+#: The leases of the steps one service of several runs alone.
+RETENTION_LEASE = "channel-retention"
+BALANCER_LEASE = "change-stream-balancer"
+
+
+def _lease(service: IngestService, name: str) -> Callable[[float], Awaitable[bool]]:
+    async def take(seconds: float) -> bool:
+        return await asyncio.to_thread(service.catalog.take_lease, name, service.id, seconds)
+
+    return take
+
+
 def start(service: IngestService) -> list[asyncio.Task[None]]:
     """Start the service's periodic steps; :func:`stop` ends them."""
     config = service.config
     tasks = [
         periodic("channel retention sweep", config.retention_check_seconds,
-                 functools.partial(_retention, service)),
+                 functools.partial(_retention, service),
+                 lease=_lease(service, RETENTION_LEASE)),
         periodic("SQL session expiry", min(60.0, max(0.05, config.sql.idle_seconds / 4)),
                  functools.partial(_expire_sessions, service), wait_first=True),
         periodic("pipeline commit recovery", PIPELINE_RECOVERY_SECONDS,
@@ -65,15 +97,22 @@ def start(service: IngestService) -> list[asyncio.Task[None]]:
         balancer = Balancer(service.catalog, config.change_stream_balance)
         tasks.append(periodic("balancing change stream partitions",
                               config.change_stream_check_seconds,
-                              functools.partial(_balance, balancer)))  # fmt: skip
+                              functools.partial(_balance, balancer),
+                              lease=_lease(service, BALANCER_LEASE)))  # fmt: skip
     return tasks
 
 
-async def stop(tasks: list[asyncio.Task[None]]) -> None:
+async def stop(service: IngestService, tasks: list[asyncio.Task[None]]) -> None:
+    """End the steps and give their leases up, so another service takes them at once."""
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    for name in (RETENTION_LEASE, BALANCER_LEASE):
+        try:
+            await asyncio.to_thread(service.catalog.release_lease, name, service.id)
+        except Exception:  # the catalog may be gone; the lease then expires
+            log.exception("giving up the lease %s failed", name)
 
 
 async def _retention(service: IngestService) -> None:

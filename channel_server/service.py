@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from catalog import Catalog, TableInfo
@@ -90,6 +93,8 @@ class IngestService:
         sql_keeps_alive = self.worker.keep_alive
         self.worker.keep_alive = lambda: sql_keeps_alive() or refreshes_scheduled(config, catalog)
         self.started_at = time.time()
+        #: This service among others on the warehouse (the holder of its leases).
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
     def recover(self) -> int:
         """Replay Delta commits the catalog has not recorded (crash after commit). Returns

@@ -787,3 +787,18 @@ def test_change_streams(catalog, catalog_location, tmp_path):
     assert not catalog.drop_change_stream(replaced.id)
     assert not catalog.alter_change_stream(replaced.id, retention_s=60)
     assert catalog.get_change_stream("DB", "S", "T") is None
+
+
+def test_a_lease_is_held_by_one_holder_until_it_expires_or_is_released(catalog):
+    assert catalog.lease_holder("job") is None
+    assert catalog.take_lease("job", "a", 10, now=100.0) is True
+    assert catalog.take_lease("job", "b", 10, now=105.0) is False  # a's runs to 110
+    assert catalog.take_lease("job", "a", 10, now=105.0) is True  # renewed to 115
+    assert catalog.lease_holder("job") == ("a", 115.0)
+    assert catalog.take_lease("job", "b", 10, now=114.9) is False
+    assert catalog.take_lease("job", "b", 10, now=115.0) is True  # expired: b takes it
+    catalog.release_lease("job", "a")  # not a's any more: nothing happens
+    assert catalog.lease_holder("job") == ("b", 125.0)
+    catalog.release_lease("job", "b")
+    assert catalog.take_lease("job", "a", 10, now=116.0) is True
+    assert catalog.take_lease("other", "b", 10, now=116.0) is True  # leases are apart
