@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import (
     backpressure,
+    catalog,
     change_streams,
     compaction,
     conversion,
@@ -49,6 +50,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "cs_throughput": change_streams.run_throughput,
     "cs_latency": change_streams.run_latency,
     "cli": run_cli,
+    "catalog": catalog.run,
 }
 
 

@@ -2,11 +2,14 @@
 127.0.0.1 at a free port, a fresh database per test, and everything gone at the end.
 
 The server runs with no durability (``fsync``, ``synchronous_commit`` and
-``full_page_writes`` off): its data lives only as long as the test process. initdb and
-postgres refuse to run as root, so as root they run as the ``postgres`` user through
-``runuser``. A watchdog (``sh``, in a session of its own) holds the read end of a pipe
-whose write end only this process holds: when this process ends, however it ends, even
-by SIGKILL, the watchdog reads end-of-file, stops the server and removes the folder.
+``full_page_writes`` off, :data:`NO_DURABILITY`): its data lives only as long as the test
+process. ``bench/catalog.py`` starts one with PostgreSQL's durable defaults instead
+(``settings``). initdb and postgres refuse to run as root, so as root they run as the
+``postgres`` user through ``runuser``, and the cluster's folder is made where that user
+can reach it (:func:`cluster_parent`). A watchdog (``sh``, in a session of its own) holds
+the read end of a pipe whose write end only this process holds: when this process ends,
+however it ends, even by SIGKILL, the watchdog reads end-of-file, stops the server and
+removes the folder.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,9 @@ from typing import Any
 START_TIMEOUT = 60.0
 
 _BINARIES = ("initdb", "pg_ctl", "postgres")
+#: The server's settings in the tests: nothing is made durable (the data dies with the test
+#: process), so commits cost no fsync.
+NO_DURABILITY = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 # $0 is the folder, "$@" the command that stops the server. `cat` returns at end-of-file:
 # when the test process has ended, or when stop() has already cleaned up and closes it.
@@ -74,6 +81,32 @@ def find_bindir() -> Path:
     )
 
 
+def _reachable(folder: Path, user: pwd.struct_passwd) -> bool:
+    """Whether ``user`` may enter ``folder`` and each folder above it (by their modes)."""
+    for each in (folder, *folder.parents):
+        found = os.stat(each)
+        if found.st_uid == user.pw_uid:
+            allowed = found.st_mode & stat.S_IXUSR
+        elif found.st_gid == user.pw_gid:
+            allowed = found.st_mode & stat.S_IXGRP
+        else:
+            allowed = found.st_mode & stat.S_IXOTH
+        if not allowed:
+            return False
+    return True
+
+
+def cluster_parent(user: pwd.struct_passwd | None) -> str:
+    """The folder the cluster's folder is made in: the temporary folder (``TMPDIR``), unless
+    the server runs as ``user`` (as root) and that user cannot enter it, as when ``TMPDIR``
+    is a pytest temporary folder of root's (mode 0700, tests/bench/test_smoke.py runs each
+    benchmark so): then ``/tmp``."""
+    parent = tempfile.gettempdir()
+    if user is None or _reachable(Path(parent).resolve(), user):
+        return parent
+    return "/tmp"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -85,8 +118,12 @@ class PostgresServer:
     user ``postgres``, no password) and :meth:`create_database`; ``stop()`` at the end.
     Also a context manager."""
 
-    def __init__(self, start_timeout: float = START_TIMEOUT) -> None:
+    def __init__(
+        self, start_timeout: float = START_TIMEOUT, settings: Mapping[str, str] | None = None
+    ) -> None:
         self.start_timeout = start_timeout
+        #: ``postgres -c name=value`` for each: :data:`NO_DURABILITY` unless told.
+        self.settings = dict(NO_DURABILITY if settings is None else settings)
         self.port: int | None = None
         self.folder: Path | None = None
         #: Seconds the last start() took: initdb, and postgres until it accepted a connection.
@@ -141,7 +178,7 @@ class PostgresServer:
 
     def _start(self, user: pwd.struct_passwd | None) -> None:
         assert self._bindir is not None
-        self.folder = Path(tempfile.mkdtemp(prefix="pytest-postgres-"))
+        self.folder = Path(tempfile.mkdtemp(prefix="pytest-postgres-", dir=cluster_parent(user)))
         if user is not None:
             os.chown(self.folder, user.pw_uid, user.pw_gid)
         # Before anything is started in the folder: from here on it is removed however
@@ -210,12 +247,11 @@ class PostgresServer:
                     str(self.folder),
                     "-c",
                     "listen_addresses=127.0.0.1",
-                    "-c",
-                    "fsync=off",
-                    "-c",
-                    "synchronous_commit=off",
-                    "-c",
-                    "full_page_writes=off",
+                    *(
+                        part
+                        for name, value in self.settings.items()
+                        for part in ("-c", f"{name}={value}")
+                    ),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

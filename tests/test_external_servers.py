@@ -76,3 +76,23 @@ def test_a_conditional_put_of_an_existing_key_is_refused(s3_server, s3_bucket):
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
     assert refused.value.response["Error"]["Code"] == "PreconditionFailed"
     assert client.get_object(Bucket=s3_bucket.name, Key="probe")["Body"].read() == b"first"
+
+
+def test_the_cluster_folder_is_made_where_its_user_can_reach_it(tmp_path, monkeypatch):
+    """As root the cluster runs as ``postgres``, which cannot enter a ``TMPDIR`` of root's
+    mode 0700 (tests/bench/test_smoke.py gives each benchmark one): the folder goes in
+    /tmp then. Otherwise, and without a user to run as, in ``TMPDIR``."""
+    import pwd
+    import tempfile
+
+    from tests.postgres_server import cluster_parent
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    # Neither the owner nor in the group of any folder here.
+    stranger = pwd.struct_passwd(("stranger", "x", 2**31 - 7, 2**31 - 7, "", "/", "/bin/sh"))
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    assert cluster_parent(None) == str(private)
+    assert cluster_parent(stranger) == "/tmp"
+    monkeypatch.setattr(tempfile, "tempdir", "/")  # anyone may enter it: kept
+    assert cluster_parent(stranger) == "/"

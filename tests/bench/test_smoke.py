@@ -51,6 +51,8 @@ CASES = {
     "cs_throughput": ("cs_throughput", "over_baseline"),
     "cs_latency": ("cs_latency", None),
     "cli": ("cli_round_trip", "baseline_request_ms_median"),
+    # Starts a PostgreSQL cluster of its own (without PostgreSQL, SQLite alone).
+    "catalog": ("catalog_sqlite_vs_postgres", "baseline_sqlite_flush_ms"),
 }
 
 
