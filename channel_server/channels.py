@@ -17,12 +17,13 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from catalog import Catalog, ChannelRecord, TableInfo
+from catalog import Catalog, ChannelRecord, CommitRecord, TableInfo
 from channel_server.config import ServerConfig
 from channel_server.flusher import TableFlusher
 from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from channel_server.tables import MAX_REMEMBERED, DynamicTableReadOnlyError, Tables
+from flush.commit import ChannelFencedError
 from flush.tables import INGEST_DIR, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption
 from ingest_sdk.errors import (
@@ -34,6 +35,7 @@ from ingest_sdk.errors import (
     TableNotFoundError,
 )
 from ingest_sdk.schema import check_object_name
+from ingest_sdk.wire import pack_txn_version
 
 __all__ = ["Channels", "InsertOutcome", "intermediate_files"]
 
@@ -177,10 +179,26 @@ class Channels:
         default_timezone: str = "America/Los_Angeles",
     ) -> ChannelState:
         """Open or reopen a channel: a new durable generation that invalidates older handles
-        and discards what they had buffered here.
+        and discards what they had buffered here, made a fence in the table's log before
+        the answer.
+
+        Steps, under the table's lock (no flush of the table in flight here):
+
+        1. The catalog bumps the generation (above any generation the log holds).
+        2. An older handle open here is invalidated and its buffered rows discarded.
+        3. The fence: one Delta commit without files holding the channel's app
+           transaction at ``(generation, 0)`` and the channel's token as the log holds it
+           at the version the fence lands on (:meth:`flush.TableWriter.fence`). From then
+           on a commit of any older handle of the channel, on any server sharing the
+           warehouse, is refused, and that server invalidates the handle and discards its
+           rows. The catalog records the fence as it records a flush.
+        4. The answer: the new handle with that token (None for a channel the catalog did
+           not hold: new, dropped or retired).
 
         Raises:
             DynamicTableReadOnlyError: the table is dynamic (only its refreshes write it).
+            ChannelInvalidatedError: an open of the channel on another server fenced a
+                newer generation while this one ran (the newest open wins).
         """
         name = _channel_name(channel_name)
         info, dynamic = await self.tables.to_write(table_name)
@@ -201,24 +219,20 @@ class Channels:
         )
         async with table.lock:  # never while a flush of this table is in flight
             flusher = self._flushers[table.info.id]
-            if flusher.unindexed:  # the token is read from the catalog: bring it up to date
-                await asyncio.to_thread(flusher.reindex)
-            logged = await asyncio.to_thread(flusher.writer.committed_generation, name)
-            record = await asyncio.to_thread(
-                self.catalog.open_channel, table.info.id, name, logged + 1
-            )
+            record, known = await asyncio.to_thread(self._bump, flusher, name)  # Step 1
             old = table.channels.get(name)
-            if old is not None:
+            if old is not None:  # Step 2
                 old.invalidate(
                     f"channel {name} was reopened (generation {record.generation}); its "
                     "uncommitted rows were discarded"
                 )
                 self.budget.release(table.discard_channel(old))
+            fence = await asyncio.to_thread(self._fence, flusher, record, known)  # Step 3
             channel = ChannelState(
                 table=table,
                 name=name,
                 generation=record.generation,
-                committed_token=record.offset_token,
+                committed_token=fence.channels[0].offset_token,
                 rows_committed=record.rows_committed,
                 max_client_lag=lag,
                 on_error=on_error,
@@ -230,6 +244,36 @@ class Channels:
                  channel.generation, extra={"table": table.info.full_name, "channel": name,
                                             "generation": channel.generation})  # fmt: skip
         return channel
+
+    def _bump(self, flusher: TableFlusher, name: str) -> tuple[ChannelRecord, bool]:
+        """Step 1 of :meth:`open` (a worker thread): the catalog's new generation, and
+        whether the catalog held the channel before (else its token starts at None)."""
+        table_id = flusher.table.info.id
+        if flusher.unindexed:  # the catalog's token is the fallback: bring it up to date
+            flusher.reindex()
+        known = self.catalog.get_channel(table_id, name) is not None
+        logged = flusher.writer.committed_generation(name)
+        record = self.catalog.open_channel(table_id, name, logged + 1)
+        try:
+            pack_txn_version(record.generation, 0)
+        except ValueError as exc:
+            raise InvalidRequestError(
+                f"channel {name} cannot be opened again: {exc}. Dropping it does not help "
+                "(the table's log keeps its generation); use a channel of another name"
+            ) from exc
+        return record, known
+
+    @staticmethod
+    def _fence(flusher: TableFlusher, record: ChannelRecord, known: bool) -> CommitRecord:
+        """Step 3 of :meth:`open` (a worker thread): the fence commit."""
+        try:
+            return flusher.fence(record.name, record.generation, known, record.offset_token)
+        except ChannelFencedError as exc:
+            raise ChannelInvalidatedError(
+                f"channel {record.name} on {flusher.table.info.full_name} was opened again on "
+                f"another server while this open (generation {record.generation}) ran; the "
+                "newest open wins. Open it again if this producer should own it"
+            ) from exc
 
     def state(self, table_name: str, channel_name: str, generation: int) -> ChannelState:
         """The live state of a handle, or the error that says why it has none.
@@ -386,7 +430,12 @@ class Channels:
     async def close(
         self, table_name: str, channel_name: str, generation: int, timeout: float
     ) -> ChannelState:
-        """Flush now, wait until everything the handle sent is committed, then close it."""
+        """Flush now, wait until everything the handle sent is committed, then close it.
+
+        Raises:
+            ChannelInvalidatedError: the handle was replaced before its rows committed
+                (they were discarded).
+        """
         channel = self.state(table_name, channel_name, generation)
         if channel.committed_seq < channel.last_seq:
             # Only when something of this handle waits: a needless request would flush
@@ -397,6 +446,10 @@ class Channels:
         )
         if channel.committed_seq >= channel.last_seq and channel.valid:
             channel.invalidate(f"channel {channel_name} was closed")
+        elif not channel.valid and channel.committed_seq < channel.last_seq:
+            # Replaced while its rows waited (a reopen here, or a fence of an open on
+            # another server): they were discarded, never committed.
+            raise ChannelInvalidatedError(f"channel {channel_name}: {channel.invalid_reason}")
         return channel
 
     async def drop(self, table_name: str, channel_name: str) -> bool:
@@ -433,7 +486,9 @@ class Channels:
             )  # fmt: skip
         table = self._live.get(info.id)
         live = table.channels.get(channel_name) if table else None
-        token = live.committed_token if live is not None else record.offset_token
+        # A valid handle here is the channel's only writer (older ones are fenced), so its
+        # token is the newest; a replaced one's may be behind another server's commits.
+        token = live.committed_token if live is not None and live.valid else record.offset_token
         ok = ChannelStatus(
             table=info.full_name,
             channel=channel_name,
@@ -472,7 +527,8 @@ class Channels:
                 continue
             table = self._live.get(record.table_id)
             live = table.channels.get(record.name) if table else None
-            if live is not None and live.valid:
+            current = live if live is not None and live.valid else None
+            if current is not None:
                 status = "FLUSH_FAILING" if table and table.flush_error else "OPEN"
             else:
                 status = "CLOSED"
@@ -481,8 +537,8 @@ class Channels:
                     "table": info.full_name,
                     "channel": record.name,
                     "generation": record.generation,
-                    "offset_token": live.committed_token if live else record.offset_token,
-                    "rows_committed": live.rows_committed if live else record.rows_committed,
+                    "offset_token": current.committed_token if current else record.offset_token,
+                    "rows_committed": current.rows_committed if current else record.rows_committed,
                     "last_activity": max(record.last_activity, live.last_activity if live else 0),
                     "status": status,
                 }

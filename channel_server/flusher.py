@@ -23,6 +23,7 @@ from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, PendingBatch, TableState
 from flush import ChannelProgress, TableWriter, replay_commits
 from flush.commit import ChannelFencedError, CommitRecord, Laps
+from ingest_sdk.errors import TableNotFoundError
 from ingest_sdk.validation import check_offset_token
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
 
@@ -206,6 +207,38 @@ class TableFlusher:
         laps.lap("catalog")
         return record
 
+    def fence(
+        self, channel: str, generation: int, resume: bool, fallback_token: str | None
+    ) -> CommitRecord:
+        """An open's fence commit (:meth:`flush.TableWriter.fence`), in a worker thread,
+        then the catalog's index of it (a failed index update leaves the fence standing,
+        as after a flush). Call with the table's lock held: no flush of it is in flight.
+
+        Raises:
+            ChannelFencedError: an open of a newer generation fenced first.
+            TableNotFoundError: the table was dropped meanwhile.
+        """
+        info = self.catalog.get_table_by_id(self.table.info.id)
+        if info is None:
+            raise TableNotFoundError(f"table {self.table.info.full_name} was dropped")
+        try:
+            record = self.writer.fence(channel, generation, info.next_row_id, resume=resume,
+                                       fallback_token=fallback_token)  # fmt: skip
+        except ChannelFencedError:
+            raise  # refused before anything was committed
+        except BaseException:
+            self.unindexed = True  # it may have committed
+            raise
+        try:
+            if self.unindexed:
+                self.reindex()
+            else:
+                self.catalog.apply_commit(self.table.info.id, record)
+        except Exception:
+            self.unindexed = True
+            log.exception("catalog update after fence commit %d failed", record.version)
+        return record
+
     def reindex(self) -> None:
         """Record in the catalog every flush commit of the log it lacks, in order."""
         replay_commits(self.catalog, self.table.info.id)
@@ -243,6 +276,33 @@ class TableFlusher:
             if channel is not None and channel.generation == item.generation:
                 channel.mark_committed(item.batch_seq, item.offset_token, item.rows)
 
+    def _drop_fenced(
+        self, batches: list[PendingBatch], fenced: ChannelFencedError
+    ) -> list[PendingBatch]:
+        """The channels an open elsewhere fenced (a newer generation is in the log): their
+        handles are invalidated and every batch of theirs is discarded, never committed;
+        the other channels' batches are returned, to be committed at once."""
+        kept, dropped = [], 0
+        for batch in batches:
+            if batch.channel.name not in fenced.channels:
+                kept.append(batch)
+                continue
+            channel = batch.channel
+            self.budget.release(batch.nbytes)
+            dropped += batch.rows
+            if channel.valid:
+                channel.invalidate(
+                    f"channel {channel.name} was opened again (its table's log holds a newer "
+                    "generation, opened on another server or by a newer handle); its "
+                    "uncommitted rows were discarded. Reopen the channel and resume after "
+                    "the latest committed offset token"
+                )
+                self.budget.release(self.table.discard_channel(channel))  # arrived meanwhile
+        log.warning("channel(s) %s of %s were fenced by a newer open; %d buffered row(s) "
+                    "discarded", ", ".join(fenced.channels), self.table.info.full_name,
+                    dropped, extra={"table": self.table.info.full_name})  # fmt: skip
+        return kept
+
     async def flush_once(self) -> None:
         """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
         table = self.table
@@ -252,25 +312,26 @@ class TableFlusher:
             batches, progress = self._take()
             if batches and self._unanswered:
                 batches, progress = await self._drop_landed(batches)
-            if not batches:
-                if self.unindexed:
-                    await asyncio.to_thread(self.reindex)
-                return
             timings = {"lock": started - asked}
-            parts = [b.data for b in batches if b.data is not None and b.rows]
-            try:
-                record = await asyncio.to_thread(self._write, parts, progress, timings)
-            except ChannelFencedError as fenced:
-                # Another writer committed a newer generation: these handles are stale.
-                for batch in batches:
-                    if batch.channel.name in fenced.channels:
-                        batch.channel.invalidate(f"channel {batch.channel.name}: {fenced}")
-                table.put_back(batches)  # the next attempt drops the invalidated ones
-                raise
-            except BaseException:
-                self._unanswered = self.unindexed = True  # it may have committed
-                table.put_back(batches)
-                raise
+            while True:
+                if not batches:
+                    if self.unindexed:
+                        await asyncio.to_thread(self.reindex)
+                    return
+                parts = [b.data for b in batches if b.data is not None and b.rows]
+                try:
+                    record = await asyncio.to_thread(self._write, parts, progress, timings)
+                except ChannelFencedError as fenced:
+                    # An open elsewhere fenced some channels (nothing was committed): their
+                    # handles are stale. The others commit now, without them.
+                    batches = self._drop_fenced(batches, fenced)
+                    progress = _progress(batches)
+                    continue
+                except BaseException:
+                    self._unanswered = self.unindexed = True  # it may have committed
+                    table.put_back(batches)
+                    raise
+                break
             if record.rows:
                 table.ingest_files += 1
                 table.ingest_bytes += record.file_bytes

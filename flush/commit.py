@@ -4,15 +4,20 @@ One flush of a table makes exactly one Delta commit holding the add actions of
 its Parquet files, one app transaction per channel in the flush (``app_id`` =
 the channel, ``version`` = generation and batch_seq packed in one integer), and
 each channel's new offset token in the commit metadata under
-:data:`COMMIT_METADATA_KEY`. The catalog is only an index of these commits:
+:data:`COMMIT_METADATA_KEY`. An open of a channel makes a **fence**: the same kind of
+commit without files, for that channel alone at ``(generation, 0)``, carrying the
+channel's newest token in the log at the version it lands on
+(:meth:`TableWriter.fence`); every commit of an older generation of the channel is
+refused after it. The catalog is only an index of these commits:
 :func:`commits_after` reads them back so start-up recovery can replay any
 commit the catalog has not recorded.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import orjson
 import pyarrow as pa
@@ -22,7 +27,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from catalog.base import Catalog
 from catalog.records import ChannelProgress, CommitRecord
 from flush.change_commit import commit_conflict_retries
-from flush.commit_clock import stamped
+from flush.commit_clock import commit_info, stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, write_parquet_file
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
@@ -42,6 +47,8 @@ __all__ = [
 ]
 
 COMMIT_METADATA_KEY = "ingest"
+
+log = logging.getLogger(__name__)
 
 
 class ChannelFencedError(RuntimeError):
@@ -103,8 +110,17 @@ def replay_commits(catalog: Catalog, table_id: int) -> list[CommitRecord]:
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class _Carried:
+    """Where a channel position was committed: its version and the token it carried."""
+
+    position: int
+    version: int
+    offset_token: str | None
+
+
 class TableWriter:
-    """Writes flushes into one Delta table; keeps the log loaded between flushes.
+    """Writes flushes and fences into one Delta table; keeps the log loaded between them.
 
     A flush refreshes the loaded log once, before it commits: the commit is made on that
     version and lands exactly one above it or not at all (``flush.commit_clock`` turns
@@ -125,6 +141,10 @@ class TableWriter:
         #: Each channel's packed position in the log at :attr:`_known_version` (None: the
         #: log holds none), as looked up or as this writer's own commit wrote it.
         self._positions: dict[str, int | None] = {}
+        #: The newest commit of each channel this writer made or read back: a position is
+        #: committed once, so an entry stays true, and it answers for the channel as long
+        #: as the log's position of the channel is the entry's.
+        self._carried: dict[str, _Carried] = {}
 
     def committed_generation(self, channel: str) -> int:
         """The generation of the channel's newest commit in the log (0: none).
@@ -203,15 +223,44 @@ class TableWriter:
         )
         return rows, write_parquet_file(self.table_uri, data)
 
+    def _commit_on_loaded(
+        self, actions: list[AddAction | RemoveAction], metadata: dict[str, str],
+        txns: list[Transaction],
+    ) -> int:  # fmt: skip
+        """One commit attempt on the loaded version; returns that version. The commit lands
+        exactly one above it or is refused (``CommitFailedError``: another commit took that
+        version; the stamp is for it only, see flush.commit_clock)."""
+        base = self._table.version()
+        self._table.create_write_transaction(
+            actions, "append", self.arrow_schema,
+            commit_properties=stamped(self._table, metadata, txns),
+        )  # fmt: skip
+        return base
+
+    def _committed(self, base: int, channels: list[ChannelProgress]) -> None:
+        """What a commit of this writer on version ``base`` tells it: the channels'
+        positions at ``base + 1`` (when it knew those at ``base``) and their tokens."""
+        packed = [pack_txn_version(c.generation, c.batch_seq) for c in channels]
+        if channels and self._known_version == base:  # the log moved by this commit alone
+            self._known_version = base + 1
+            self._positions.update({c.channel: p for c, p in zip(channels, packed, strict=True)})
+        for channel, position in zip(channels, packed, strict=True):
+            self._note_carried(channel.channel, _Carried(position, base + 1, channel.offset_token))
+
+    def _note_carried(self, channel: str, carried: _Carried) -> None:
+        known = self._carried.get(channel)
+        if known is None or known.position < carried.position:
+            self._carried[channel] = carried
+
     def _commit(
         self, actions: list[AddAction | RemoveAction], channels: list[ChannelProgress],
         metadata: dict[str, str],
     ) -> tuple[int, CommitRecord | None]:  # fmt: skip
         """Step 3: one Delta commit on the loaded version; its version. A concurrent commit
-        (compaction, DML, a pipeline commit, another flush) makes delta-rs refuse it (the
-        stamp is for the next version only, see flush.commit_clock): nothing landed, so it
-        goes again on the newest version, the channels checked again there (fencing). If
-        that check finds this flush landed after all, its record comes back instead."""
+        (compaction, DML, a pipeline commit, another flush, a fence) makes delta-rs refuse
+        it: nothing landed, so it goes again on the newest version, the channels checked
+        again there (fencing). If that check finds this flush landed after all, its record
+        comes back instead."""
         txns = [Transaction(app_id(c.channel), pack_txn_version(c.generation, c.batch_seq))
                 for c in channels]  # fmt: skip
         for attempt in commit_conflict_retries():
@@ -221,17 +270,93 @@ class TableWriter:
                         return landed.version, landed
                     if not channels:
                         self._table.update_incremental()
-                base = self._table.version()
-                self._table.create_write_transaction(
-                    actions, "append", self.arrow_schema,
-                    commit_properties=stamped(self._table, metadata, txns),
-                )  # fmt: skip
-        if channels and self._known_version == base:  # the log moved by this commit alone
-            self._known_version = base + 1
-            self._positions.update(
-                {c.channel: t.version for c, t in zip(channels, txns, strict=True)}
-            )
+                base = self._commit_on_loaded(actions, metadata, txns)
+        self._committed(base, channels)
         return base + 1, None
+
+    def carried(self, channel: str, position: int) -> tuple[int, str | None] | None:
+        """The version and offset token of the commit that carried ``position`` (packed)
+        of ``channel``, the channel's newest in the loaded log; None when the log no
+        longer holds that commit's file (log cleanup) or it carries no token record.
+
+        Known without reading when this writer made or read that commit before; else the
+        commit files are read from the loaded version down to it (each channel met on the
+        way is remembered at its newest position, so an open of it next reads nothing).
+        """
+        known = self._carried.get(channel)
+        if known is not None and known.position == position:
+            return known.version, known.offset_token
+        seen: set[str] = set()
+        for version in range(self._table.version(), -1, -1):
+            info = commit_info(self.table_uri, version)
+            if info is None:  # cleaned up: older commits are gone too
+                return None
+            text = info.get(COMMIT_METADATA_KEY)
+            if not text:
+                continue
+            for item in orjson.loads(text)["channels"]:
+                name = item["channel"]
+                if name in seen:
+                    continue
+                seen.add(name)
+                packed = pack_txn_version(item["generation"], item["batch_seq"])
+                self._note_carried(name, _Carried(packed, version, item["offset_token"]))
+                if name == channel:
+                    if packed != position:  # a commit not ours moved the app transaction
+                        log.warning("the newest commit of channel %s in %s (version %d) is "
+                                    "not at its position in the log", channel,
+                                    self.table_uri, version)  # fmt: skip
+                        return None
+                    return version, item["offset_token"]
+        return None
+
+    def fence(
+        self, channel: str, generation: int, next_row_id: int, *, resume: bool,
+        fallback_token: str | None,
+    ) -> CommitRecord:  # fmt: skip
+        """An open's fence: one commit without files holding the channel's app transaction
+        at ``(generation, 0)`` and, in the commit metadata, the channel's token, so that no
+        commit of an older generation of the channel lands after it (:meth:`_landed`
+        refuses ours; delta-rs refuses one made on a version before the fence).
+
+        The token is the one the log holds for the channel at the version the fence is
+        made on (the commit of the channel's position there): the fence lands exactly one
+        version above it or is refused and made again on the newest version, token read
+        again, so no commit of the channel comes between the token and the fence.
+        ``resume`` False (the catalog had no row of the channel: new, dropped or retired)
+        makes it None; ``fallback_token`` (the catalog's) is used when the log no longer
+        holds the commit of the channel's position (log cleanup).
+
+        ``next_row_id``: the catalog's next row id (the fence reserves none; the commit
+        records it as every flush commit does).
+
+        Raises:
+            ChannelFencedError: the log already holds a later position of the channel: an
+                open of a newer generation (on another server) fenced first.
+        """
+        target = pack_txn_version(generation, 0)
+        probe = [ChannelProgress(channel, generation, 0, None, 0)]
+        for attempt in commit_conflict_retries():
+            with attempt:
+                position = self.landed_positions(probe)[channel]  # loads the newest version
+                if position is not None and position > target:
+                    raise ChannelFencedError([channel])
+                if position == target:  # an earlier attempt landed, its answer was lost
+                    found = self.carried(channel, position)
+                    version, token = found or (self._table.version(), fallback_token)
+                    progress = ChannelProgress(channel, generation, 0, token, 0)
+                    return CommitRecord(version, (progress,), next_row_id, 0)
+                token = None
+                if resume and position is not None:
+                    found = self.carried(channel, position)
+                    token = found[1] if found is not None else fallback_token
+                progress = ChannelProgress(channel, generation, 0, token, 0)
+                metadata = {COMMIT_METADATA_KEY: _metadata([progress], next_row_id, 0)}
+                failpoint("before_fence_commit")
+                base = self._commit_on_loaded([], metadata, [Transaction(app_id(channel), target)])
+        self._committed(base, [progress])
+        failpoint("after_fence_commit")
+        return CommitRecord(base + 1, (progress,), next_row_id, 0)
 
     def commit_flush(
         self,

@@ -157,3 +157,133 @@ def test_failpoint_spec_parsing():
         "c": ["kill", None],
     }
     assert _parse("") == {}
+
+
+# Fences: an open's empty commit at (generation, 0)
+
+
+def channel_commits(uri, channel):
+    """(version, generation, batch_seq, token, rows) of every commit naming ``channel``."""
+    return [
+        (r.version, c.generation, c.batch_seq, c.offset_token, c.rows)
+        for r in commits_after(uri, -1)
+        for c in r.channels
+        if c.channel == channel
+    ]
+
+
+def test_a_fence_is_an_empty_commit_carrying_the_channels_newest_token(writer):
+    writer.commit_flush([part(1, 2)], [ChannelProgress("a", 1, 1, "t1", 2)], 0)
+    writer.commit_flush([part(3)], [ChannelProgress("a", 1, 2, "t2", 1)], 2)
+    files = DeltaTable(writer.table_uri).file_uris()
+    record = writer.fence("a", 2, 3, resume=True, fallback_token="stale catalog token")
+    table = DeltaTable(writer.table_uri)
+    assert record.version == table.version() == 3
+    assert record.channels == (ChannelProgress("a", 2, 0, "t2", 0),)
+    assert (record.rows, record.next_row_id) == (0, 3)
+    assert table.file_uris() == files  # no file added
+    assert table.transaction_version(app_id("a")) == pack_txn_version(2, 0)
+    assert commits_after(writer.table_uri, 2) == [record]  # recovery replays it as a flush
+    # Every later commit of generation 1 is refused, and nothing of it lands.
+    with pytest.raises(ChannelFencedError):
+        writer.commit_flush([part(9)], [ChannelProgress("a", 1, 3, "t3", 1)], 4)
+    stale = TableWriter(writer.table_uri, SCHEMA)
+    with pytest.raises(ChannelFencedError):
+        stale.commit_flush([part(9)], [ChannelProgress("a", 1, 3, "t3", 1)], 4)
+    assert sorted(DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist()) == [
+        1, 2, 3,
+    ]  # fmt: skip
+    # The new generation commits after its fence.
+    writer.commit_flush([part(4)], [ChannelProgress("a", 2, 1, "t4", 1)], 4)
+    assert channel_commits(writer.table_uri, "a")[-2:] == [(3, 2, 0, "t2", 0), (4, 2, 1, "t4", 1)]
+
+
+def test_the_token_of_a_fence_is_read_from_the_log_by_any_writer(writer, monkeypatch):
+    """A writer that never committed the channel finds its token in the commit files (its
+    catalog may be stale); a channel the catalog did not hold starts with none."""
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "t1", 1),
+                                    ChannelProgress("b", 1, 1, "b1", 0)], 0)  # fmt: skip
+    writer.commit_flush([part(2)], [ChannelProgress("b", 1, 2, "b2", 1)], 1)
+    other = TableWriter(writer.table_uri, SCHEMA)
+    assert other.fence("a", 2, 2, resume=True, fallback_token=None).channels[0].offset_token == "t1"
+    # b was met on the way down and remembered: its fence reads no commit file.
+    import flush.commit as commit_module
+
+    read = []
+    info = commit_module.commit_info
+    monkeypatch.setattr(commit_module, "commit_info", lambda uri, v: read.append(v) or info(uri, v))
+    fence = other.fence("b", 2, 2, resume=True, fallback_token=None)
+    assert fence.channels[0].offset_token == "b2" and read == []
+    dropped = other.fence("a", 3, 2, resume=False, fallback_token="t1")  # dropped, opened again
+    assert dropped.channels[0].offset_token is None
+    assert other.fence("a", 4, 2, resume=True, fallback_token="x").channels[0].offset_token is None
+
+
+def test_a_fence_falls_back_to_the_catalogs_token_when_the_log_lost_the_commit(writer):
+    from pathlib import Path
+
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "t1", 1)], 0)
+    writer.commit_flush([part(2)], [ChannelProgress("b", 1, 1, "b1", 1)], 1)
+    DeltaTable(writer.table_uri).create_checkpoint()  # covers version 2
+    for version in (0, 1):  # as log cleanup removes commit files a checkpoint covers
+        Path(writer.table_uri, "_delta_log", f"{version:020d}.json").unlink()
+    other = TableWriter(writer.table_uri, SCHEMA)
+    fence = other.fence("a", 2, 2, resume=True, fallback_token="catalog's")
+    assert fence.channels[0].offset_token == "catalog's"
+    assert other.fence("b", 2, 2, resume=True, fallback_token="x").channels[0].offset_token == "b1"
+
+
+def test_a_flush_landing_while_a_fence_is_made_is_in_the_fences_token(writer, monkeypatch):
+    """The old handle's flush takes the version the fence was about to take: the fence is
+    refused, made again on the newest version, and reads the token again there."""
+    import flush.commit as commit_module
+
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "t1", 1)], 0)
+    old_server = TableWriter(writer.table_uri, SCHEMA)
+    fired = []
+
+    def flush_of_the_old_handle(name):
+        if name == "before_fence_commit" and not fired:
+            fired.append(name)
+            old_server.commit_flush([part(2)], [ChannelProgress("a", 1, 2, "t2", 1)], 1)
+
+    monkeypatch.setattr(commit_module, "failpoint", flush_of_the_old_handle)
+    fence = writer.fence("a", 2, 2, resume=True, fallback_token=None)
+    assert fired and fence.channels[0].offset_token == "t2"
+    assert channel_commits(writer.table_uri, "a") == [
+        (1, 1, 1, "t1", 1), (2, 1, 2, "t2", 1), (3, 2, 0, "t2", 0),
+    ]  # fmt: skip
+
+
+def test_a_flush_made_on_a_version_before_the_fence_is_refused_and_fenced(writer, monkeypatch):
+    """The old handle's flush checked the channel before the fence landed: its commit is
+    refused (the version is taken), and the check on the newest version fences it."""
+    import flush.commit as commit_module
+
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "t1", 1),
+                                    ChannelProgress("b", 1, 1, "b1", 1)], 0)  # fmt: skip
+    new_server = TableWriter(writer.table_uri, SCHEMA)
+    write = commit_module.write_parquet_file
+
+    def write_while_the_channel_is_opened_elsewhere(*args, **kwargs):
+        monkeypatch.setattr(commit_module, "write_parquet_file", write)  # once
+        new_server.fence("a", 2, 2, resume=True, fallback_token=None)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(commit_module, "write_parquet_file", write_while_the_channel_is_opened_elsewhere)
+    with pytest.raises(ChannelFencedError) as fenced:
+        writer.commit_flush([part(2, 3)], [ChannelProgress("a", 1, 2, "t2", 1),
+                                           ChannelProgress("b", 1, 2, "b2", 1)], 2)  # fmt: skip
+    assert fenced.value.channels == ["a"]
+    assert sorted(DeltaTable(writer.table_uri).to_pyarrow_table().column("ID").to_pylist()) == [1]
+    assert channel_commits(writer.table_uri, "a")[-1] == (2, 2, 0, "t1", 0)
+
+
+def test_an_older_open_whose_fence_comes_second_is_fenced(writer):
+    """Two opens racing on two servers: the newer generation fenced first, so the older
+    open's fence is refused (it answers CHANNEL_INVALIDATED)."""
+    writer.commit_flush([part(1)], [ChannelProgress("a", 1, 1, "t1", 1)], 0)
+    TableWriter(writer.table_uri, SCHEMA).fence("a", 3, 1, resume=True, fallback_token=None)
+    with pytest.raises(ChannelFencedError):
+        writer.fence("a", 2, 1, resume=True, fallback_token=None)
+    assert DeltaTable(writer.table_uri).transaction_version(app_id("a")) == pack_txn_version(3, 0)
