@@ -114,7 +114,7 @@ def test_a_reopen_on_the_same_server_answers_the_logs_token(server_factory, clie
     assert channel.wait_for_commit(timeout=60) == "9"
     catalog = server.service.catalog
     info = catalog.get_table("DB", "S", "EVENTS")
-    with contextlib.closing(sqlite3.connect(server.config.catalog_file)) as db, db:
+    with contextlib.closing(sqlite3.connect(server.config.catalog_location)) as db, db:
         db.execute("UPDATE channels SET offset_token='4' WHERE table_id=?", (info.id,))
     again = client.open_channel(REQUEST)
     assert again.get_latest_committed_offset_token() == "9"
