@@ -51,10 +51,19 @@ class CatalogUnavailableError(RuntimeError):
     """The catalog's PostgreSQL server could not be reached or refused the login."""
 
 
+def _ambiguous(dsn: str) -> bool:
+    """Whether the URL's user part holds an unescaped ``@``: libpq then reads the rest of
+    the password as the host, so neither the host nor libpq's message may be shown."""
+    authority = dsn.split("//", 1)[-1].split("/", 1)[0]
+    return authority.count("@") > 1
+
+
 def where(dsn: str) -> str:
     """The server, database and user a URL names, without its password (for messages)."""
     from psycopg.conninfo import conninfo_to_dict
 
+    if _ambiguous(dsn):
+        return "the catalog URL given: its user part holds an @, which must be written %40"
     try:
         parts = conninfo_to_dict(dsn)
     except Exception:  # not a URL psycopg reads: say nothing of it
@@ -95,15 +104,17 @@ class _Connection:
             self._pg = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
         except (psycopg.OperationalError, psycopg.ProgrammingError) as exc:
             # A URL psycopg cannot read may be echoed in its message, password and all.
-            lines = (
-                str(exc).strip().splitlines() if isinstance(exc, psycopg.OperationalError) else []
-            )
+            readable = isinstance(exc, psycopg.OperationalError) and not _ambiguous(dsn)
+            lines = str(exc).strip().splitlines() if readable else []
             reason = " ".join(line.strip() for line in lines) or "psycopg cannot read the URL"
             raise CatalogUnavailableError(
                 f"cannot open the catalog in PostgreSQL ({where(dsn)}): {reason[:300]}; check "
                 "the URL (postgresql://user:password@host:port/database) and that the server "
                 "runs and accepts this user"
             ) from None
+        # Wait for the catalog's lock as long as SQLite waits for its file's (30 s), never
+        # for good behind a stuck peer.
+        self._pg.execute("SET lock_timeout = '30s'")
 
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         cursor = self._pg.cursor()
@@ -148,13 +159,38 @@ class PostgresCatalog(SqlCatalog):
         self._lock = threading.Lock()
         self._db = cast(sqlite3.Connection, connection)  # the part the catalog uses
         try:
-            with self._immediate() as db:  # one process lays it out, the others wait
-                for statement in filter(str.strip, SCHEMA.split(";")):
-                    db.execute(postgres_layout(statement))
-                for (table, column), declaration in ADDED_COLUMNS.items():
-                    db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
-                               f"{postgres_layout(declaration)}")  # fmt: skip
-                ensure_catalog_id(db)
+            self._lay_out(dsn)
         except BaseException:
             connection.close()
             raise
+
+    def _lay_out(self, dsn: str) -> None:
+        """Create what the layout lacks, under the catalog's lock (one process lays it
+        out, the others wait). A laid-out catalog takes no DDL: ``ALTER TABLE`` locks
+        its table even when the column is there, and would queue every reader behind any
+        open transaction that read it."""
+        import psycopg
+
+        with self._immediate() as db:
+            present = set(db.execute(
+                "SELECT table_name, column_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema()"
+            ).fetchall())  # fmt: skip
+            tables = {table for table, _ in present}
+            wanted = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+            try:
+                if not wanted <= tables:
+                    for statement in filter(str.strip, SCHEMA.split(";")):
+                        db.execute(postgres_layout(statement))
+                for (table, column), declaration in ADDED_COLUMNS.items():
+                    if (table, column) not in present:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
+                                   f"{postgres_layout(declaration)}")  # fmt: skip
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise CatalogUnavailableError(
+                    f"cannot lay the catalog out in PostgreSQL ({where(dsn)}): "
+                    f"{str(exc).strip().splitlines()[0][:200]}; let the user create tables "
+                    "(GRANT CREATE ON SCHEMA public TO the user) or open it first as the "
+                    "database's owner"
+                ) from None
+            ensure_catalog_id(db)

@@ -14,6 +14,7 @@ Several processes (the service, SQL sessions) may share one file: every write is
 from __future__ import annotations
 
 import contextlib
+import math
 import sqlite3
 import threading
 import time
@@ -239,22 +240,17 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
 
     def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
         now = time.time()
-        self._write(
-            [
-                (
-                    "INSERT INTO channels (table_id, name, generation, last_activity, created_at,"
-                    " committed_position) VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?, 0)"
-                    " ON CONFLICT (table_id, name) DO UPDATE SET generation = CASE"
-                    " WHEN excluded.generation > channels.generation + 1"
-                    " THEN excluded.generation ELSE channels.generation + 1 END,"
-                    " last_activity = excluded.last_activity",
-                    (table_id, name, min_generation, min_generation, now, now),
-                )
-            ]
-        )
-        record = self.get_channel(table_id, name)
-        assert record is not None
-        return record
+        with self._immediate() as db:  # bumped and read back in one transaction
+            row = db.execute(
+                "INSERT INTO channels (table_id, name, generation, last_activity, created_at,"
+                " committed_position) VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?, 0)"
+                " ON CONFLICT (table_id, name) DO UPDATE SET generation = CASE"
+                " WHEN excluded.generation > channels.generation + 1"
+                " THEN excluded.generation ELSE channels.generation + 1 END,"
+                f" last_activity = excluded.last_activity RETURNING {CHANNEL_COLUMNS}",
+                (table_id, name, min_generation, min_generation, now, now),
+            ).fetchone()
+        return to_channel(row)
 
     def get_channel(self, table_id: int, name: str) -> ChannelRecord | None:
         rows = self._read(
@@ -404,6 +400,8 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def remove_inactive_channels(self, before: float, keep: set[tuple[int, str]]) -> int:
+        if math.isnan(before):  # no moment: compares true on PostgreSQL, false on SQLite
+            return 0
         stale = [
             (table_id, name)
             for table_id, name in self._read(

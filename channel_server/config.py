@@ -102,7 +102,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.limits.max_buffer_bytes <= 0:
             raise ConfigurationError("max_buffer_bytes must be positive")
-        if self.channel_retention_seconds <= 0:
+        if not self.channel_retention_seconds > 0:  # NaN too: it would compare as no time
             raise ConfigurationError("channel retention must be positive")
         if min(self.sql.max_sessions, self.sql.max_transactions) < 1 or self.sql.idle_seconds <= 0:
             raise ConfigurationError(

@@ -206,12 +206,6 @@ def test_the_row_id_sequence_refuses_to_pass_64_bits_alike(pair):
     assert all(isinstance(value, int) for value in stored.values()), stored
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: remove_inactive_channels(before=NaN) removes no channel on SQLite (NaN binds "
-    "as NULL) but every channel, and with it its committed offset token, on PostgreSQL "
-    "(NaN sorts above every float): ServerConfig accepts channel_retention_seconds=NaN "
-    "(NaN <= 0 is False), so an embedder's NaN wipes the tokens, and producers resume from "
-    "nothing"))  # fmt: skip
 def test_a_nan_cutoff_removes_the_same_channels(pair):
     removed = {}
     for kind, catalog in pair.items():
@@ -299,13 +293,6 @@ def test_unordered_lists_come_back_in_the_same_order(pair):
 # --- 3. Locks: a catalog open must not stall the readers of running services -----------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: every PostgresCatalog open (each service start, Spark worker start, SQL Session, "
-    "change-stream read connection, flush.compact) runs ALTER TABLE ... ADD COLUMN IF NOT "
-    "EXISTS on 11 tables, which takes ACCESS EXCLUSIVE locks even when the columns exist: "
-    "behind any open transaction that read a catalog table (pg_dump, a monitoring query, a "
-    "long snapshot) the open waits, and every running service's catalog reads queue behind "
-    "it, so the whole fleet stalls for as long as the reader lasts"))  # fmt: skip
 def test_opening_the_catalog_does_not_stall_the_readers_of_running_services(postgres_dsn):
     import psycopg
 
@@ -426,13 +413,6 @@ catalog.close()
 """
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: open_channel bumps the generation in one transaction and reads the row back "
-    "in another (SqlCatalog.open_channel: _write, then get_channel), so when two processes "
-    "open one channel at once on PostgreSQL both can be told the same, newer generation: "
-    "two live handles of one generation, neither fenced by the other (the bump exists to "
-    "fence). It should return the generation its own write set (RETURNING). SQLite runs "
-    "the same two steps; the race was not seen there"))  # fmt: skip
 def test_concurrent_opens_of_one_channel_each_get_their_own_generation(postgres_dsn, tmp_path):
     catalog = open_catalog(postgres_dsn)
     table = catalog.create_table("D", "S", "T", "/w", SCHEMA)
