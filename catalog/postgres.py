@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from catalog.sqlite import SqlCatalog
 from catalog.sqlite_commits import ensure_catalog_id
-from catalog.sqlite_layout import ADDED_COLUMNS, SCHEMA, IntegrityError
+from catalog.sqlite_layout import ADDED_COLUMNS, BACKFILLS, SCHEMA, IntegrityError
 
 __all__ = ["CatalogUnavailableError", "PostgresCatalog", "postgres_layout", "to_postgres"]
 
@@ -186,6 +186,8 @@ class PostgresCatalog(SqlCatalog):
                     if (table, column) not in present:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
                                    f"{postgres_layout(declaration)}")  # fmt: skip
+                        if (table, column) in BACKFILLS:
+                            db.execute(BACKFILLS[table, column])
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise CatalogUnavailableError(
                     f"cannot lay the catalog out in PostgreSQL ({where(dsn)}): "

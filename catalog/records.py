@@ -119,6 +119,9 @@ class ChannelRecord:
     rows_committed: int
     last_activity: float
     created_at: float
+    #: The newest position recorded (``generation << 40 | batch_seq``); 0: none yet;
+    #: None: recorded before positions were kept (a catalog upgraded from an older layout).
+    committed_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_dynamic import DynamicTableStore
 from catalog.sqlite_layout import (
     ADDED_COLUMNS,
+    BACKFILLS,
     CHANNEL_COLUMNS,
     MIGRATION_COLUMNS,
     ORPHAN_OFFSETS,
@@ -279,15 +280,16 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         (generation, batch_seq), so a commit applied after a newer one of another writer
         (several services on one table) still records its channels, and an older position
         never overwrites a newer one. A channel whose position predates their keeping
-        moves only with a commit newer than the table's applied version, as before."""
+        (an upgraded catalog) moves with a commit above the applied version of the
+        upgrade: the older code recorded every commit up to it."""
         now = time.time()
         with self._immediate() as db:
-            (applied,) = db.execute(
-                "SELECT applied_version FROM tables WHERE id=?", (table_id,)
+            (positions_from,) = db.execute(
+                "SELECT positions_from FROM tables WHERE id=?", (table_id,)
             ).fetchone() or (None,)
-            if applied is None:
+            if positions_from is None:
                 return
-            newer = int(record.version > applied)
+            newer = int(record.version > positions_from)
             for progress in record.channels:
                 position = pack_txn_version(progress.generation, progress.batch_seq)
                 db.execute(
@@ -502,16 +504,14 @@ class SqliteCatalog(SqlCatalog):
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
         self._db.executescript(SCHEMA)
-        for (table, column), declaration in ADDED_COLUMNS.items():
-            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            if column not in present:
-                try:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-                except sqlite3.OperationalError as exc:  # another process added it first
-                    if "duplicate column" not in str(exc):
-                        raise
         try:
-            with self._immediate() as db:
+            with self._immediate() as db:  # one process upgrades, the others wait
+                for (table, column), declaration in ADDED_COLUMNS.items():
+                    present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                    if column not in present:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                        if (table, column) in BACKFILLS:
+                            db.execute(BACKFILLS[table, column])
                 ensure_catalog_id(db)
         except BaseException:
             self._db.close()

@@ -32,6 +32,7 @@ from ingest_sdk import TableSchema
 
 __all__ = [
     "ADDED_COLUMNS",
+    "BACKFILLS",
     "CHANGE_STREAM_COLUMNS",
     "CHANNEL_COLUMNS",
     "DEFINITION_COLUMNS",
@@ -179,6 +180,13 @@ ADDED_COLUMNS = {
     # The newest applied position (generation << 40 | batch_seq); NULL: applied before
     # positions were kept, 0: none yet.
     ("channels", "committed_position"): "INTEGER",
+    # The applied version when positions began to be kept (set at the upgrade that adds
+    # this column): a channel without a position moves with commits above it only.
+    ("tables", "positions_from"): "INTEGER NOT NULL DEFAULT 0",
+}
+#: What fills a column of :data:`ADDED_COLUMNS` in, in the transaction that adds it.
+BACKFILLS = {
+    ("tables", "positions_from"): "UPDATE tables SET positions_from = applied_version",
 }
 
 
@@ -240,7 +248,8 @@ MIGRATION_COLUMNS = (
     " bytes_out, rows_out, version, error"
 )
 CHANNEL_COLUMNS = (
-    "table_id, name, generation, offset_token, rows_committed, last_activity, created_at"
+    "table_id, name, generation, offset_token, rows_committed, last_activity, created_at,"
+    " committed_position"
 )
 #: Every (database, schema) something names: created schemas, and those of tables and
 #: streams (a table made before schemas were objects, or renamed into one, implies it).

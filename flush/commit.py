@@ -25,7 +25,7 @@ from deltalake import DeltaTable, Transaction
 from deltalake.transaction import AddAction, RemoveAction
 
 from catalog.base import Catalog
-from catalog.records import ChannelProgress, CommitRecord
+from catalog.records import ChannelProgress, ChannelRecord, CommitRecord
 from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import commit_info, stamped
 from flush.failpoints import failpoint
@@ -97,17 +97,56 @@ def commits_after(table_uri: str, version: int) -> list[CommitRecord]:
 
 
 def replay_commits(catalog: Catalog, table_id: int) -> list[CommitRecord]:
-    """Record in the catalog every flush commit of the table's log newer than the
-    catalog's applied version, oldest first (the applied version only moves forward, so
-    a commit skipped once would be skipped for good); returns them. Nothing for a table
-    the catalog no longer has."""
+    """Record in the catalog every flush commit of the table's log it has not recorded,
+    oldest first; returns them. Nothing for a table the catalog no longer has.
+
+    Those are the commits above the catalog's applied version and, with several services
+    on one table, a commit at or below it: a service killed between its Delta commit and
+    the catalog update while another recorded a newer one. Such a commit is the newest
+    of each of its channels, so a channel whose position in the log is past the one in
+    the catalog names it (:func:`_late_commits`)."""
     info = catalog.get_table_by_id(table_id)
     if info is None:
         return []
     records = commits_after(info.uri, info.applied_version)
     for record in records:
         catalog.apply_commit(info.id, record)
-    return records
+    late = _late_commits(info.uri, info.applied_version, catalog.list_channels(info.id))
+    for record in late:
+        catalog.apply_commit(info.id, record)
+    return sorted(records + late, key=lambda record: record.version)
+
+
+def _late_commits(
+    table_uri: str, applied_version: int, channels: list[ChannelRecord]
+) -> list[CommitRecord]:
+    """The commits at or below ``applied_version`` holding a channel's position in the
+    log that the catalog's ``channels`` are behind, oldest first. Channels without a
+    recorded position (an upgraded catalog: the older code recorded every commit) are
+    not looked at; the search stops where log cleanup removed the files."""
+    table = DeltaTable(table_uri)
+    behind: dict[str, int] = {}
+    for channel in channels:
+        position = table.transaction_version(app_id(channel.name))
+        known = channel.committed_position
+        if known is not None and position is not None and position > known:
+            behind[channel.name] = position
+    found: dict[int, CommitRecord] = {}
+    for version in range(min(applied_version, table.version()), -1, -1):
+        if not behind:
+            break
+        info = commit_info(table_uri, version)
+        if info is None:
+            break
+        if COMMIT_METADATA_KEY not in info:
+            continue
+        record = _record(version, info[COMMIT_METADATA_KEY])
+        for progress in record.channels:
+            position = pack_txn_version(progress.generation, progress.batch_seq)
+            if behind.get(progress.channel) == position:
+                del behind[progress.channel]
+                found[version] = record
+    return [found[version] for version in sorted(found)]
 
 
 @dataclass(frozen=True, slots=True)

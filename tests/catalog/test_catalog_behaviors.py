@@ -106,11 +106,12 @@ def test_a_commit_applied_after_a_newer_one_of_another_writer_still_counts(catal
     assert catalog.get_channel(table.id, "a").offset_token == "a3"
 
 
-def test_a_channel_from_before_positions_moves_only_with_newer_versions(catalog):
+def test_a_channel_from_before_positions_moves_only_with_versions_above_the_upgrade(catalog):
     table = catalog.create_table("DB", "S", "T", "/w", SCHEMA)
     catalog.open_channel(table.id, "a")
     catalog.apply_commit(table.id, record(5, ("a", 1, 3, "t3", 3)))
     catalog._db.execute("UPDATE channels SET committed_position = NULL")  # as upgraded
+    catalog._db.execute("UPDATE tables SET positions_from = applied_version")
     catalog.apply_commit(table.id, record(4, ("a", 1, 2, "t2", 2)))  # replayed: ignored
     assert catalog.get_channel(table.id, "a").offset_token == "t3"
     catalog.apply_commit(table.id, record(6, ("a", 1, 4, "t4", 1)))

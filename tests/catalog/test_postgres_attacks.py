@@ -502,14 +502,10 @@ def test_an_upgraded_catalog_replays_without_counting_twice(old_catalog):
     catalog.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: a channel row from before committed positions (NULL after the upgrade) moves "
-    "only with a commit newer than the table's applied version, so its first commit after "
-    "the upgrade is dropped from the catalog when another writer's newer commit was "
-    "recorded first (two services on one table, docs/several-machines.md: 'every commit is "
-    "recorded'): the channel's token stays behind the log and a producer resuming from it "
-    "sends rows again. The position could be taken from the Delta log at the upgrade"))  # fmt: skip
 def test_an_upgraded_channel_records_a_commit_recorded_after_a_newer_one(old_catalog):
+    """A channel from before committed positions moves with any commit above the applied
+    version of the upgrade, so its commit recorded after another writer's newer one
+    still counts (two services on one table)."""
     catalog = open_catalog(old_catalog)
     table = catalog.get_table("D", "S", "T")
     catalog.apply_commit(table.id, record(4, ("b", 1, 2, "b2", 1), next_row_id=12))  # B's, first

@@ -287,15 +287,13 @@ def test_a_commit_whose_index_failed_is_recorded_after_another_service_moved_on(
     assert ids_in(uri) == [1, 2, 100]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: service A SIGKILLed between its Delta commit and the catalog update, while "
-    "service B (same warehouse, same PostgreSQL catalog) records a newer commit: A's "
-    "start-up recovery replays only commits newer than the applied version (B's), so A's "
-    "committed token never reaches the catalog; the reopened channel resumes from nothing "
-    "although the Delta log holds its token, and the producer duplicates its rows"))  # fmt: skip
 def test_sigkill_after_the_delta_commit_while_another_service_commits(
     server_factory, process_server_factory, postgres_dsn
 ):
+    """Service A SIGKILLed between its Delta commit and the catalog update while service B
+    (same warehouse, same catalog) records a newer commit: A's start-up recovery finds
+    its commit below the applied version (B's) by the channel's position in the log, and
+    the reopen's fence reads the token from the log: the producer resumes after its rows."""
     a = process_server_factory("--catalog", postgres_dsn, failpoints="after_delta_commit=kill")
     b = server_factory(catalog=postgres_dsn)  # the same warehouse (tmp_path / "warehouse")
     create_t(b.url)
@@ -304,11 +302,15 @@ def test_sigkill_after_the_delta_commit_while_another_service_commits(
     insert(a.url, on_a, 1, [1, 2, 3], "a-3")
     assert a.wait_killed(60) != 0  # killed right after its Delta commit
     uri = b.service.catalog.get_table("DB", "S", "T").uri
-    assert [c.offset_token for r in commits_after(uri, -1) for c in r.channels] == ["a-3"]
+    flushes = [c for r in commits_after(uri, -1) for c in r.channels if c.batch_seq > 0]
+    assert [c.offset_token for c in flushes] == ["a-3"]  # the open's fence carries none
     on_b = open_channel(b.url, "from-b")
     insert(b.url, on_b, 1, [100], "b-100")
     assert wait(b.url, on_b, 1)[1]["offset_token"] == "b-100"
-    a.start(failpoints="")
+    a.start(failpoints="")  # its recovery finds the commit below B's
+    info = b.service.catalog.get_table("DB", "S", "T")
+    recorded = b.service.catalog.get_channel(info.id, "from-a")
+    assert (recorded.offset_token, recorded.rows_committed) == ("a-3", 3)
     resumed = open_channel(a.url, "from-a")["offset_token"]
     assert resumed == "a-3"  # what the log holds for the channel
 
