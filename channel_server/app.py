@@ -46,6 +46,7 @@ async def _service_context(app: web.Application) -> AsyncIterator[None]:
     finally:
         await schedules.stop(service, tasks)
         await service.stop()
+        await schedules.release_leases(service)
         catalog.close()
 
 

@@ -7,7 +7,9 @@ One step's failure is logged and the step runs again at its next period; it neve
 the others or the service. The steps that one service of several on a warehouse must run
 alone (partition balancing, channel retention) run only while their service holds the
 step's lease in the catalog (:meth:`catalog.Catalog.take_lease`), renewed at each period
-and given up when the service stops; another service takes an expired one over.
+and given up when the service stops; another service takes an expired one over. The
+dynamic tables' scheduler (the worker's refresh loop) runs on the service holding its
+lease too.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from collections.abc import Awaitable, Callable
 from channel_server.service import IngestService, refreshes_scheduled
 from flush import purge_dropped
 from pipelines.change_streams.balance import Balancer
+from pipelines.dynamic_tables.scheduler import SCHEDULER_LEASE, SCHEDULER_LEASE_SECONDS
 from pipelines.transactions.commit import recover_pending
 
-__all__ = ["periodic", "start", "stop"]
+__all__ = ["periodic", "release_leases", "start", "stop"]
 
 log = logging.getLogger(__name__)
 #: How often the service looks for pipeline commits left by a dead owner.
@@ -103,12 +106,17 @@ def start(service: IngestService) -> list[asyncio.Task[None]]:
 
 
 async def stop(service: IngestService, tasks: list[asyncio.Task[None]]) -> None:
-    """End the steps and give their leases up, so another service takes them at once."""
+    """End the steps."""
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    for name in (RETENTION_LEASE, BALANCER_LEASE):
+
+
+async def release_leases(service: IngestService) -> None:
+    """Give the steps' leases up, so another service takes them at once; after the
+    service stopped its worker, whose refresh loop takes the scheduler's lease itself."""
+    for name in (RETENTION_LEASE, BALANCER_LEASE, SCHEDULER_LEASE):
         try:
             await asyncio.to_thread(service.catalog.release_lease, name, service.id)
         except Exception:  # the catalog may be gone; the lease then expires
@@ -143,13 +151,20 @@ async def _recover_pipelines(service: IngestService) -> None:
 
 
 async def _keep_refreshing(service: IngestService) -> None:
-    """Start the worker (and with it the refresh loop) if dynamic tables need it and it
-    is not running: after a restart of the service, or the worker's death."""
-    worker = service.worker
-    if worker.pid is None and await asyncio.to_thread(
-        refreshes_scheduled, service.config, service.catalog
-    ):
-        await worker.request({"ping": True})
+    """Start the worker (and with it the refresh loop) if dynamic tables need it, this
+    service is their scheduler and the worker is not running: after a restart of the
+    service, the worker's death, or the scheduler's lease coming to this service.
+
+    One service of several on a warehouse schedules the refreshes: the one holding
+    :data:`SCHEDULER_LEASE`, which it renews here every few seconds and its worker's
+    loop takes before each round (the same holder: the service's id)."""
+    catalog = service.catalog
+    scheduled = await asyncio.to_thread(refreshes_scheduled, service.config, catalog)
+    service.schedules_refreshes = scheduled and await asyncio.to_thread(
+        catalog.take_lease, SCHEDULER_LEASE, service.id, SCHEDULER_LEASE_SECONDS
+    )
+    if service.schedules_refreshes and service.worker.pid is None:
+        await service.worker.request({"ping": True})
 
 
 async def _balance(balancer: Balancer) -> None:

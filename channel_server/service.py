@@ -33,6 +33,7 @@ from channel_server.spark_worker import SparkWorker
 from channel_server.sql_service import SqlService
 from channel_server.tables import Tables
 from flush import purge_dropped, replay_commits
+from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 
 __all__ = ["IngestService", "refreshes_scheduled", "spark_worker_command"]
 
@@ -75,12 +76,20 @@ class IngestService:
         self.config = config
         self.catalog = catalog
         self.metrics = Metrics()
+        #: This service among others on the warehouse (the holder of its leases).
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        #: Whether this service's worker schedules the dynamic tables' refreshes (some
+        #: are scheduled and it holds the scheduler's lease; ``schedules`` decides).
+        self.schedules_refreshes = False
         self.worker = SparkWorker(
             spark_worker_command(config),
             Path(config.warehouse) / "_logs" / "spark-worker.log",
             config.compaction.worker_idle_seconds,
             on_death=self.metrics.worker_restarts.inc,
-            environment={CATALOG_VARIABLE: str(config.catalog_location)},
+            environment={
+                CATALOG_VARIABLE: str(config.catalog_location),
+                SERVICE_ID_VARIABLE: self.id,
+            },
         )
         self.tables = Tables(config, catalog, self.metrics)
         self.compaction = Compaction(config.compaction, self.worker, self.metrics)
@@ -91,10 +100,8 @@ class IngestService:
         journal = Path(config.warehouse) / "_service" / "sql_transactions.json"
         self.sql = SqlService(self.worker, config.sql, self.metrics, journal)
         sql_keeps_alive = self.worker.keep_alive
-        self.worker.keep_alive = lambda: sql_keeps_alive() or refreshes_scheduled(config, catalog)
+        self.worker.keep_alive = lambda: sql_keeps_alive() or self.schedules_refreshes
         self.started_at = time.time()
-        #: This service among others on the warehouse (the holder of its leases).
-        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
     def recover(self) -> int:
         """Replay Delta commits the catalog has not recorded (crash after commit). Returns

@@ -274,13 +274,25 @@ def serve(
 
 def _refresh_loop(spark: Any, catalog: Any, args: argparse.Namespace) -> Any:
     """Start the dynamic-table scheduler on its own thread and Spark pool."""
-    from pipelines.dynamic_tables.scheduler import RefreshLoop
+    from pipelines.dynamic_tables.scheduler import (
+        SCHEDULER_LEASE,
+        SCHEDULER_LEASE_SECONDS,
+        SERVICE_ID_VARIABLE,
+        RefreshLoop,
+    )
 
     def in_refresh_pool() -> None:
         spark.sparkContext.setLocalProperty("spark.scheduler.pool", REFRESH_POOL)
 
+    service = os.environ.get(SERVICE_ID_VARIABLE)
+    lease = None
+    if service:  # the service's worker: it schedules while its service holds the lease
+
+        def lease() -> bool:
+            return bool(catalog.take_lease(SCHEDULER_LEASE, service, SCHEDULER_LEASE_SECONDS))
+
     loop = RefreshLoop(lambda: Session(Path(args.warehouse), spark=spark, catalog=catalog),
-                       before=in_refresh_pool)  # fmt: skip
+                       before=in_refresh_pool, lease=lease)  # fmt: skip
     loop.start()
     return loop
 

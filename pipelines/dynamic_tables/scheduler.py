@@ -36,7 +36,21 @@ from pipelines.transactions.snapshot_pins import refreshed_versions
 if TYPE_CHECKING:
     from pipelines.sql.context import StatementContext
 
-__all__ = ["RefreshLoop", "next_tick", "run_due"]
+__all__ = [
+    "SCHEDULER_LEASE",
+    "SCHEDULER_LEASE_SECONDS",
+    "SERVICE_ID_VARIABLE",
+    "RefreshLoop",
+    "next_tick",
+    "run_due",
+]
+
+#: The catalog lease of the one scheduler among several services on a warehouse.
+SCHEDULER_LEASE = "dynamic-table-scheduler"
+#: How long a round's take of the lease lasts (the service renews it more often).
+SCHEDULER_LEASE_SECONDS = 10.0
+#: The environment variable naming the service a worker belongs to (the lease's holder).
+SERVICE_ID_VARIABLE = "INGEST_SERVICE_ID"
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +216,8 @@ class RefreshLoop:
         poll_seconds: how often it looks for new or changed tables between ticks.
         before: called on the loop's thread before it starts (e.g. to choose the Spark
             scheduler pool its jobs run in).
+        lease: called before each round: whether this loop is the warehouse's scheduler
+            (it holds :data:`SCHEDULER_LEASE`); a round is skipped while it is not.
     """
 
     def __init__(
@@ -209,10 +225,12 @@ class RefreshLoop:
         session_factory: Callable[[], StatementContext],
         poll_seconds: float = 1.0,
         before: Callable[[], None] | None = None,
+        lease: Callable[[], bool] | None = None,
     ) -> None:
         self._factory = session_factory
         self._poll = poll_seconds
         self._before = before
+        self._lease = lease
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dynamic-table-refresh",
                                         daemon=True)  # fmt: skip
@@ -232,6 +250,9 @@ class RefreshLoop:
             while not self._stop.is_set():
                 wait = self._poll
                 try:
+                    if self._lease is not None and not self._lease():
+                        self._stop.wait(wait)
+                        continue
                     run_due(session)
                     upcoming = next_tick(session, clock())
                     if upcoming is not None:
