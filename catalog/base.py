@@ -243,10 +243,13 @@ class Catalog(ABC):
 
     # Channels
     @abstractmethod
-    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
+    def open_channel(
+        self, table_id: int, name: str, min_generation: int = 1, server: str = ""
+    ) -> ChannelRecord:
         """Open or reopen a channel: its generation becomes one more than before, and at
         least ``min_generation`` (the service passes one more than the generation the
-        table's Delta log holds, since a dropped or retired channel's row is gone)."""
+        table's Delta log holds, since a dropped or retired channel's row is gone); the
+        channel's server becomes ``server`` (the one opening it)."""
 
     @abstractmethod
     def get_channel(self, table_id: int, name: str) -> ChannelRecord | None: ...

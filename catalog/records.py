@@ -122,6 +122,9 @@ class ChannelRecord:
     #: The newest position recorded (``generation << 40 | batch_seq``); 0: none yet;
     #: None: recorded before positions were kept (a catalog upgraded from an older layout).
     committed_position: int | None = None
+    #: The server holding its newest open (its advertised URL, or its id without one);
+    #: empty: recorded before servers were.
+    server: str = ""
 
 
 @dataclass(frozen=True, slots=True)

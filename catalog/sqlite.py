@@ -239,17 +239,21 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
             ("DELETE FROM change_stream_seals WHERE table_id=?", (table_id,)),
         ])  # fmt: skip
 
-    def open_channel(self, table_id: int, name: str, min_generation: int = 1) -> ChannelRecord:
+    def open_channel(
+        self, table_id: int, name: str, min_generation: int = 1, server: str = ""
+    ) -> ChannelRecord:
         now = time.time()
         with self._immediate() as db:  # bumped and read back in one transaction
             row = db.execute(
                 "INSERT INTO channels (table_id, name, generation, last_activity, created_at,"
-                " committed_position) VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?, 0)"
+                " committed_position, server)"
+                " VALUES (?, ?, CASE WHEN ? > 1 THEN ? ELSE 1 END, ?, ?, 0, ?)"
                 " ON CONFLICT (table_id, name) DO UPDATE SET generation = CASE"
                 " WHEN excluded.generation > channels.generation + 1"
                 " THEN excluded.generation ELSE channels.generation + 1 END,"
-                f" last_activity = excluded.last_activity RETURNING {CHANNEL_COLUMNS}",
-                (table_id, name, min_generation, min_generation, now, now),
+                " last_activity = excluded.last_activity, server = excluded.server"
+                f" RETURNING {CHANNEL_COLUMNS}",
+                (table_id, name, min_generation, min_generation, now, now, server),
             ).fetchone()
         return to_channel(row)
 

@@ -31,7 +31,8 @@ __all__ = ["SCHEMA_VERSION", "PendingCommitStore", "ensure_catalog_id"]
 #: The layout's version, kept in ``catalog_meta``: a program refuses a catalog a newer
 #: one laid out (it would misread it); a newer program brings an older one up to date
 #: (``ADDED_COLUMNS``) and writes its own number.
-SCHEMA_VERSION = 3  # 2: channels.committed_position, leases; 3: tables.positions_from
+#: 2: channels.committed_position, leases; 3: tables.positions_from, channels.server.
+SCHEMA_VERSION = 3
 
 
 def ensure_catalog_id(db: sqlite3.Connection) -> None:

@@ -183,6 +183,8 @@ ADDED_COLUMNS = {
     # The applied version when positions began to be kept (set at the upgrade that adds
     # this column): a channel without a position moves with commits above it only.
     ("tables", "positions_from"): "INTEGER NOT NULL DEFAULT 0",
+    # The server holding the channel's newest open (several servers on one warehouse).
+    ("channels", "server"): "TEXT NOT NULL DEFAULT ''",
 }
 #: What fills a column of :data:`ADDED_COLUMNS` in, in the transaction that adds it.
 BACKFILLS = {
@@ -249,7 +251,7 @@ MIGRATION_COLUMNS = (
 )
 CHANNEL_COLUMNS = (
     "table_id, name, generation, offset_token, rows_committed, last_activity, created_at,"
-    " committed_position"
+    " committed_position, server"
 )
 #: Every (database, schema) something names: created schemas, and those of tables and
 #: streams (a table made before schemas were objects, or renamed into one, implies it).

@@ -21,6 +21,7 @@ from catalog.postgres import CatalogUnavailableError
 from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig, SqlLimits
 from ingest_sdk.durations import parse_duration
+from ingest_sdk.errors import ConfigurationError
 from ingest_sdk.logs import configure_logging
 from ingest_sdk.process_exit import run_entry_point
 from ingest_sdk.wire import dumps
@@ -138,18 +139,30 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         help="merge adjacent partitions whose rates both stay below this (default 10)",
     )  # fmt: skip
     parser.add_argument(
+        "--advertise-url", default=os.environ.get("INGEST_ADVERTISE_URL"),
+        help="the URL producers reach this server by, when several serve one warehouse: "
+             "channel opens answer it and the SDK sends the channel's calls there",
+    )  # fmt: skip
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("INGEST_LOG_LEVEL", "INFO"),
         help="DEBUG, INFO (default), WARNING or ERROR; logs are JSON lines on stderr",
     )
     args = parser.parse_args(argv)
-    tokens = set(args.auth_token)
-    if os.environ.get("INGEST_AUTH_TOKENS"):
-        tokens |= set(os.environ["INGEST_AUTH_TOKENS"].split(","))
     try:
         configure_logging(args.log_level)
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        return _config(args)
+    except ConfigurationError as exc:
+        parser.error(str(exc))
+
+
+def _config(args: argparse.Namespace) -> ServerConfig:
+    tokens = set(args.auth_token)
+    if os.environ.get("INGEST_AUTH_TOKENS"):
+        tokens |= set(os.environ["INGEST_AUTH_TOKENS"].split(","))
     return ServerConfig(
         host=args.host,
         port=args.port,
@@ -181,6 +194,7 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
             split_rows_per_s=args.change_stream_split_rows_per_s,
             merge_rows_per_s=args.change_stream_merge_rows_per_s,
         ),
+        advertise_url=args.advertise_url or None,
     )
 
 

@@ -78,8 +78,11 @@ class Channels:
         tables: Tables,
         metrics: Metrics,
         on_flush: OnFlush | None = None,
+        server: str = "",
     ) -> None:
         self.config = config
+        #: How the catalog names this server as a channel's (its advertised URL or id).
+        self.server = server
         self.catalog = catalog
         self.tables = tables
         self.metrics = metrics
@@ -253,7 +256,7 @@ class Channels:
             flusher.reindex()
         known = self.catalog.get_channel(table_id, name) is not None
         logged = flusher.writer.committed_generation(name)
-        record = self.catalog.open_channel(table_id, name, logged + 1)
+        record = self.catalog.open_channel(table_id, name, logged + 1, self.server)
         try:
             pack_txn_version(record.generation, 0)
         except ValueError as exc:
@@ -299,7 +302,14 @@ class Channels:
                 raise ChannelInvalidatedError(
                     f"channel {channel_name} on {info.full_name} was dropped; open it again"
                 )
-            if self.catalog.get_channel(info.id, channel_name) is not None:
+            record = self.catalog.get_channel(info.id, channel_name)
+            if record is not None and record.server not in ("", self.server):
+                raise ChannelInvalidatedError(
+                    f"channel {channel_name} on {info.full_name} is open on the server "
+                    f"{record.server} (its newest open): send its calls there, or reopen it "
+                    "here and resume after the latest committed offset token"
+                )
+            if record is not None:
                 reason = "it is not open on this server (the server restarted since)"
             elif self.tables.dropped_here(info):
                 reason = "its table was dropped and created again since this handle was opened"
@@ -541,6 +551,7 @@ class Channels:
                     "rows_committed": current.rows_committed if current else record.rows_committed,
                     "last_activity": max(record.last_activity, live.last_activity if live else 0),
                     "status": status,
+                    "server": record.server or None,
                 }
             )
         return result

@@ -84,9 +84,13 @@ async def open_channel(request: web.Request) -> web.Response:
         on_error=on_error(body.get("on_error", "ABORT")),
         default_timezone=zone,
     )
+    service = request.app[SERVICE]
     columns = channel.table.info.schema.declarations()
-    hint = request.app[SERVICE].channels.request_bytes_hint
-    return json_answer({**_channel_json(channel), "columns": columns, "max_request_bytes": hint})
+    hint = service.channels.request_bytes_hint
+    # Where the channel's calls go (None: the URL the client used).
+    server = service.config.advertise_url
+    return json_answer({**_channel_json(channel), "columns": columns, "max_request_bytes": hint,
+                        "server": server})  # fmt: skip
 
 
 @routes.post("/v1/channels/rows")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +12,14 @@ from channel_server.sql_sessions import SqlLimits
 from ingest_sdk.errors import ConfigurationError
 from pipelines.change_streams.partitions import BalancePolicy
 
-__all__ = ["CompactionTrigger", "FlushPolicy", "Limits", "ServerConfig", "SqlLimits"]
+__all__ = [
+    "CompactionTrigger",
+    "FlushPolicy",
+    "Limits",
+    "ServerConfig",
+    "SqlLimits",
+    "advertised_url",
+]
 
 MiB = 1024 * 1024
 
@@ -98,8 +106,14 @@ class ServerConfig:
     #: often (0: never; ALTER CHANGE STREAM ... SPLIT/MERGE still work).
     change_stream_check_seconds: float = 5.0
     change_stream_balance: BalancePolicy = field(default_factory=BalancePolicy)
+    #: The URL clients reach this server by, when several serve one warehouse: a channel's
+    #: open answers it, and the SDK sends the channel's calls there (None: clients keep
+    #: the URL they used; the catalog then names the server by its id).
+    advertise_url: str | None = None
 
     def __post_init__(self) -> None:
+        if self.advertise_url is not None:
+            object.__setattr__(self, "advertise_url", advertised_url(self.advertise_url))
         if self.limits.max_buffer_bytes <= 0:
             raise ConfigurationError("max_buffer_bytes must be positive")
         if not self.channel_retention_seconds > 0:  # NaN too: it would compare as no time
@@ -115,3 +129,24 @@ class ServerConfig:
         if self.catalog is None:
             return Path(self.warehouse) / CATALOG_FILE
         return self.catalog if is_postgres(self.catalog) else Path(self.catalog)
+
+
+def advertised_url(url: str) -> str:
+    """An advertised URL as clients will use it: ``http(s)://host[:port][/path]``, no
+    trailing slash.
+
+    Raises:
+        ConfigurationError: anything else (a typo here sends every channel's calls to a
+            server that is not there).
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise ConfigurationError(
+            f"advertise URL {url!r} is not a URL clients can use: write it as "
+            "http://host:port (or https://...), the address producers reach this server by"
+        )
+    try:
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        raise ConfigurationError(f"advertise URL {url!r}: {exc}") from None
+    return urllib.parse.urlunsplit(parts).rstrip("/")

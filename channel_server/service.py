@@ -94,8 +94,9 @@ class IngestService:
         self.tables = Tables(config, catalog, self.metrics)
         self.compaction = Compaction(config.compaction, self.worker, self.metrics)
         self.channels = Channels(
-            config, catalog, self.tables, self.metrics, on_flush=self.compaction.after_flush
-        )
+            config, catalog, self.tables, self.metrics, on_flush=self.compaction.after_flush,
+            server=config.advertise_url or self.id,
+        )  # fmt: skip
         #: ``POST /v1/sql``: sessions, and statements run in the same worker.
         journal = Path(config.warehouse) / "_service" / "sql_transactions.json"
         self.sql = SqlService(self.worker, config.sql, self.metrics, journal)

@@ -70,8 +70,12 @@ class AsyncChannel:
         on_error: OnErrorOption,
         options: ConversionOptions,
         max_request_bytes: int | None = None,
+        server: str | None = None,
     ) -> None:
         self._client = client
+        #: The server holding this channel (its open answered it), which its calls go to;
+        #: None: the client's URL.
+        self.server = server
         #: Requests are built up to this size: the client's limit, or the server's hint if
         #: smaller (a request larger than an eighth of its buffer waits for others' turns).
         self.max_request_bytes = min(
@@ -246,6 +250,7 @@ class AsyncChannel:
                     data=body,
                     headers=headers,
                     params={"table": self.table, "channel": self.name},
+                    server=self.server,
                 )
             except IngestError as exc:
                 await self._fail(exc)
@@ -357,7 +362,7 @@ class AsyncChannel:
                 "/v1/channels/wait",
                 json={"table": self.table, "channel": self.name, "generation": self.generation,
                       "batch_seq": seq, "timeout": min(remaining, _WAIT_SLICE)},
-                extra_timeout=min(remaining, _WAIT_SLICE),
+                extra_timeout=min(remaining, _WAIT_SLICE), server=self.server,
             )  # fmt: skip
             if answer["committed"]:
                 self._note_committed(answer.get("committed_batch_seq", seq), answer["offset_token"])
@@ -399,7 +404,7 @@ class AsyncChannel:
             "/v1/channels/close",  # the server flushes now and answers once committed
             json={"table": self.table, "channel": self.name, "generation": self.generation,
                   "timeout": max(0.0, deadline - time.monotonic())},
-            extra_timeout=wait,
+            extra_timeout=wait, server=self.server,
         )  # fmt: skip
         if not answer["closed"]:
             raise CommitTimeoutError(

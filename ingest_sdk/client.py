@@ -327,6 +327,7 @@ class AsyncStreamingIngestClient:
             on_error=on_error,
             options=options,
             max_request_bytes=answer.get("max_request_bytes"),
+            server=answer.get("server"),
         )
         self._channels.add(channel)
         return channel
@@ -342,19 +343,25 @@ class AsyncStreamingIngestClient:
         Pass handles (their generation is checked: a replaced handle reports
         ``INVALIDATED``) or ``(table, channel)`` pairs (no generation check).
         """
-        wanted = []
-        for item in channels:
+        # One call per server: a handle is asked of the server holding it (only that one
+        # knows its generation is open), a pair of the client's.
+        by_server: dict[str | None, list[tuple[int, dict[str, Any]]]] = {}
+        for index, item in enumerate(channels):
             if isinstance(item, AsyncChannel):
-                wanted.append(
-                    {"table": item.table, "channel": item.name, "generation": item.generation}
-                )
+                ask = {"table": item.table, "channel": item.name, "generation": item.generation}
+                by_server.setdefault(item.server, []).append((index, ask))
             else:
                 table, name = item
-                wanted.append({"table": table, "channel": name})
-        answer = await self.transport.request(
-            "POST", "/v1/channels/status", json={"channels": wanted}
-        )
-        return [_status(item) for item in answer["channels"]]
+                by_server.setdefault(None, []).append((index, {"table": table, "channel": name}))
+        found: dict[int, ChannelStatus] = {}
+        for server, asked in by_server.items():
+            answer = await self.transport.request(
+                "POST", "/v1/channels/status", json={"channels": [a for _, a in asked]},
+                server=server,
+            )  # fmt: skip
+            for (index, _), item in zip(asked, answer["channels"], strict=True):
+                found[index] = _status(item)
+        return [found[index] for index in sorted(found)]
 
     async def drop_channel(self, request: OpenChannelRequest | tuple[str, str]) -> None:
         """Drop a channel and its committed token; open handles of it are invalidated."""

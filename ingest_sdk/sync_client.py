@@ -124,6 +124,11 @@ class Channel:
     def generation(self) -> int:
         return self._channel.generation
 
+    @property
+    def server(self) -> str | None:
+        """The server holding the channel, which its calls go to (None: the client's)."""
+        return self._channel.server
+
     def insert_rows(
         self,
         rows: Sequence[Mapping[str, Any]],

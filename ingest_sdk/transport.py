@@ -144,11 +144,12 @@ class Transport:
         headers: Mapping[str, str] | None,
         params: Mapping[str, str] | None,
         timeout: float,
+        server: str | None = None,
     ) -> Any:
         try:
             async with self._session.request(
                 method,
-                self.url + path,
+                (server or self.url) + path,
                 json=json,
                 # A stream over a copy for each attempt: aiohttp warns of raw bytes over
                 # 1 MiB (a ResourceWarning, an error where warnings are), and a retry
@@ -195,8 +196,10 @@ class Transport:
         params: Mapping[str, str] | None = None,
         extra_timeout: float = 0.0,
         retry: bool = True,
+        server: str | None = None,
     ) -> Any:
-        """Send one request; retry it while the error says that is safe.
+        """Send one request (to ``server``, a channel's, instead of the client's URL);
+        retry it while the error says that is safe.
 
         Raises:
             ServiceError: the server's answer, as its class (after retries, if retriable).
@@ -205,7 +208,7 @@ class Transport:
         timeout = self.timeouts.request + extra_timeout
         if not retry:
             return await self._once(method, path, json=json, data=data, headers=headers,
-                                    params=params, timeout=timeout)  # fmt: skip
+                                    params=params, timeout=timeout, server=server)  # fmt: skip
         async for attempt in AsyncRetrying(
             retry=retry_if_exception(_is_retriable),
             wait=_Wait(self.retry),
@@ -214,7 +217,7 @@ class Transport:
         ):
             with attempt:
                 return await self._once(method, path, json=json, data=data, headers=headers,
-                                        params=params, timeout=timeout)  # fmt: skip
+                                        params=params, timeout=timeout, server=server)  # fmt: skip
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def stream_lines(

@@ -120,8 +120,10 @@ def test_the_worker_gets_the_catalog_url_in_its_environment_not_its_command_line
     server_factory, postgres_dsn
 ):
     from channel_server.service import CATALOG_VARIABLE
+    from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 
     url = postgres_dsn.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
-    worker = server_factory(catalog=url).service.worker
+    service = server_factory(catalog=url).service
+    worker = service.worker
     assert not any("s3cret" in part or "postgresql:" in part for part in worker.command)
-    assert worker.environment == {CATALOG_VARIABLE: url}
+    assert worker.environment == {CATALOG_VARIABLE: url, SERVICE_ID_VARIABLE: service.id}
