@@ -12,6 +12,7 @@ from catalog.base import (
     StreamClaimConflict,
     TableBusyError,
     TablesGoneError,
+    UnstorableValueError,
 )
 from catalog.opening import CATALOG_FILE, is_postgres, open_catalog
 from catalog.postgres import CatalogUnavailableError, PostgresCatalog
@@ -84,6 +85,7 @@ __all__ = [
     "TableBusyError",
     "TableInfo",
     "TablesGoneError",
+    "UnstorableValueError",
     "ViewRecord",
     "did_you_mean",
     "full_name",

@@ -28,6 +28,7 @@ from catalog.records import (
     ViewRecord,
 )
 from ingest_sdk import TableSchema
+from ingest_sdk.errors import InvalidRequestError
 
 __all__ = [
     "Catalog",
@@ -38,6 +39,7 @@ __all__ = [
     "RefreshClaimConflict",
     "StreamClaimConflict",
     "TableBusyError",
+    "UnstorableValueError",
 ]
 
 
@@ -70,6 +72,15 @@ class ObjectNotEmptyError(ValueError):
         self.streams = streams
         self.views = list(views)
         self.change_streams = list(change_streams)
+
+
+class UnstorableValueError(InvalidRequestError, ValueError):
+    """A value no catalog may store: text holding a NUL character (U+0000), which
+    PostgreSQL's text cannot hold (see :mod:`catalog.sql_values`); nothing was written.
+
+    An :class:`ingest_sdk.errors.InvalidRequestError`: the service answers it 400, a SQL
+    session raises it as a ``SqlError``, each with the message naming the value.
+    """
 
 
 class StreamClaimConflict(RuntimeError):

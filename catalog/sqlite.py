@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -37,6 +37,7 @@ from catalog.records import (
     StreamRecord,
     TableInfo,
 )
+from catalog.sql_values import CheckedConnection, checked, printable_reports
 from catalog.sqlite_change_streams import ChangeStreamStore
 from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_dynamic import DynamicTableStore
@@ -95,7 +96,12 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
         with self._lock:
-            return self._db.execute(sql, args).fetchall()
+            return self._db.execute(sql, checked(sql, args)).fetchall()
+
+    def _checked(self) -> sqlite3.Connection:
+        """The connection, each statement's arguments checked (:mod:`catalog.sql_values`);
+        only under ``_lock``."""
+        return cast(sqlite3.Connection, CheckedConnection(self._db))
 
     def _immediate(self) -> _Transaction:
         """A write transaction for reads and writes that must see no one in between."""
@@ -124,21 +130,21 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
 
     def get_database(self, name: str) -> DatabaseRecord | None:
         with self._lock:
-            found = find_databases(self._db, name)
+            found = find_databases(self._checked(), name)
         return found[0] if found else None
 
     def get_schema(self, database: str, name: str) -> SchemaRecord | None:
         with self._lock:
-            found = find_schemas(self._db, database, name)
+            found = find_schemas(self._checked(), database, name)
         return found[0] if found else None
 
     def list_databases(self) -> list[DatabaseRecord]:
         with self._lock:
-            return find_databases(self._db)
+            return find_databases(self._checked())
 
     def list_schemas(self, database: str | None = None) -> list[SchemaRecord]:
         with self._lock:
-            return find_schemas(self._db, database)
+            return find_schemas(self._checked(), database)
 
     def drop_database(self, name: str, cascade: bool = False) -> list[TableInfo] | None:
         with self._immediate() as db:
@@ -390,6 +396,7 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
     def record_migration(self, table_id: int, run: dict[str, Any]) -> int:
         """Record one compaction run (keys as :data:`MIGRATION_COLUMNS`, without ids)."""
         names = MIGRATION_COLUMNS.split(", ")[2:]
+        run = printable_reports(run)  # its error may quote any text
         with self._immediate() as db:
             (run_id,) = db.execute(
                 f"INSERT INTO migrations (table_id, {', '.join(names)}) VALUES "
@@ -540,7 +547,7 @@ class _Transaction:
                 self._db.execute("ROLLBACK")
             self._lock.release()
             raise
-        return self._db
+        return cast(sqlite3.Connection, CheckedConnection(self._db))
 
     def __exit__(self, kind: object, value: object, traceback: object) -> None:
         try:

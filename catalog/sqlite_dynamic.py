@@ -29,6 +29,7 @@ from catalog.records import (
     TableInfo,
     full_name,
 )
+from catalog.sql_values import printable_reports
 from catalog.sqlite_layout import (
     DYNAMIC_COLUMNS,
     REFRESH_COLUMNS,
@@ -83,6 +84,7 @@ def _refresh_update(values: dict[str, Any]) -> tuple[str, list[Any]]:
     unknown = set(values) - _REFRESH_SETTABLE
     if unknown:
         raise ValueError(f"cannot set {sorted(unknown)} of a refresh")
+    values = printable_reports(values)  # an error may quote any text a value held
     if "source_versions" in values:
         values = {**values, "source_versions": orjson.dumps(values["source_versions"]).decode()}
     return ", ".join(f"{column}=?" for column in values), list(values.values())
@@ -118,8 +120,10 @@ def claim_refresh(db: sqlite3.Connection, commit_id: int, plan: Mapping[str, Any
 def _insert_refresh(db: sqlite3.Connection, record: Mapping[str, Any]) -> int:
     """Add a history row; the table's rows past the retention go."""
     now = time.time()
-    values = {**record, "source_versions": orjson.dumps(record.get("source_versions", {})
-                                                        ).decode()}  # fmt: skip
+    values = {
+        **printable_reports(record),
+        "source_versions": orjson.dumps(record.get("source_versions", {})).decode(),
+    }
     columns = ", ".join(values)
     marks = ", ".join("?" for _ in values)
     (refresh_id,) = db.execute(
@@ -288,7 +292,7 @@ class DynamicTableStore:
         with self._immediate() as db:
             cursor = db.execute(
                 f"UPDATE dynamic_tables SET {columns} WHERE table_id=?",
-                (*values.values(), table_id),
+                (*printable_reports(values).values(), table_id),
             )
             return cursor.rowcount == 1
 

@@ -117,12 +117,6 @@ def stop_postgres(server: PostgresServer) -> None:
 # --- 1. Values a client sends that PostgreSQL stores differently ---------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: a channel name holding a NUL (a JSON string \\u0000 or %00 in a query) in "
-    "/v1/channels/status, /drop, /wait, /close and /rows is looked up in the catalog "
-    "unchecked: SQLite finds nothing (200 CHANNEL_NOT_FOUND in status, 404 elsewhere) but "
-    "PostgreSQL raises psycopg.DataError and the service answers 500 INTERNAL (and logs a "
-    "traceback per request). /open checks the name first and answers 400 on both"))  # fmt: skip
 def test_channel_calls_with_a_nul_in_the_name_answer_as_on_sqlite(
     server_factory, postgres_dsn, tmp_path
 ):
@@ -166,16 +160,6 @@ def test_a_long_valid_table_name_is_created_as_on_sqlite(server_factory, postgre
     assert statuses == {"sqlite": 201, "postgres": 201}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: SQL that carries a NUL into the catalog (a view's COMMENT or query text, a "
-    "stream's COMMENT, a quoted name looked up by SELECT, DESCRIBE, DROP, DROP ... IF "
-    "EXISTS) and a dynamic-table refresh that fails on a value holding a NUL (Spark's error "
-    "message quotes it) succeed or fail with a SqlError on SQLite, but raise a raw "
-    "psycopg.DataError from Session.sql on PostgreSQL; the refresh's history row stays "
-    "EXECUTING (until a later session's recovery) and every retry adds another. POST "
-    "/v1/sql refuses a NUL in the statement text (400), but not in the data: there the "
-    "refresh of rows a producer sent answers 400 SQL_ERROR/INTERNAL_ERROR 'the statement "
-    "failed inside the service' instead of DYNAMIC_TABLE_REFRESH_FAILED and its cause"))  # fmt: skip
 def test_sql_with_a_nul_answers_as_on_sqlite(spark, postgres_dsn, tmp_path):
     from pipelines.session import Session
 
