@@ -37,6 +37,7 @@ __all__ = [
     "ObjectAlreadyExistsError",
     "ObjectNotEmptyError",
     "RefreshClaimConflict",
+    "RowIdsExhaustedError",
     "StreamClaimConflict",
     "TableBusyError",
     "UnstorableValueError",
@@ -76,11 +77,17 @@ class ObjectNotEmptyError(ValueError):
 
 class UnstorableValueError(InvalidRequestError, ValueError):
     """A value no catalog may store: text holding a NUL character (U+0000), which
-    PostgreSQL's text cannot hold (see :mod:`catalog.sql_values`); nothing was written.
+    PostgreSQL's text cannot hold, or an integer past 64 bits, which SQLite's cannot (see
+    :mod:`catalog.sql_values`); nothing was written.
 
     An :class:`ingest_sdk.errors.InvalidRequestError`: the service answers it 400, a SQL
     session raises it as a ``SqlError``, each with the message naming the value.
     """
+
+
+class RowIdsExhaustedError(OverflowError):
+    """A table's row-id sequence would pass 2**63 - 1, the largest id a catalog stores;
+    nothing was reserved (SQLite would otherwise go on in floating point)."""
 
 
 class StreamClaimConflict(RuntimeError):
@@ -250,6 +257,10 @@ class Catalog(ABC):
 
         Atomic for every process sharing the catalog, so ids stay unique per table
         whoever inserts (flushes, SQL sessions). Unused reservations leave gaps.
+
+        Raises:
+            TableNotFoundError: no table has the id.
+            RowIdsExhaustedError: the sequence would pass 2**63 - 1.
         """
 
     # Channels

@@ -1,15 +1,16 @@
-"""Values SQLite stores and PostgreSQL cannot, given one meaning on both catalogs.
+"""Values one of the catalog's databases cannot take, given one meaning on both.
 
-PostgreSQL's TEXT cannot hold a NUL character (U+0000); SQLite's can. Every statement
-:class:`catalog.sqlite.SqlCatalog` runs passes its arguments through :func:`checked`
-(:class:`CheckedConnection`), so both catalogs answer alike, whichever operation carries
-the value:
+PostgreSQL's TEXT cannot hold a NUL character (U+0000); SQLite's can. SQLite refuses an
+integer past 64 bits (OverflowError); PostgreSQL compares it as a numeric and finds
+nothing. Every statement :class:`catalog.sqlite.SqlCatalog` runs passes its arguments
+through :func:`checked` (:class:`CheckedConnection`), so both catalogs answer alike,
+whichever operation carries the value:
 
-- a statement that stores (``INSERT``, ``UPDATE``) text holding a NUL is refused with
-  :class:`catalog.base.UnstorableValueError` and writes nothing: no name, comment or query
-  text the catalog keeps holds one;
-- a lookup (``SELECT``) or a ``DELETE`` compares such text as NULL, which equals nothing
-  stored: a name holding a NUL is not found, as on SQLite.
+- a statement that stores (``INSERT``, ``UPDATE``) text holding a NUL or an integer past
+  64 bits is refused with :class:`catalog.base.UnstorableValueError` and writes nothing:
+  no name, comment or query text the catalog keeps holds a NUL;
+- a lookup (``SELECT``) or a ``DELETE`` compares such a value as NULL, which equals
+  nothing stored: a name holding a NUL, or an id past 64 bits, is not found.
 
 Text that reports what went wrong (a refresh's error quoting a value, the reason a
 dynamic table was suspended, a compaction's error) is kept rather than refused:
@@ -28,6 +29,8 @@ from ingest_sdk.errors import describe_value
 __all__ = ["REPORT_COLUMNS", "CheckedConnection", "checked", "printable", "printable_reports"]
 
 NUL = "\x00"
+#: The integers both databases store: 64-bit, signed.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: What a NUL becomes in reports (:func:`printable`): Unicode's replacement character.
 REPLACEMENT = "\ufffd"
 #: The columns of reports, whose text is kept with its NULs replaced, never refused.
@@ -37,7 +40,22 @@ _LOOKUPS = ("SELECT", "DELETE")
 
 
 def _unstorable(value: Any) -> bool:
-    return isinstance(value, str) and NUL in value
+    if isinstance(value, str):
+        return NUL in value
+    return isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX
+
+
+def _refusal(value: Any) -> str:
+    if isinstance(value, int):
+        return (
+            f"the integer {value} cannot be stored in the catalog: it is past 64 bits "
+            f"({INT64_MIN} to {INT64_MAX})"
+        )
+    return (
+        f"text holding a NUL character (U+0000) cannot be stored in the catalog: "
+        f"{describe_value(value)}; remove the character (a SQL string literal may write "
+        "it as the escape \\u0000)"
+    )
 
 
 def checked(sql: str, args: Sequence[Any]) -> Sequence[Any]:
@@ -45,18 +63,14 @@ def checked(sql: str, args: Sequence[Any]) -> Sequence[Any]:
     lookup, each unstorable one as NULL (it equals nothing stored).
 
     Raises:
-        UnstorableValueError: a statement that stores rows carries text holding a NUL.
+        UnstorableValueError: a statement that stores rows carries text holding a NUL,
+            or an integer past 64 bits.
     """
     if not any(_unstorable(value) for value in args):
         return args
     if sql.lstrip()[:6].upper() in _LOOKUPS:
         return [None if _unstorable(value) else value for value in args]
-    found = next(value for value in args if _unstorable(value))
-    raise UnstorableValueError(
-        f"text holding a NUL character (U+0000) cannot be stored in the catalog: "
-        f"{describe_value(found)}; remove the character (a SQL string literal may write "
-        "it as the escape \\u0000)"
-    )
+    raise UnstorableValueError(_refusal(next(value for value in args if _unstorable(value))))
 
 
 def printable(text: Any) -> Any:

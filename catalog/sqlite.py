@@ -28,6 +28,7 @@ import orjson
 from catalog.base import (
     Catalog,
     ObjectAlreadyExistsError,
+    RowIdsExhaustedError,
 )
 from catalog.records import (
     ChannelRecord,
@@ -37,7 +38,7 @@ from catalog.records import (
     StreamRecord,
     TableInfo,
 )
-from catalog.sql_values import CheckedConnection, checked, printable_reports
+from catalog.sql_values import INT64_MAX, CheckedConnection, checked, printable_reports
 from catalog.sqlite_change_streams import ChangeStreamStore
 from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_dynamic import DynamicTableStore
@@ -354,10 +355,20 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         if count < 0:
             raise ValueError(f"cannot reserve {count} row ids")
         with self._immediate() as db:
+            # Checked before the sum, which SQLite would take past 64 bits as a float.
             row = db.execute(
-                "UPDATE tables SET next_row_id = next_row_id + ? WHERE id=? RETURNING next_row_id",
-                (count, table_id),
+                "UPDATE tables SET next_row_id = next_row_id + ? WHERE id=? AND next_row_id <= ?"
+                " RETURNING next_row_id",
+                (count, table_id, INT64_MAX - min(count, INT64_MAX)),
             ).fetchone()
+            if row is None:
+                left = db.execute("SELECT ? - next_row_id FROM tables WHERE id=?",
+                                  (INT64_MAX, table_id)).fetchone()  # fmt: skip
+        if row is None and left is not None:
+            raise RowIdsExhaustedError(
+                f"table id {table_id} has {left[0]} row ids left, fewer than the {count} "
+                "asked for: its sequence cannot pass 2**63 - 1; copy its rows into a new table"
+            )
         if row is None:
             raise TableNotFoundError(f"table id {table_id} does not exist any more")
         return int(row[0]) - count

@@ -176,13 +176,20 @@ def test_a_lone_surrogate_is_refused_alike(pair):
     assert outcomes["sqlite"] == outcomes["postgres"] == ("error", "builtins.UnicodeEncodeError")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: a table id past 64 bits (2**63, -2**63-1) raises OverflowError on SQLite and "
-    "finds nothing (None) on PostgreSQL: the same call, two answers"))  # fmt: skip
 @pytest.mark.parametrize("table_id", [2**63, -(2**63) - 1, 2**64])
 def test_an_id_past_64_bits_gives_one_answer(pair, table_id):
     outcomes = {kind: outcome(lambda c=c: c.get_table_by_id(table_id)) for kind, c in pair.items()}
-    assert outcomes["sqlite"] == outcomes["postgres"]
+    assert outcomes["sqlite"] == outcomes["postgres"] == ("ok", None)  # no table has it
+
+
+@pytest.mark.parametrize("table_id", [2**63, -(2**63) - 1])
+def test_an_id_past_64_bits_is_refused_alike_where_it_would_be_stored(pair, table_id):
+    outcomes = {}
+    for kind, catalog in pair.items():
+        outcomes[kind] = outcome(lambda c=catalog: c.open_channel(table_id, "c"))
+        assert catalog.list_channels() == []
+    assert outcomes["sqlite"] == outcomes["postgres"] == (
+        "error", "catalog.base.UnstorableValueError")  # fmt: skip
 
 
 def test_negative_and_odd_ids_find_nothing_alike(pair):
@@ -193,11 +200,6 @@ def test_negative_and_odd_ids_find_nothing_alike(pair):
         assert outcomes["sqlite"] == outcomes["postgres"] == ("ok", None), table_id
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: when the row-id sequence passes 2**63-1, SQLite's integer arithmetic turns "
-    "next_row_id into a float (9.223372036854776e18) and reserve_row_ids hands out ids past "
-    "2**63, while PostgreSQL raises psycopg NumericValueOutOfRange: both should refuse, "
-    "with one error, and keep the sequence an integer"))  # fmt: skip
 def test_the_row_id_sequence_refuses_to_pass_64_bits_alike(pair):
     outcomes, stored = {}, {}
     for kind, catalog in pair.items():
@@ -207,7 +209,19 @@ def test_the_row_id_sequence_refuses_to_pass_64_bits_alike(pair):
         stored[kind] = catalog.get_table_by_id(table.id).next_row_id
     assert outcomes["sqlite"][0] == "error"  # not ids past 2**63
     assert outcomes["sqlite"] == outcomes["postgres"]
+    assert outcomes["sqlite"][1] == "catalog.base.RowIdsExhaustedError"
     assert all(isinstance(value, int) for value in stored.values()), stored
+    assert stored["sqlite"] == stored["postgres"] == 2**63 - 10  # nothing reserved
+
+
+def test_the_row_id_sequence_hands_out_its_last_id_alike(pair):
+    firsts = {}
+    for kind, catalog in pair.items():
+        table = catalog.create_table("D", "S", "T", "/w", SCHEMA)
+        catalog.reserve_row_ids(table.id, 2**63 - 10)
+        firsts[kind] = catalog.reserve_row_ids(table.id, 9)  # ids up to 2**63 - 2
+        assert catalog.get_table_by_id(table.id).next_row_id == 2**63 - 1
+    assert firsts["sqlite"] == firsts["postgres"] == 2**63 - 10
 
 
 def test_a_nan_cutoff_removes_the_same_channels(pair):
