@@ -8,7 +8,8 @@ IMMEDIATE`` makes them do, and each compare-and-swap means the same on both.
 
 The layout is SQLite's, with PostgreSQL's types (:func:`postgres_layout`): 64-bit
 integers and floats, as SQLite stores them, and text compared byte by byte (``COLLATE
-"C"``), as SQLite compares it.
+"C"``), as SQLite compares it. A three-part name is kept unique by an index of its parts'
+digests (:func:`name_keys`), since a btree entry cannot hold every name SQLite's can.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from catalog.sqlite import SqlCatalog
 from catalog.sqlite_commits import ensure_catalog_id
 from catalog.sqlite_layout import ADDED_COLUMNS, BACKFILLS, SCHEMA, IntegrityError
 
-__all__ = ["CatalogUnavailableError", "PostgresCatalog", "postgres_layout", "to_postgres"]
+__all__ = [
+    "CatalogUnavailableError", "PostgresCatalog", "name_keys", "postgres_layout",
+    "postgres_schema", "to_postgres",
+]  # fmt: skip
 
 #: The advisory lock every write transaction takes (any 64-bit number of our own).
 CATALOG_LOCK = 0x1A6E57_CA7A106
@@ -45,6 +49,21 @@ _TYPES = (
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
     (re.compile(r"\bTEXT\b"), 'TEXT COLLATE "C"'),
 )  # fmt: skip
+
+
+#: SQLite's unique key of a three-part name, which PostgreSQL keeps by :func:`name_keys`.
+_NAME_KEY = re.compile(r",\s*UNIQUE \(database, schema_name, name\)")
+_CREATED_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+)")
+
+
+def _created_table(statement: str) -> str:
+    """The table a statement of ``SCHEMA`` creates ("": an index)."""
+    found = _CREATED_TABLE.search(statement)
+    return found.group(1) if found else ""
+
+
+#: The tables whose rows a three-part name identifies (``UNIQUE (database, ...)``).
+NAMED_TABLES = tuple(_created_table(s) for s in SCHEMA.split(";") if _NAME_KEY.search(s))
 
 
 class CatalogUnavailableError(RuntimeError):
@@ -77,6 +96,42 @@ def postgres_layout(declaration: str) -> str:
     for pattern, replacement in _TYPES:
         declaration = pattern.sub(replacement, declaration)
     return declaration
+
+
+def name_keys(table: str) -> list[str]:
+    """The indexes that keep ``table``'s three-part names unique, and find them.
+
+    A btree entry holds at most about 2.7 kB, less than three parts of 255 characters
+    of 4 bytes each (3 kB), which SQLite's unique key holds: the unique key is over the
+    parts' md5 digests (32 characters each; a part stays one value, so no two names
+    share their digests but by an md5 collision), and a hash index on the name, of any
+    length, finds a row by its name."""
+    return [
+        f"CREATE UNIQUE INDEX IF NOT EXISTS {table}_name_key ON {table}"
+        " (md5(database), md5(schema_name), md5(name))",
+        f"CREATE INDEX IF NOT EXISTS {table}_by_name ON {table} USING hash (name)",
+    ]
+
+
+def postgres_schema() -> list[str]:
+    """SQLite's layout (``SCHEMA``) as PostgreSQL's statements: its types
+    (:func:`postgres_layout`), and each three-part name's unique key as :func:`name_keys`."""
+    statements = []
+    for statement in filter(str.strip, SCHEMA.split(";")):
+        statements.append(postgres_layout(_NAME_KEY.sub("", statement)))
+        if _NAME_KEY.search(statement):
+            statements += name_keys(_created_table(statement))
+    return statements
+
+
+def _old_name_keys(table: str) -> list[str]:
+    """Statements that give a table laid out by an older version (the unique constraint
+    SQLite's layout names, ``<table>_database_schema_name_name_key``) its
+    :func:`name_keys` instead."""
+    return [
+        *name_keys(table),
+        f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_database_schema_name_name_key",
+    ]
 
 
 @functools.lru_cache(maxsize=1024)
@@ -176,12 +231,19 @@ class PostgresCatalog(SqlCatalog):
                 "SELECT table_name, column_name FROM information_schema.columns"
                 " WHERE table_schema = current_schema()"
             ).fetchall())  # fmt: skip
+            indexes = {row[0] for row in db.execute(
+                "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()"
+            ).fetchall()}  # fmt: skip
             tables = {table for table, _ in present}
-            wanted = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+            wanted = set(_CREATED_TABLE.findall(SCHEMA))
             try:
                 if not wanted <= tables:
-                    for statement in filter(str.strip, SCHEMA.split(";")):
-                        db.execute(postgres_layout(statement))
+                    for statement in postgres_schema():
+                        db.execute(statement)
+                for table in NAMED_TABLES if wanted <= tables else ():
+                    if f"{table}_name_key" not in indexes:  # laid out by an older version
+                        for statement in _old_name_keys(table):
+                            db.execute(statement)
                 for (table, column), declaration in ADDED_COLUMNS.items():
                     if (table, column) not in present:
                         db.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "

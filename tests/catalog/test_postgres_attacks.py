@@ -146,13 +146,6 @@ def _long_name(seed, length=255):
     return "".join(chr(rng.randrange(0x20000, 0x2A6DF)) for _ in range(length))  # CJK ext. B
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: a table, view or stream whose three name parts are each within the 255 "
-    "characters names may have, in 4-byte characters (CJK, emoji), is recorded by SQLite "
-    "but refused by PostgreSQL with a raw psycopg ProgramLimitExceeded ('index row "
-    "requires ... bytes, maximum size is 8191'): the unique key (database, schema_name, "
-    "name) is a btree entry limited to about 2.7 kB. The service answers 500 "
-    "(tests/channel_server/test_postgres_catalog_attacks.py)"))  # fmt: skip
 @pytest.mark.parametrize("what", ["table", "view", "stream"])
 def test_names_within_the_limit_are_recorded_alike(pair, what):
     from ingest_sdk.schema import check_object_name

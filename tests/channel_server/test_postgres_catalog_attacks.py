@@ -141,13 +141,6 @@ def test_channel_calls_with_a_nul_in_the_name_answer_as_on_sqlite(
     assert answers["postgres"] == answers["sqlite"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: POST /v1/tables with a name whose three parts are each within the 255 "
-    "characters a name may have, written in 4-byte characters (CJK ext. B here), creates "
-    "the table on SQLite (201) but answers 500 INTERNAL on PostgreSQL (psycopg "
-    "ProgramLimitExceeded: the unique key (database, schema_name, name) passes the ~2.7 kB "
-    "a btree entry holds): a valid name must be accepted, or refused with a 4xx that says "
-    "why, alike on both"))  # fmt: skip
 def test_a_long_valid_table_name_is_created_as_on_sqlite(server_factory, postgres_dsn, tmp_path):
     rng = random.Random(7)
     part = lambda: '"' + "".join(chr(rng.randrange(0x20000, 0x2A6DF)) for _ in range(255)) + '"'  # noqa: E731
