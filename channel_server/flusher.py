@@ -145,9 +145,7 @@ class TableFlusher:
             extra={"table": name, "attempt": state.attempt_number},
         )
 
-    def _drop_unfit(
-        self, batches: list[PendingBatch], unfit: dict[str, str]
-    ) -> list[PendingBatch]:
+    def _drop_unfit(self, batches: list[PendingBatch], unfit: dict[str, str]) -> list[PendingBatch]:
         """Invalidate the channels whose position cannot be committed and free their
         batches; the rest of the flush goes on."""
         kept = []
@@ -196,16 +194,23 @@ class TableFlusher:
         laps.lap("row_ids")
         record = self.writer.commit_flush(parts, progress, first_row_id, timings)
         laps = Laps(timings)
-        try:  # Step 4
+        self._index(record, "commit")  # Step 4
+        laps.lap("catalog")
+        return record
+
+    def _index(self, record: CommitRecord, what: str) -> None:
+        """Step 4 of a flush or a fence: record the commit in the catalog (every commit it
+        lacks, in order, when one may be missing). A failure leaves the commit standing:
+        the table is marked unindexed, and the next update, a channel's open and start-up
+        replay what the catalog lacks."""
+        try:
             if self.unindexed:
                 self.reindex()
             else:
                 self.catalog.apply_commit(self.table.info.id, record)
         except Exception:
             self.unindexed = True
-            log.exception("catalog update after commit %d failed", record.version)
-        laps.lap("catalog")
-        return record
+            log.exception("catalog update after %s %d failed", what, record.version)
 
     def fence(
         self, channel: str, generation: int, resume: bool, fallback_token: str | None
@@ -229,14 +234,7 @@ class TableFlusher:
         except BaseException:
             self.unindexed = True  # it may have committed
             raise
-        try:
-            if self.unindexed:
-                self.reindex()
-            else:
-                self.catalog.apply_commit(self.table.info.id, record)
-        except Exception:
-            self.unindexed = True
-            log.exception("catalog update after fence commit %d failed", record.version)
+        self._index(record, "fence commit")
         return record
 
     def reindex(self) -> None:
