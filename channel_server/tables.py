@@ -17,7 +17,13 @@ from channel_server.config import ServerConfig
 from channel_server.metrics import Metrics
 from flush import create_catalog_table
 from ingest_sdk import TableSchema
-from ingest_sdk.errors import InvalidRequestError, ServiceError, TableBusyError, TableNotFoundError
+from ingest_sdk.errors import (
+    InvalidRequestError,
+    ServiceError,
+    TableAlreadyExistsError,
+    TableBusyError,
+    TableNotFoundError,
+)
 from ingest_sdk.schema import split_table_name
 from pipelines.transactions.commit import busy_message
 
@@ -28,6 +34,9 @@ log = logging.getLogger(__name__)
 #: client-chosen, so the sets are bounded; forgetting only costs a catalog read or softens
 #: a later message.
 MAX_REMEMBERED = 10_000
+#: A create with if_not_exists that loses a race to another creator reads the winner's
+#: table; if that one is dropped again before the read, it tries again, this many times.
+_CREATE_ATTEMPTS = 3
 
 
 class DynamicTableReadOnlyError(ServiceError):
@@ -62,18 +71,34 @@ class Tables:
         """Create a table (and its database and schema). Returns the table and whether it
         was created.
 
-        Nothing is ever deleted here (:func:`flush.create_catalog_table`).
+        Nothing is ever deleted here (:func:`flush.create_catalog_table`) but the folder
+        this create made for a table another service named first.
+
+        Raises:
+            TableAlreadyExistsError: the name is taken and ``if_not_exists`` is false.
         """
         database, schema_name, table = split_table_name(name)
-        info, created = create_catalog_table(
-            self.catalog,
-            self.config.warehouse,
-            database,
-            schema_name,
-            table,
-            TableSchema.parse(columns),
-            if_not_exists,
-        )
+        schema = TableSchema.parse(columns)
+        for _ in range(_CREATE_ATTEMPTS):
+            try:
+                info, created = create_catalog_table(self.catalog, self.config.warehouse,
+                                                     database, schema_name, table, schema,
+                                                     if_not_exists)  # fmt: skip
+            except TableAlreadyExistsError:
+                if not if_not_exists:
+                    raise
+                # Another service (or a SQL session) created it between our look and our
+                # insert; our folder is gone already (create_catalog_table removes it).
+                try:
+                    return self.catalog.get_table(database, schema_name, table), False
+                except TableNotFoundError:
+                    continue  # and dropped it again at once: try once more
+            break
+        else:
+            raise TableAlreadyExistsError(
+                f"table {database}.{schema_name}.{table} was created and dropped by others "
+                f"{_CREATE_ATTEMPTS} times while this create ran; try again"
+            )
         if not created:
             return info, False
         log.info("created table %s", info.full_name, extra={"table": info.full_name,
