@@ -129,6 +129,7 @@ class Channels:
                 self.config.flush.retry_max,
                 self.metrics,
                 on_flush=self._on_flush,
+                on_dropped=self._dropped_elsewhere,
             )
             self._flushers[info.id] = flusher
             flusher.start()
@@ -139,14 +140,49 @@ class Channels:
         table = self._live.pop(table_id, None)
         if table is None:
             return
-        async with table.lock:
-            table.dropped = True
-            for channel in table.channels.values():
-                channel.invalidate("the table was dropped")
-                self.budget.release(table.discard_channel(channel))
+        await self._close_table(table, "the table was dropped")
         flusher = self._flushers.pop(table_id, None)
         if flusher is not None:
             await flusher.stop()
+
+    async def _close_table(self, table: TableState, reason: str) -> None:
+        """Invalidate every handle of a dropped table and free everything it buffered."""
+        async with table.lock:  # no flush of it in flight
+            table.dropped = True
+            for channel in table.channels.values():
+                if channel.valid:
+                    channel.invalidate(reason)
+            self.budget.release(sum(batch.nbytes for batch in table.take_pending()))
+
+    async def _dropped_elsewhere(self, table: TableState) -> None:
+        """A table found gone from the catalog while this service served it: dropped on
+        another service sharing the catalog, or by SQL. Its handles are invalidated (the
+        producer's next call and its waits hear that the table was dropped), its buffer
+        is freed, and this service forgets it. Called by its flusher, whose task ends."""
+        table_id = table.info.id
+        if self._live.get(table_id) is table:
+            del self._live[table_id]
+            self._flushers.pop(table_id, None)
+        self.tables.forget_dropped(table.info)
+        await self._close_table(
+            table,
+            f"its table {table.info.full_name} was dropped (on another service or by SQL), "
+            "and the rows it had not committed were discarded; create the table again and "
+            "open the channel again",
+        )
+
+    async def _forget_replaced(self, info: TableInfo) -> None:
+        """Forget the live state of a table of ``info``'s name that is no longer in the
+        catalog (replaced behind this service by ``info``): its flusher learns that only
+        at its next failed flush, and an idle one never would."""
+        for stale in [t for t in self._live.values() if t.info.full_name == info.full_name]:
+            if stale.info.id == info.id:
+                continue
+            if await asyncio.to_thread(self.catalog.get_table_by_id, stale.info.id) is None:
+                flusher = self._flushers.pop(stale.info.id, None)
+                await self._dropped_elsewhere(stale)
+                if flusher is not None:
+                    await flusher.stop()
 
     async def stop(self) -> None:
         """Flush what is buffered (best effort), then stop every flusher."""
@@ -205,6 +241,7 @@ class Channels:
         """
         name = _channel_name(channel_name)
         info, dynamic = await self.tables.to_write(table_name)
+        await self._forget_replaced(info)
         if dynamic is not None:  # before its table state: no flusher for it either
             sources = await asyncio.to_thread(self.tables.base_sources, dynamic)
             raise DynamicTableReadOnlyError(

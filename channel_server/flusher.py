@@ -4,7 +4,9 @@ One task per table. It sleeps until the earliest deadline among the table's
 pending batches (or a size/close trigger), takes every pending batch, and hands
 them to :class:`flush.TableWriter` in a worker thread. A failure puts the
 batches back and the flush is retried with jittered exponential backoff; a
-producer is never told a token is committed before it is.
+producer is never told a token is committed before it is. A table found gone from
+the catalog after a failure (dropped on another service, or by SQL) is not retried:
+the task hands it to ``on_dropped`` and ends.
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pyarrow as pa
-from tenacity import AsyncRetrying, RetryCallState, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_not_exception_type,
+    wait_exponential_jitter,
+)
 
 from catalog import Catalog
 from channel_server.metrics import Metrics
@@ -64,8 +71,14 @@ def _unfit(progress: ChannelProgress) -> str | None:
     return None
 
 
+class TableDroppedError(Exception):
+    """A flush failed and the table is no longer in the catalog: it was dropped (on
+    another service sharing the catalog, or by SQL), so no attempt can ever commit."""
+
+
 class TableFlusher:
-    """Flushes one table's buffer into Delta commits, forever, until stopped."""
+    """Flushes one table's buffer into Delta commits until stopped, or until it finds its
+    table dropped."""
 
     def __init__(
         self,
@@ -76,6 +89,7 @@ class TableFlusher:
         retry_max: float,
         metrics: Metrics,
         on_flush: Callable[[TableState, int, float], None] | None = None,
+        on_dropped: Callable[[TableState], Awaitable[None]] | None = None,
     ) -> None:
         self.table = table
         self.catalog = catalog
@@ -84,6 +98,9 @@ class TableFlusher:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.on_flush = on_flush
+        #: Called (in this flusher's task, which then ends) when a failed flush finds the
+        #: table gone from the catalog: the owner invalidates its channels and frees them.
+        self.on_dropped = on_dropped
         self.metrics = metrics
         self.task: asyncio.Task[None] | None = None
         #: Moving estimate of one flush's duration; flushes start this much before the
@@ -120,16 +137,54 @@ class TableFlusher:
                     await asyncio.wait_for(table.wakeup.wait(), delay)
                 continue  # re-evaluate: a batch with an earlier deadline may have woken us
             table.flush_now = False
-            async for attempt in AsyncRetrying(
-                wait=wait_exponential_jitter(
-                    multiplier=self.retry_initial, max=self.retry_max, jitter=self.retry_initial
-                ),
-                before_sleep=self._record_failure,
-                reraise=True,
-            ):
-                with attempt:
-                    await self.flush_once()
+            try:
+                await self._flush_retrying()
+            except TableDroppedError as dropped:
+                log.warning(
+                    "%s; its channels are invalidated and their buffered rows discarded",
+                    dropped,
+                    extra={"table": table.info.full_name},
+                )
+                if self.on_dropped is not None:
+                    await self.on_dropped(table)
+                return
             table.flush_error = None
+
+    async def _flush_retrying(self) -> None:
+        """:meth:`flush_once` until it succeeds, with jittered exponential backoff.
+
+        Raises:
+            TableDroppedError: an attempt failed and the table is gone from the catalog.
+        """
+        async for attempt in AsyncRetrying(
+            wait=wait_exponential_jitter(
+                multiplier=self.retry_initial, max=self.retry_max, jitter=self.retry_initial
+            ),
+            retry=retry_if_not_exception_type(TableDroppedError),
+            before_sleep=self._record_failure,
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    await self.flush_once()
+                except Exception as error:
+                    if await asyncio.to_thread(self._dropped):
+                        raise TableDroppedError(
+                            f"table {self.table.info.full_name} (id {self.table.info.id}) was "
+                            "dropped: it is no longer in the catalog"
+                        ) from error
+                    raise
+
+    def _dropped(self) -> bool:
+        """Whether the catalog no longer holds the table's id (in a worker thread; ids
+        are never reused, so the answer holds for good). A catalog that cannot answer
+        either counts as "not dropped": the flush is retried as after any failure."""
+        try:
+            return self.catalog.get_table_by_id(self.table.info.id) is None
+        except Exception:
+            log.debug("cannot tell whether %s was dropped", self.table.info.full_name,
+                      exc_info=True)  # fmt: skip
+            return False
 
     def _record_failure(self, state: RetryCallState) -> None:
         error = state.outcome.exception() if state.outcome else None
@@ -164,21 +219,20 @@ class TableFlusher:
             self.budget.release(batch.nbytes)
         return kept
 
-    def _take(self) -> tuple[list[PendingBatch], list[ChannelProgress]]:
-        """Every pending batch that can be committed, and the channels' new positions."""
-        table = self.table
-        batches = []
-        for batch in table.take_pending():
-            if batch.channel.valid:
-                batches.append(batch)
-            else:  # a reopen or drop already discarded these; free them if one slipped by
-                self.budget.release(batch.nbytes)
-        progress = _progress(batches)
-        unfit = {p.channel: reason for p in progress if (reason := _unfit(p)) is not None}
-        if unfit:
-            batches = self._drop_unfit(batches, unfit)
-            progress = [p for p in progress if p.channel not in unfit]
-        return batches, progress
+    def _take(self) -> list[PendingBatch]:
+        """Every pending batch that can be committed; the others are freed. If working
+        that out fails, everything taken is put back first."""
+        taken = self.table.take_pending()
+        try:
+            batches = [batch for batch in taken if batch.channel.valid]
+            unfit = {p.channel: why for p in _progress(batches) if (why := _unfit(p)) is not None}
+        except BaseException:
+            self.table.put_back(taken)
+            raise
+        # A reopen or drop already discarded the batches of invalid channels; free any
+        # that slipped by.
+        self.budget.release(sum(batch.nbytes for batch in taken if not batch.channel.valid))
+        return self._drop_unfit(batches, unfit) if unfit else batches
 
     def _write(
         self, parts: list[pa.Table], progress: list[ChannelProgress], timings: dict[str, float]
@@ -242,13 +296,11 @@ class TableFlusher:
         replay_commits(self.catalog, self.table.info.id)
         self.unindexed = False
 
-    async def _drop_landed(
-        self, batches: list[PendingBatch]
-    ) -> tuple[list[PendingBatch], list[ChannelProgress]]:
+    async def _drop_landed(self, batches: list[PendingBatch]) -> list[PendingBatch]:
         """After an attempt that failed without an answer: the batches its commit already
         holds (the log has their channel at their generation and at or past their
-        batch_seq) are indexed in the catalog, acknowledged and freed; the rest, and their
-        progress, go on."""
+        batch_seq) are indexed in the catalog, acknowledged and freed; the rest go on. If
+        it raises, nothing was acknowledged or freed."""
         positions = await asyncio.to_thread(self.writer.landed_positions, _progress(batches))
         done: list[PendingBatch] = []
         kept: list[PendingBatch] = []
@@ -265,7 +317,7 @@ class TableFlusher:
             self._acknowledge(_progress(done))
             self.budget.release(sum(b.nbytes for b in done))
         self._unanswered = False
-        return kept, _progress(kept)
+        return kept
 
     def _acknowledge(self, progress: list[ChannelProgress]) -> None:
         """Step 5: wake the producers waiting for these positions."""
@@ -302,20 +354,46 @@ class TableFlusher:
         return kept
 
     async def flush_once(self) -> None:
-        """Commit every pending batch of the table in one Delta commit (steps in TableWriter)."""
+        """Commit every pending batch of the table in one Delta commit (steps in TableWriter).
+
+        Every batch taken ends one way: committed and acknowledged; found committed by an
+        attempt whose answer was lost, and acknowledged; discarded with its channel
+        invalidated (fenced, unfit, replaced) and its room freed; or, when the attempt
+        fails or is cancelled, put back in front of the buffer for the next one.
+        """
         table = self.table
         asked = time.monotonic()
         async with table.lock:
             started = time.monotonic()
-            batches, progress = self._take()
-            if batches and self._unanswered:
-                batches, progress = await self._drop_landed(batches)
+            batches = self._take()
             timings = {"lock": started - asked}
-            while True:
-                if not batches:
-                    if self.unindexed:
-                        await asyncio.to_thread(self.reindex)
-                    return
+            try:
+                if batches and self._unanswered:
+                    batches = await self._drop_landed(batches)
+            except BaseException:
+                table.put_back(batches)
+                raise
+            committed = await self._commit(batches, timings)
+            if committed is None:
+                return
+            batches, progress, record = committed
+            if record.rows:
+                table.ingest_files += 1
+                table.ingest_bytes += record.file_bytes
+            self._acknowledge(progress)  # Step 5
+            self.budget.release(sum(b.nbytes for b in batches))
+            self._observe(batches, record, started, timings)
+
+    async def _commit(
+        self, batches: list[PendingBatch], timings: dict[str, float]
+    ) -> tuple[list[PendingBatch], list[ChannelProgress], CommitRecord] | None:
+        """Steps 1 to 4 for these batches, less those of channels an open elsewhere fenced
+        meanwhile. Returns the batches committed, their channels' positions and the
+        commit; None if none was left to commit. On failure (or cancellation) the batches
+        not discarded are put back before it raises."""
+        try:
+            while batches:
+                progress = _progress(batches)
                 parts = [b.data for b in batches if b.data is not None and b.rows]
                 try:
                     record = await asyncio.to_thread(self._write, parts, progress, timings)
@@ -323,19 +401,17 @@ class TableFlusher:
                     # An open elsewhere fenced some channels (nothing was committed): their
                     # handles are stale. The others commit now, without them.
                     batches = self._drop_fenced(batches, fenced)
-                    progress = _progress(batches)
                     continue
                 except BaseException:
                     self._unanswered = self.unindexed = True  # it may have committed
-                    table.put_back(batches)
                     raise
-                break
-            if record.rows:
-                table.ingest_files += 1
-                table.ingest_bytes += record.file_bytes
-            self._acknowledge(progress)  # Step 5
-            self.budget.release(sum(b.nbytes for b in batches))
-            self._observe(batches, record, started, timings)
+                return batches, progress, record
+            if self.unindexed:
+                await asyncio.to_thread(self.reindex)
+            return None
+        except BaseException:
+            self.table.put_back(batches)
+            raise
 
     def _observe(
         self, batches: list[PendingBatch], record: CommitRecord, started: float,

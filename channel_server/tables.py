@@ -62,7 +62,8 @@ class Tables:
         # Table definitions by name: every insert looks its table up, and a definition only
         # changes by create/drop through this service.
         self._definitions: dict[str, TableInfo] = {}
-        # What this process dropped, so a stale handle hears "dropped" only when it was.
+        # What this process dropped, or found dropped by others under its channels, so a
+        # stale handle hears "dropped" only when it was.
         self._dropped: set[tuple[str, str, str]] = set()
 
     def create(
@@ -195,12 +196,17 @@ class Tables:
             self.catalog.drop_table(info.id)
         except CatalogTableBusy as exc:
             raise TableBusyError(busy_message(self.catalog, exc)) from None
+        self.forget_dropped(info)
+        log.info("dropped table %s", info.full_name, extra={"table": info.full_name})
+
+    def forget_dropped(self, info: TableInfo) -> None:
+        """Forget a table the catalog no longer holds (dropped by this service, another
+        one, or SQL), and remember its name as dropped."""
         self._definitions.clear()
         if len(self._dropped) > MAX_REMEMBERED:
             self._dropped.clear()
         self._dropped.add((info.database, info.schema_name, info.name))
         self.metrics.forget_table(info.full_name)
-        log.info("dropped table %s", info.full_name, extra={"table": info.full_name})
 
     def set_clustering(self, table_name: str, columns: list[str]) -> TableInfo:
         """Columns compaction sorts by (empty: ingestion order); must be table columns."""

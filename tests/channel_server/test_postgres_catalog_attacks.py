@@ -316,15 +316,6 @@ def test_sigkill_after_the_delta_commit_then_restart_keeps_every_offset_once(
     assert [c.offset_token for c in flushes] == ["3", "5"]  # the opens' fences carry no rows
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: service B drops a table on which service A has an open channel: A is never "
-    "told, its producer's next batch is accepted (200) and then silently thrown away: the "
-    "flush fails (TableNotFoundError), marks itself unanswered, and the next attempt's "
-    "landed check (TableFlusher._drop_landed) raises on the purged log after _take() "
-    "removed the batches, which are neither put back nor released: the batch is never "
-    "committed nor refused (wait times out), the channel stays valid, and its bytes stay "
-    "counted in the buffer for good (GET /health buffer_bytes grows with each batch until "
-    "every producer of the service gets 429)"))  # fmt: skip
 def test_a_drop_on_another_service_invalidates_the_channel_and_frees_its_buffer(
     server_factory, postgres_dsn, tmp_path
 ):
