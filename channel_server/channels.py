@@ -324,7 +324,7 @@ class Channels:
             ChannelInvalidatedError: the handle was replaced (reopen, drop, restart, close).
         """
         try:
-            info = self.tables.describe(table_name)
+            info = self.tables.cached(table_name)  # no catalog read per batch
         except TableNotFoundError as exc:
             if self.tables.was_dropped(table_name):
                 raise ChannelInvalidatedError(

@@ -1,5 +1,6 @@
-"""Table definitions as the service sees them: created, looked up (cached by the
-spelling a client used), clustered and forgotten when dropped.
+"""Table definitions as the service sees them: created, looked up (read from the
+catalog, and cached by the spelling a client used for the ingest path alone), clustered
+and forgotten when dropped.
 
 The live side of a table (its buffer, channels and flusher) is :mod:`channel_server.channels`;
 dropping a table takes both, so :class:`channel_server.service.IngestService` does it.
@@ -59,8 +60,10 @@ class Tables:
         self.config = config
         self.catalog = catalog
         self.metrics = metrics
-        # Table definitions by name: every insert looks its table up, and a definition only
-        # changes by create/drop through this service.
+        # Table definitions by the spelling a client used, for the ingest path alone
+        # (:meth:`cached`): every batch looks its table up. Another service or SQL may drop,
+        # replace or change a table behind this one, so every other lookup reads the
+        # catalog (:meth:`describe`), and refreshes the entry.
         self._definitions: dict[str, TableInfo] = {}
         # What this process dropped, or found dropped by others under its channels, so a
         # stale handle hears "dropped" only when it was.
@@ -107,21 +110,42 @@ class Tables:
         return info, True
 
     def describe(self, name: str) -> TableInfo:
-        info = self._definitions.get(name)
-        if info is None:
-            parts = split_table_name(name)
-            try:
-                info = self.catalog.get_table(*parts)
-            except TableNotFoundError as exc:
-                hint = did_you_mean(self.catalog, *parts, ["table"])
-                if not hint:
-                    raise
-                text = str(exc).replace(" does not exist", f" does not exist{hint}", 1)
-                raise TableNotFoundError(text) from exc
-            if len(self._definitions) > MAX_REMEMBERED:
-                self._definitions.clear()
-            self._definitions[name] = info
+        """The table ``name`` names now, as the catalog holds it (one read): another
+        service sharing the catalog, or SQL, may have dropped, replaced or changed it since
+        this service last looked.
+
+        Raises:
+            TableNotFoundError: no such table (with a "did you mean" when one is near).
+        """
+        parts = split_table_name(name)
+        try:
+            info = self.catalog.get_table(*parts)
+        except TableNotFoundError as exc:
+            self._definitions.pop(name, None)
+            hint = did_you_mean(self.catalog, *parts, ["table"])
+            if not hint:
+                raise
+            text = str(exc).replace(" does not exist", f" does not exist{hint}", 1)
+            raise TableNotFoundError(text) from exc
+        cached = self._definitions.get(name)
+        if cached is not None and cached.id != info.id:
+            # Replaced behind this service: stale in every spelling, and a handle opened on
+            # the old table hears that its table was dropped.
+            self._definitions.clear()
+            self._remember_dropped(info)
+        elif len(self._definitions) > MAX_REMEMBERED:
+            self._definitions.clear()
+        self._definitions[name] = info
         return info
+
+    def cached(self, name: str) -> TableInfo:
+        """The table ``name`` named when this service last looked (:meth:`describe` if it
+        never did), for the ingest path: an insert, a wait or a close of a channel handle
+        reads no catalog. A handle names the table its channel was opened on, whose live
+        state is kept by id; if that table was dropped since, the next flush finds out
+        (:class:`channel_server.flusher.TableFlusher`), and then this service forgets it."""
+        info = self._definitions.get(name)
+        return info if info is not None else self.describe(name)
 
     def all(self) -> list[TableInfo]:
         return self.catalog.list_tables()
@@ -139,20 +163,15 @@ class Tables:
         """The table ``name`` names now, for a call that writes it, with its dynamic-table
         definition (None: not a dynamic table).
 
-        Resolved in the catalog, not from the cached definitions: SQL run by the worker
-        may have dropped or replaced the table since it was cached. A table is dynamic
-        from its creation on (ids are never reused), so a check by id holds for good. The
-        definition is read in a thread: the catalog's read of it is a write transaction,
-        which waits for other writers.
+        Resolved in the catalog (:meth:`describe`). A table is dynamic from its creation
+        on (ids are never reused), so a check by id holds for good. The definition is read
+        in a thread: the catalog's read of it is a write transaction, which waits for other
+        writers.
 
         Raises:
             TableNotFoundError: no such table.
         """
-        cached = self._definitions.pop(name, None)
         info = self.describe(name)
-        if cached is not None and cached.id != info.id:
-            self._definitions.clear()  # replaced behind this service: stale in every spelling
-            self._definitions[name] = info
         return info, await asyncio.to_thread(self.catalog.get_dynamic_table, info.id)
 
     def base_sources(self, dynamic: DynamicTableRecord) -> str:
@@ -203,10 +222,13 @@ class Tables:
         """Forget a table the catalog no longer holds (dropped by this service, another
         one, or SQL), and remember its name as dropped."""
         self._definitions.clear()
+        self._remember_dropped(info)
+        self.metrics.forget_table(info.full_name)
+
+    def _remember_dropped(self, info: TableInfo) -> None:
         if len(self._dropped) > MAX_REMEMBERED:
             self._dropped.clear()
         self._dropped.add((info.database, info.schema_name, info.name))
-        self.metrics.forget_table(info.full_name)
 
     def set_clustering(self, table_name: str, columns: list[str]) -> TableInfo:
         """Columns compaction sorts by (empty: ingestion order); must be table columns."""
@@ -221,7 +243,6 @@ class Tables:
                 )
             resolved.append(column.name)
         self.catalog.set_clustering(info.id, tuple(resolved))
-        self._definitions.clear()
         return self.describe(table_name)
 
     def migrations(self, table_name: str) -> list[dict[str, Any]]:

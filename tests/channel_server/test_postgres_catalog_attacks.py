@@ -335,13 +335,6 @@ def test_a_drop_on_another_service_invalidates_the_channel_and_frees_its_buffer(
     assert waited[0] in (404, 409), waited  # told: table dropped / channel invalidated
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: a service caches table definitions by name (Tables._definitions) and only a "
-    "write through to_write looks again: after service B drops db.s.t and creates a new "
-    "db.s.t with other columns, service A's GET /v1/tables/db.s.t still describes the "
-    "dropped table (its purged folder, its old columns) while A's GET /v1/tables lists the "
-    "new one; PUT .../clustering checks the new table's columns against the old ones (400), "
-    "and POST .../compact answers 500 (it compacts the purged folder)"))  # fmt: skip
 def test_a_table_replaced_on_another_service_is_described_as_it_is_now(
     server_factory, postgres_dsn, tmp_path
 ):

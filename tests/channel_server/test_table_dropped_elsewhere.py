@@ -144,3 +144,45 @@ def test_a_landed_check_that_fails_puts_its_batches_back(server_factory, monkeyp
     assert sorted(DeltaTable(info.uri).to_pyarrow_table().column("ID").to_pylist()) == list(
         range(100)
     )
+
+
+def test_a_table_replaced_or_clustered_elsewhere_is_described_as_it_is_now(two_services):
+    a, b = two_services
+    create(a.url)
+    assert call(a.url, "GET", "/v1/tables/db.s.t")[0] == 200  # A has looked the table up
+    assert call(b.url, "PUT", "/v1/tables/db.s.t/clustering", {"columns": ["ID"]})[0] == 200
+    assert call(a.url, "GET", "/v1/tables/DB.S.T")[1]["clustering"] == ["ID"]
+    assert call(b.url, "DELETE", "/v1/tables/db.s.t")[0] == 200
+    status, answer = call(a.url, "GET", "/v1/tables/db.s.t")
+    assert status == 404 and answer["error"]["code"] == "TABLE_NOT_FOUND", answer
+    new = create(b.url, {"ID": "INT", "X": "VARCHAR"})
+    described = call(a.url, "GET", "/v1/tables/db.s.t")[1]
+    assert (described["location"], described["columns"]) == (new["location"], new["columns"])
+    status, answer = call(a.url, "PUT", "/v1/tables/db.s.t/clustering", {"columns": ["X"]})
+    assert status == 200 and answer["clustering"] == ["X"], answer
+    handle = open_channel(a.url)
+    assert insert(a.url, handle, 1, [1])[0] == 200
+    assert wait(a.url, handle, 1)[1]["offset_token"] == "1"
+
+
+def test_the_ingest_path_reads_no_table_definition_per_batch(server_factory, monkeypatch):
+    """An insert and a wait find their table in the service's memory: a catalog read of the
+    definition per batch would cost a round trip to PostgreSQL for each."""
+    server = server_factory()
+    create(server.url)
+    handle = open_channel(server.url)
+    catalog, reads = server.service.catalog, []
+
+    def counted(name, real):
+        def read(*args):
+            reads.append(name)
+            return real(*args)
+
+        return read
+
+    for name in ("get_table", "get_table_by_id", "list_tables"):
+        monkeypatch.setattr(catalog, name, counted(name, getattr(catalog, name)))
+    for seq in range(1, 21):
+        assert insert(server.url, handle, seq, [seq])[0] == 200
+    assert wait(server.url, handle, 20)[1]["offset_token"] == "20"
+    assert reads == []
