@@ -613,3 +613,8 @@ class Catalog(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def unreachable(self) -> str | None:
+        """Why the catalog cannot be reached now, None when it can (``GET /health``). Cheap
+        to ask often; a file on this machine is always there."""
+        return None

@@ -19,9 +19,11 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -70,6 +72,8 @@ from ingest_sdk.wire import pack_txn_version
 
 __all__ = ["SqlCatalog", "SqliteCatalog"]
 
+_T = TypeVar("_T")
+
 
 class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamStore, Catalog):
     """The catalog's operations, in SQL that SQLite and PostgreSQL both run (see
@@ -78,39 +82,38 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
     processes wait for the database's write lock: every write transaction holds the
     catalog's one lock, so writes mean the same on both databases.
 
-    A subclass opens the connection (``_db``) and says how its transactions begin.
+    A subclass says how a call gets a connection (:meth:`_query`, :meth:`_transaction`)
+    and how its transactions begin.
     """
 
-    _db: sqlite3.Connection
-    _lock: threading.Lock
     #: The statements that begin a write transaction, and a read-only snapshot.
     _BEGIN_WRITE: tuple[str, ...] = ("BEGIN IMMEDIATE",)
     _BEGIN_SNAPSHOT: tuple[str, ...] = ("BEGIN DEFERRED",)
 
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+    @abstractmethod
+    def _query(self, read: Callable[..., _T], *args: Any) -> _T:
+        """``read(connection, *args)`` outside a transaction: statements that change
+        nothing."""
+
+    @abstractmethod
+    def _transaction(self, begin: tuple[str, ...]) -> _Transaction:
+        """A ``with`` block of one transaction begun by ``begin``: committed at its end,
+        rolled back on an error."""
 
     def _write(self, statements: list[tuple[str, tuple]]) -> list[int]:  # type: ignore[type-arg]
         with self._immediate() as db:
             return [db.execute(sql, args).rowcount for sql, args in statements]
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
-        with self._lock:
-            return self._db.execute(sql, checked(sql, args)).fetchall()
-
-    def _checked(self) -> sqlite3.Connection:
-        """The connection, each statement's arguments checked (:mod:`catalog.sql_values`);
-        only under ``_lock``."""
-        return cast(sqlite3.Connection, CheckedConnection(self._db))
+        return self._query(_fetch_all, sql, checked(sql, args))
 
     def _immediate(self) -> _Transaction:
         """A write transaction for reads and writes that must see no one in between."""
-        return _Transaction(self._lock, self._db, self._BEGIN_WRITE)
+        return _checked_transaction(self._transaction(self._BEGIN_WRITE))
 
     def _snapshot(self) -> _Transaction:
         """A read transaction: several reads of one state, without the write lock."""
-        return _Transaction(self._lock, self._db, self._BEGIN_SNAPSHOT)
+        return _checked_transaction(self._transaction(self._BEGIN_SNAPSHOT))
 
     # Databases and schemas
     def create_database(self, name: str) -> tuple[DatabaseRecord, bool]:
@@ -130,22 +133,18 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         return (existing[0], False) if existing else (SchemaRecord(database, name, now), True)
 
     def get_database(self, name: str) -> DatabaseRecord | None:
-        with self._lock:
-            found = find_databases(self._checked(), name)
+        found = self._query(_checking(find_databases), name)
         return found[0] if found else None
 
     def get_schema(self, database: str, name: str) -> SchemaRecord | None:
-        with self._lock:
-            found = find_schemas(self._checked(), database, name)
+        found = self._query(_checking(find_schemas), database, name)
         return found[0] if found else None
 
     def list_databases(self) -> list[DatabaseRecord]:
-        with self._lock:
-            return find_databases(self._checked())
+        return self._query(_checking(find_databases))
 
     def list_schemas(self, database: str | None = None) -> list[SchemaRecord]:
-        with self._lock:
-            return find_schemas(self._checked(), database)
+        return self._query(_checking(find_schemas), database)
 
     def drop_database(self, name: str, cascade: bool = False) -> list[TableInfo] | None:
         with self._immediate() as db:
@@ -517,6 +516,9 @@ class SqliteCatalog(SqlCatalog):
     processes of one machine (every write a ``BEGIN IMMEDIATE`` transaction; others wait
     up to 30 s for it)."""
 
+    _db: sqlite3.Connection
+    _lock: threading.Lock
+
     def __init__(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -539,8 +541,46 @@ class SqliteCatalog(SqlCatalog):
             self._db.close()
             raise
 
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
 
-class _Transaction:
+    def _query(self, read: Callable[..., _T], *args: Any) -> _T:
+        with self._lock:
+            return read(self._db, *args)
+
+    def _transaction(self, begin: tuple[str, ...]) -> _Transaction:
+        return _LockedTransaction(self._lock, self._db, begin)
+
+
+def _fetch_all(db: sqlite3.Connection, sql: str, args: tuple) -> list[tuple]:  # type: ignore[type-arg]
+    return db.execute(sql, args).fetchall()
+
+
+def _checking(read: Callable[..., _T]) -> Callable[..., _T]:
+    """``read`` on the connection with each statement's arguments checked
+    (:mod:`catalog.sql_values`)."""
+
+    def on_checked(db: sqlite3.Connection, *args: Any) -> _T:
+        return read(cast(sqlite3.Connection, CheckedConnection(db)), *args)
+
+    return on_checked
+
+
+@contextlib.contextmanager
+def _checked_transaction(
+    transaction: AbstractContextManager[sqlite3.Connection],
+) -> Iterator[sqlite3.Connection]:
+    """A transaction whose statements' arguments are checked (:mod:`catalog.sql_values`)."""
+    with transaction as db:
+        yield cast(sqlite3.Connection, CheckedConnection(db))
+
+
+#: A ``with`` block of one transaction, whatever the connection (the stores' type of it).
+_Transaction = AbstractContextManager[sqlite3.Connection]
+
+
+class _LockedTransaction:
     """``with`` block of one transaction, begun by ``begin``, under the connection lock."""
 
     def __init__(
@@ -558,7 +598,7 @@ class _Transaction:
                 self._db.execute("ROLLBACK")
             self._lock.release()
             raise
-        return cast(sqlite3.Connection, CheckedConnection(self._db))
+        return self._db
 
     def __exit__(self, kind: object, value: object, traceback: object) -> None:
         try:

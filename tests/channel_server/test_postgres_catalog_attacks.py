@@ -357,14 +357,6 @@ def test_a_table_replaced_on_another_service_is_described_as_it_is_now(
 # --- 5. PostgreSQL stuck, stopped or restarted under a running service ----------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: while another process holds the catalog's advisory lock (a peer service "
-    "paused, partitioned or stuck inside a write transaction), a flush thread waits for it "
-    "holding the catalog's connection lock, and the next catalog call made on the event "
-    "loop (GET /v1/tables, a table name not yet cached) blocks the loop: the whole service "
-    "stops answering, /health and inserts of other tables included. On PostgreSQL there is "
-    "no lock_timeout or statement_timeout, so this lasts as long as the peer holds the lock "
-    "(a partition: until TCP gives up, hours); on SQLite the 30 s busy timeout bounds it"))  # fmt: skip
 def test_a_peer_holding_the_catalog_lock_does_not_freeze_the_service(server_factory, postgres_dsn):
     import psycopg
 
@@ -431,12 +423,6 @@ def test_postgres_killed_after_a_delta_commit_then_everything_restarted(
     assert ids_in(uri) == [1, 2, 3]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DEFECT: after the PostgreSQL server restarts, a running service never reconnects "
-    "(every catalog call: 'the connection is closed'), so every flush fails forever and "
-    "its producers' rows pile up unacknowledged, while GET /health keeps answering "
-    "{\"status\": \"ok\"}: nothing tells an orchestrator to restart it (the docs say it "
-    "must be restarted). It should reconnect, or at least report itself unhealthy"))  # fmt: skip
 def test_a_service_recovers_or_says_so_after_postgres_restarts(
     server_factory, own_postgres, tmp_path
 ):
