@@ -13,6 +13,7 @@ tokens a reader resumes from are in ``SHOW CHANGE STREAM PARTITIONS``).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -68,10 +69,7 @@ def _json(payload: Any) -> web.Response:
 @routes.get("/v1/change-streams")
 async def list_change_streams(request: web.Request) -> web.Response:
     """Every change stream, ordered by database, schema and name."""
-    catalog = request.app[SERVICE].catalog
-    tables = _tables(catalog)
-    return _json({"change_streams": [change_stream_json(catalog, stream, tables)
-                                     for stream in catalog.list_change_streams()]})  # fmt: skip
+    return _json(await asyncio.to_thread(_listing, request.app[SERVICE].catalog))
 
 
 @routes.get("/v1/change-streams/")
@@ -86,6 +84,17 @@ async def no_change_stream_named(request: web.Request) -> web.Response:
 async def describe_change_stream(request: web.Request) -> web.Response:
     """One change stream, named as the read route names it (``NAME``, ``SCHEMA.NAME`` or
     ``DATABASE.SCHEMA.NAME``; unquoted parts upper-cased)."""
-    catalog = request.app[SERVICE].catalog
-    stream = stream_named(catalog, change_stream_name(request.match_info["name"]))
-    return _json(change_stream_json(catalog, stream, _tables(catalog)))
+    names = change_stream_name(request.match_info["name"])
+    return _json(await asyncio.to_thread(_described, request.app[SERVICE].catalog, names))
+
+
+def _listing(catalog: Catalog) -> dict[str, Any]:
+    """Every stream's JSON form (blocking: catalog reads, run in a worker thread)."""
+    tables = _tables(catalog)
+    return {"change_streams": [change_stream_json(catalog, stream, tables)
+                               for stream in catalog.list_change_streams()]}  # fmt: skip
+
+
+def _described(catalog: Catalog, names: tuple[str, str, str]) -> dict[str, Any]:
+    """One stream's JSON form (blocking: catalog reads, run in a worker thread)."""
+    return change_stream_json(catalog, stream_named(catalog, names), _tables(catalog))

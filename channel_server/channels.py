@@ -315,6 +315,16 @@ class Channels:
                 "newest open wins. Open it again if this producer should own it"
             ) from exc
 
+    async def lookup(self, table_name: str, channel_name: str, generation: int) -> ChannelState:
+        """:meth:`state`, for the event loop: when the table's definition is not remembered
+        or the channel is not open here, its catalog reads run in a worker thread (the
+        loop never waits for the catalog)."""
+        info = self.tables.remembered(table_name)
+        table = self._live.get(info.id) if info is not None else None
+        if table is None or channel_name not in table.channels:
+            return await asyncio.to_thread(self.state, table_name, channel_name, generation)
+        return self.state(table_name, channel_name, generation)
+
     def state(self, table_name: str, channel_name: str, generation: int) -> ChannelState:
         """The live state of a handle, or the error that says why it has none.
 
@@ -463,7 +473,7 @@ class Channels:
         self, table_name: str, channel_name: str, generation: int, batch_seq: int, timeout: float
     ) -> ChannelState:
         """Wait until the channel's batches up to ``batch_seq`` are committed (or timeout)."""
-        channel = self.state(table_name, channel_name, generation)
+        channel = await self.lookup(table_name, channel_name, generation)
         if batch_seq > channel.last_seq:
             raise InvalidRequestError(
                 f"batch {batch_seq} was never received on channel {channel_name} (newest is "
@@ -483,7 +493,7 @@ class Channels:
             ChannelInvalidatedError: the handle was replaced before its rows committed
                 (they were discarded).
         """
-        channel = self.state(table_name, channel_name, generation)
+        channel = await self.lookup(table_name, channel_name, generation)
         if channel.committed_seq < channel.last_seq:
             # Only when something of this handle waits: a needless request would flush
             # other channels' batches early.
@@ -500,7 +510,7 @@ class Channels:
         return channel
 
     async def drop(self, table_name: str, channel_name: str) -> bool:
-        info = self.tables.describe(table_name)
+        info = await asyncio.to_thread(self.tables.describe, table_name)
         table = self._live.get(info.id)
         if table is not None:
             async with table.lock:

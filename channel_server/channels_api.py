@@ -1,5 +1,6 @@
 """``/v1/channels``: open, insert rows (Arrow IPC or JSON), wait for commits, close,
-status, drop and list channels."""
+status, drop and list channels. Catalog reads run in worker threads, never on the event
+loop; an insert into a channel open here reads nothing from the catalog."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ async def insert_rows(request: web.Request) -> web.Response:
     channel_name = query.get("channel") or ""
     generation = coordinate(request, "generation", HEADER_GENERATION)
     batch_seq = coordinate(request, "batch_seq", HEADER_BATCH_SEQ)
-    channel = channels.state(table_name, channel_name, generation)
+    channel = await channels.lookup(table_name, channel_name, generation)
     if batch_seq <= channel.last_seq:  # a retry: answer before reading or checking the body
         outcome = channels.insert(table_name, channel_name, generation, batch_seq, None, None)
         return _insert_answer(0, outcome.duplicate)
@@ -215,17 +216,15 @@ async def close_channel(request: web.Request) -> web.Response:
 async def channel_status(request: web.Request) -> web.Response:
     body = await json_body(request)
     wanted = field(body, "channels", list)
-    channels = request.app[SERVICE].channels
-    answers = []
+    asked = []
     for item in wanted:
         if not isinstance(item, dict):
             raise InvalidRequestError('each entry of "channels" must be an object {table, channel}')
         generation = field(item, "generation", int, required=False)
-        status = channels.status(
-            field(item, "table", str), field(item, "channel", str),
-            None if generation is None else bounded_int(generation, "generation"),
-        )  # fmt: skip
-        answers.append(asdict(status))
+        generation = None if generation is None else bounded_int(generation, "generation")
+        asked.append((field(item, "table", str), field(item, "channel", str), generation))
+    channels = request.app[SERVICE].channels
+    answers = await asyncio.to_thread(lambda: [asdict(channels.status(*each)) for each in asked])
     return json_answer({"channels": answers})
 
 
@@ -240,4 +239,5 @@ async def drop_channel(request: web.Request) -> web.Response:
 @routes.get("/v1/channels")
 async def show_channels(request: web.Request) -> web.Response:
     table = request.rel_url.query.get("table")
-    return json_answer({"channels": request.app[SERVICE].channels.show(table)})
+    shown = await asyncio.to_thread(request.app[SERVICE].channels.show, table)
+    return json_answer({"channels": shown})

@@ -126,15 +126,15 @@ class IngestService:
             TableBusyError: a pending pipeline commit writes the table.
         """
         info, dynamic = await self.tables.to_write(name)
-        self.tables.check_droppable(info, dynamic)  # before its channels stop
+        await asyncio.to_thread(self.tables.check_droppable, info, dynamic)  # before stopping
         await self.channels.stop_table(info.id)
-        self.tables.forget(info)
+        await asyncio.to_thread(self.tables.forget, info)
         await asyncio.to_thread(purge_dropped, self.catalog, self.config.warehouse)
         return info
 
-    def compact_now(self, table_name: str) -> tuple[TableInfo, bool]:
+    async def compact_now(self, table_name: str) -> tuple[TableInfo, bool]:
         """Start a background compaction of a table; False if one is already running."""
-        info = self.tables.describe(table_name)
+        info = await asyncio.to_thread(self.tables.describe, table_name)
         return info, self.compaction.start(self.channels.table_state(info))
 
     async def stop(self) -> None:

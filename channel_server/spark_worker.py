@@ -248,7 +248,8 @@ class SparkWorker:
 
     async def _stop_when_idle(self) -> None:
         await asyncio.sleep(self.idle_seconds)
-        while self.keep_alive():  # e.g. open SQL transactions live in the worker
+        # e.g. open SQL transactions live in the worker; in a thread: it may read the catalog
+        while await asyncio.to_thread(self.keep_alive):
             await asyncio.sleep(self.idle_seconds)
         if not self._turn.locked():
             log.info("Spark worker idle for %.0fs: stopping it", self.idle_seconds)

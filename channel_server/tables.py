@@ -147,6 +147,11 @@ class Tables:
         info = self._definitions.get(name)
         return info if info is not None else self.describe(name)
 
+    def remembered(self, name: str) -> TableInfo | None:
+        """The definition :meth:`describe` remembers for this spelling, without reading the
+        catalog (None: it would read it)."""
+        return self._definitions.get(name)
+
     def all(self) -> list[TableInfo]:
         return self.catalog.list_tables()
 
@@ -171,7 +176,7 @@ class Tables:
         Raises:
             TableNotFoundError: no such table.
         """
-        info = self.describe(name)
+        info = await asyncio.to_thread(self.describe, name)
         return info, await asyncio.to_thread(self.catalog.get_dynamic_table, info.id)
 
     def base_sources(self, dynamic: DynamicTableRecord) -> str:

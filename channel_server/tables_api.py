@@ -1,5 +1,6 @@
 """``/v1/tables``: create, list, describe and drop tables; their migrations, clustering
-and compaction."""
+and compaction. Catalog calls run in worker threads: the event loop never waits for the
+catalog (its lock may be held by another process for up to 30 s)."""
 
 from __future__ import annotations
 
@@ -52,16 +53,15 @@ async def create_table(request: web.Request) -> web.Response:
 
 @routes.get("/v1/tables")
 async def list_tables(request: web.Request) -> web.Response:
-    return json_answer(
-        {"tables": [_table_json(info) for info in request.app[SERVICE].tables.all()]}
-    )
+    tables = await asyncio.to_thread(request.app[SERVICE].tables.all)
+    return json_answer({"tables": [_table_json(info) for info in tables]})
 
 
 @routes.get(_TABLE_PATH)
 async def describe_table(request: web.Request) -> web.Response:
-    return json_answer(
-        _table_json(request.app[SERVICE].tables.describe(request.match_info["name"]))
-    )
+    tables = request.app[SERVICE].tables
+    info = await asyncio.to_thread(tables.describe, request.match_info["name"])
+    return json_answer(_table_json(info))
 
 
 @routes.delete(_TABLE_PATH)
@@ -72,20 +72,22 @@ async def drop_table(request: web.Request) -> web.Response:
 
 @routes.get(_TABLE_PATH + "/migrations")
 async def migrations(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    return json_answer({"migrations": service.tables.migrations(request.match_info["name"])})
+    tables = request.app[SERVICE].tables
+    runs = await asyncio.to_thread(tables.migrations, request.match_info["name"])
+    return json_answer({"migrations": runs})
 
 
 @routes.put(_TABLE_PATH + "/clustering")
 async def set_clustering(request: web.Request) -> web.Response:
     body = await json_body(request)
     columns = field(body, "columns", list)
-    info = request.app[SERVICE].tables.set_clustering(request.match_info["name"], columns)
+    tables = request.app[SERVICE].tables
+    info = await asyncio.to_thread(tables.set_clustering, request.match_info["name"], columns)
     return json_answer({**_table_json(info)})
 
 
 @routes.post(_TABLE_PATH + "/compact")
 async def compact(request: web.Request) -> web.Response:
     """Start a background compaction now (202); its run appears in the migration history."""
-    info, started = request.app[SERVICE].compact_now(request.match_info["name"])
+    info, started = await request.app[SERVICE].compact_now(request.match_info["name"])
     return json_answer({"table": info.full_name, "started": started}, 202)

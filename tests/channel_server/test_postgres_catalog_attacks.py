@@ -357,7 +357,17 @@ def test_a_table_replaced_on_another_service_is_described_as_it_is_now(
 # --- 5. PostgreSQL stuck, stopped or restarted under a running service ----------------------
 
 
+def waiting_for_the_lock(peer) -> bool:
+    """Whether a session waits for the catalog's advisory lock (held by ``peer``)."""
+    return bool(peer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                             "AND NOT granted").fetchone()[0])  # fmt: skip
+
+
 def test_a_peer_holding_the_catalog_lock_does_not_freeze_the_service(server_factory, postgres_dsn):
+    """While another process holds the catalog's advisory lock (a peer service paused,
+    partitioned or stuck inside a write transaction), a flush waits for it in a worker
+    thread on a connection of its own: reads, /health and the event loop go on, and the
+    flush commits once the peer lets go."""
     import psycopg
 
     from catalog.postgres import CATALOG_LOCK
@@ -367,23 +377,22 @@ def test_a_peer_holding_the_catalog_lock_does_not_freeze_the_service(server_fact
     handle = open_channel(server.url, "c")
     peer = psycopg.connect(postgres_dsn, autocommit=True)
     peer.execute("SELECT pg_advisory_lock(%s)", (CATALOG_LOCK,))
-    answered = None
     try:
         insert(server.url, handle, 1, [1], "1")
-        time.sleep(1.5)  # the flush now waits for the lock in reserve_row_ids
-        lister = threading.Thread(target=call, args=(server.url, "GET", "/v1/tables"),
-                                  kwargs={"timeout": 60}, daemon=True)  # fmt: skip
-        lister.start()
-        time.sleep(0.5)
-        try:
-            answered = call(server.url, "GET", "/health", timeout=5)[0]
-        except TimeoutError:
-            answered = "no answer within 5 s"
+        deadline = time.monotonic() + 60
+        while not waiting_for_the_lock(peer):  # the flush waits for it in reserve_row_ids
+            assert time.monotonic() < deadline, "the flush never waited for the lock"
+            time.sleep(0.01)
+        # Each would wait for the lock's 30 s timeout if it waited behind the flush.
+        listed = call(server.url, "GET", "/v1/tables", timeout=20)[0]
+        described = call(server.url, "GET", "/v1/tables/db.s.t", timeout=20)[0]
+        health = call(server.url, "GET", "/health", timeout=20)[0]
+        assert waiting_for_the_lock(peer)  # all answered while the flush still waited
     finally:
         peer.execute("SELECT pg_advisory_unlock(%s)", (CATALOG_LOCK,))
         peer.close()
+    assert (listed, described, health) == (200, 200, 200)
     assert wait(server.url, handle, 1)[1]["offset_token"] == "1"  # once the peer lets go
-    assert answered == 200
 
 
 def test_postgres_killed_after_a_delta_commit_then_everything_restarted(
