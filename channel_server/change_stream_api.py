@@ -38,7 +38,14 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-from catalog import Catalog, ChangeStreamRecord, did_you_mean, full_name, open_catalog
+from catalog import (
+    Catalog,
+    CatalogUnavailableError,
+    ChangeStreamRecord,
+    did_you_mean,
+    full_name,
+    open_catalog,
+)
 from channel_server.http_common import SERVICE, Routes
 from ingest_sdk.errors import (
     BackpressureError,
@@ -396,6 +403,8 @@ def _run_read(
         end = _error_line(exc.code, str(exc))
     except IngestError as exc:
         end = _error_line(error_code_of(exc)[1], str(exc))
+    except CatalogUnavailableError as exc:  # resumed from the last record's timestamp
+        end = _error_line("CATALOG_UNAVAILABLE", str(exc))
     except Exception:
         log.exception("change stream read of %s failed", stream.full_name,
                       extra={"change_stream": stream.full_name})  # fmt: skip

@@ -125,13 +125,15 @@ class TableFlusher:
     async def _run(self) -> None:
         table = self.table
         while True:
-            if not table.pending:
+            if not table.pending and not self.unindexed:
                 table.flush_now = False  # a flush asked for with nothing pending is done
                 table.wakeup.clear()
                 await table.wakeup.wait()
                 continue
+            # Nothing pending but a commit the catalog lacks (its update failed): it is
+            # recorded now, retried like a flush, not left for the next rows to bring.
             delay = table.earliest_deadline - self.flush_estimate - time.monotonic()
-            if delay > 0 and not table.flush_now:
+            if table.pending and delay > 0 and not table.flush_now:
                 table.wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(table.wakeup.wait(), delay)

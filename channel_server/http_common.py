@@ -4,7 +4,8 @@ error as JSON with its wire code and check the bearer token.
 
 Every error a client can cause is an :class:`ingest_sdk.errors.IngestError` that
 :func:`error_middleware` turns into a 4xx JSON answer with the wire code the SDK maps back
-to the same class; anything else is a 500 and is logged.
+to the same class; a catalog that cannot be reached (:class:`catalog.CatalogUnavailableError`)
+is a 503 ``CATALOG_UNAVAILABLE`` the SDK retries; anything else is a 500 and is logged.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from aiohttp import HttpVersion11, hdrs, web
 
+from catalog import CatalogUnavailableError
 from channel_server.service import IngestService
 from ingest_sdk.errors import AuthenticationError, IngestError, InsertValidationError, error_code_of
 from ingest_sdk.wire import dumps
@@ -35,6 +37,8 @@ _FAILURE = web.RequestKey("failure", tuple)
 REQUEST_TABLE = web.RequestKey("table", str)
 REQUEST_CHANNEL = web.RequestKey("channel", str)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+#: Seconds a client is told to wait before it repeats a call the catalog's outage failed.
+CATALOG_RETRY_AFTER = 1.0
 
 
 class Routes(web.RouteTableDef):
@@ -70,6 +74,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except IngestError as exc:
         status, code = error_code_of(exc)
         response = _failure(request, status, code, str(exc), getattr(exc, "details", {}))
+    except CatalogUnavailableError as exc:  # the catalog's server is down or unreachable
+        details = {"retry_after": CATALOG_RETRY_AFTER}
+        response = _failure(request, 503, "CATALOG_UNAVAILABLE", str(exc), details)
     except Exception:
         log.exception("internal error in %s %s", request.method, request.path)
         message = "internal server error; the service log has the details"

@@ -20,6 +20,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
+from catalog import CatalogUnavailableError
 from channel_server.service import IngestService, refreshes_scheduled
 from flush import purge_dropped
 from pipelines.change_streams.balance import Balancer
@@ -63,6 +64,8 @@ def periodic(
             try:
                 if lease is None or await lease(lease_seconds):
                     await step()
+            except CatalogUnavailableError as exc:  # an outage, not a bug: no traceback
+                log.warning("%s failed: %s", what, exc)
             except Exception:
                 log.exception("%s failed", what)
             await asyncio.sleep(seconds)

@@ -175,6 +175,8 @@ class Tables:
 
         Raises:
             TableNotFoundError: no such table.
+            CatalogUnavailableError: the catalog cannot be reached (what was remembered of
+                the table stays).
         """
         info = await asyncio.to_thread(self.describe, name)
         return info, await asyncio.to_thread(self.catalog.get_dynamic_table, info.id)

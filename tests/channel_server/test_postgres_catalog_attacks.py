@@ -357,17 +357,17 @@ def test_a_table_replaced_on_another_service_is_described_as_it_is_now(
 # --- 5. PostgreSQL stuck, stopped or restarted under a running service ----------------------
 
 
-def waiting_for_the_lock(peer) -> bool:
-    """Whether a session waits for the catalog's advisory lock (held by ``peer``)."""
-    return bool(peer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                             "AND NOT granted").fetchone()[0])  # fmt: skip
+def waiting_for_the_lock(peer) -> int:
+    """How many sessions wait for the catalog's advisory lock (held by ``peer``)."""
+    return int(peer.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                            "AND NOT granted").fetchone()[0])  # fmt: skip
 
 
 def test_a_peer_holding_the_catalog_lock_does_not_freeze_the_service(server_factory, postgres_dsn):
     """While another process holds the catalog's advisory lock (a peer service paused,
-    partitioned or stuck inside a write transaction), a flush waits for it in a worker
-    thread on a connection of its own: reads, /health and the event loop go on, and the
-    flush commits once the peer lets go."""
+    partitioned or stuck inside a write transaction), a flush and a change of clustering
+    wait for it in worker threads, each on a connection of its own: reads, /health and
+    the event loop go on, and both complete once the peer lets go."""
     import psycopg
 
     from catalog.postgres import CATALOG_LOCK
@@ -377,22 +377,28 @@ def test_a_peer_holding_the_catalog_lock_does_not_freeze_the_service(server_fact
     handle = open_channel(server.url, "c")
     peer = psycopg.connect(postgres_dsn, autocommit=True)
     peer.execute("SELECT pg_advisory_lock(%s)", (CATALOG_LOCK,))
+    clustered: list[tuple] = []
+    clustering = threading.Thread(target=lambda: clustered.append(call(
+        server.url, "PUT", "/v1/tables/db.s.t/clustering", {"columns": ["ID"]}, timeout=60)))  # fmt: skip
     try:
-        insert(server.url, handle, 1, [1], "1")
+        insert(server.url, handle, 1, [1], "1")  # its flush waits in reserve_row_ids
+        clustering.start()
         deadline = time.monotonic() + 60
-        while not waiting_for_the_lock(peer):  # the flush waits for it in reserve_row_ids
-            assert time.monotonic() < deadline, "the flush never waited for the lock"
+        while waiting_for_the_lock(peer) < 2:
+            assert time.monotonic() < deadline, "the flush and the clustering never waited"
             time.sleep(0.01)
-        # Each would wait for the lock's 30 s timeout if it waited behind the flush.
+        # Each would wait for the lock's 30 s timeout if it waited behind them.
         listed = call(server.url, "GET", "/v1/tables", timeout=20)[0]
         described = call(server.url, "GET", "/v1/tables/db.s.t", timeout=20)[0]
         health = call(server.url, "GET", "/health", timeout=20)[0]
-        assert waiting_for_the_lock(peer)  # all answered while the flush still waited
+        assert waiting_for_the_lock(peer) == 2  # all answered while both still waited
     finally:
         peer.execute("SELECT pg_advisory_unlock(%s)", (CATALOG_LOCK,))
         peer.close()
+        clustering.join()
     assert (listed, described, health) == (200, 200, 200)
     assert wait(server.url, handle, 1)[1]["offset_token"] == "1"  # once the peer lets go
+    assert clustered[0][0] == 200 and clustered[0][1]["clustering"] == ["ID"], clustered
 
 
 def test_postgres_killed_after_a_delta_commit_then_everything_restarted(
@@ -435,6 +441,8 @@ def test_postgres_killed_after_a_delta_commit_then_everything_restarted(
 def test_a_service_recovers_or_says_so_after_postgres_restarts(
     server_factory, own_postgres, tmp_path
 ):
+    """The PostgreSQL server restarts under a running service: its next calls reconnect,
+    the flush commits, and /health says ok."""
     dsn = durable_database(own_postgres)
     server = server_factory(catalog=dsn, warehouse=tmp_path / "w")
     create_t(server.url)
@@ -443,10 +451,12 @@ def test_a_service_recovers_or_says_so_after_postgres_restarts(
     assert wait(server.url, handle, 1)[1]["offset_token"] == "1"
     restart_postgres(own_postgres)
     insert(server.url, handle, 2, [2], "2")
-    committed = wait(server.url, handle, 2, timeout=8)[1].get("committed")
-    health = call(server.url, "GET", "/health")[1]
+    committed = wait(server.url, handle, 2)[1].get("committed")
+    health = call(server.url, "GET", "/health")
     listed = call(server.url, "GET", "/v1/tables")[0]
-    assert committed or health.get("status") != "ok", (health, listed)
+    assert committed and health[0] == 200 and health[1]["status"] == "ok", (health, listed)
+    assert listed == 200
+    assert ids_in(server.service.catalog.get_table("DB", "S", "T").uri) == [1, 2]
 
 
 # --- 6. Hostile catalog URLs ---------------------------------------------------------------
