@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 import orjson
@@ -96,6 +97,19 @@ def commits_after(table_uri: str, version: int) -> list[CommitRecord]:
     return sorted(records, key=lambda record: record.version)
 
 
+def flush_commits_down(table_uri: str, top: int) -> Iterator[CommitRecord]:
+    """The flush (and fence) commits from version ``top`` down, newest first, each read
+    from its own commit file; they end where log cleanup removed the files (older
+    commits are gone too)."""
+    for version in range(top, -1, -1):
+        info = commit_info(table_uri, version)
+        if info is None:
+            return
+        text = info.get(COMMIT_METADATA_KEY)
+        if text:
+            yield _record(version, text)
+
+
 def replay_commits(catalog: Catalog, table_id: int) -> list[CommitRecord]:
     """Record in the catalog every flush commit of the table's log it has not recorded,
     oldest first; returns them. Nothing for a table the catalog no longer has.
@@ -123,7 +137,7 @@ def _late_commits(
     """The commits at or below ``applied_version`` holding a channel's position in the
     log that the catalog's ``channels`` are behind, oldest first. Channels without a
     recorded position (an upgraded catalog: the older code recorded every commit) are
-    not looked at; the search stops where log cleanup removed the files."""
+    not looked at."""
     table = DeltaTable(table_uri)
     behind: dict[str, int] = {}
     for channel in channels:
@@ -132,20 +146,14 @@ def _late_commits(
         if known is not None and position is not None and position > known:
             behind[channel.name] = position
     found: dict[int, CommitRecord] = {}
-    for version in range(min(applied_version, table.version()), -1, -1):
+    for record in flush_commits_down(table_uri, min(applied_version, table.version())):
         if not behind:
             break
-        info = commit_info(table_uri, version)
-        if info is None:
-            break
-        if COMMIT_METADATA_KEY not in info:
-            continue
-        record = _record(version, info[COMMIT_METADATA_KEY])
         for progress in record.channels:
             position = pack_txn_version(progress.generation, progress.batch_seq)
             if behind.get(progress.channel) == position:
                 del behind[progress.channel]
-                found[version] = record
+                found[record.version] = record
     return [found[version] for version in sorted(found)]
 
 
@@ -326,28 +334,22 @@ class TableWriter:
         if known is not None and known.position == position:
             return known.version, known.offset_token
         seen: set[str] = set()
-        for version in range(self._table.version(), -1, -1):
-            info = commit_info(self.table_uri, version)
-            if info is None:  # cleaned up: older commits are gone too
-                return None
-            text = info.get(COMMIT_METADATA_KEY)
-            if not text:
-                continue
-            for item in orjson.loads(text)["channels"]:
-                name = item["channel"]
+        for record in flush_commits_down(self.table_uri, self._table.version()):
+            for item in record.channels:
+                name = item.channel
                 if name in seen:
                     continue
                 seen.add(name)
-                packed = pack_txn_version(item["generation"], item["batch_seq"])
-                self._note_carried(name, _Carried(packed, version, item["offset_token"]))
+                packed = pack_txn_version(item.generation, item.batch_seq)
+                self._note_carried(name, _Carried(packed, record.version, item.offset_token))
                 if name == channel:
                     if packed != position:  # a commit not ours moved the app transaction
                         log.warning("the newest commit of channel %s in %s (version %d) is "
                                     "not at its position in the log", channel,
-                                    self.table_uri, version)  # fmt: skip
+                                    self.table_uri, record.version)  # fmt: skip
                         return None
-                    return version, item["offset_token"]
-        return None
+                    return record.version, item.offset_token
+        return None  # not found before log cleanup removed older commits
 
     def fence(
         self, channel: str, generation: int, next_row_id: int, *, resume: bool,
