@@ -40,7 +40,7 @@ from catalog.records import (
     StreamRecord,
     TableInfo,
 )
-from catalog.sql_values import INT64_MAX, CheckedConnection, checked, printable_reports
+from catalog.sql_values import INT64_MAX, CheckedConnection, printable_reports
 from catalog.sqlite_change_streams import ChangeStreamStore
 from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
 from catalog.sqlite_dynamic import DynamicTableStore
@@ -105,7 +105,12 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
             return [db.execute(sql, args).rowcount for sql, args in statements]
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:  # type: ignore[type-arg]
-        return self._query(_fetch_all, sql, checked(sql, args))
+        return self._checked_query(_fetch_all, sql, args)
+
+    def _checked_query(self, read: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`_query` on a connection whose statements' arguments are checked
+        (:mod:`catalog.sql_values`), as every read of the catalog's is."""
+        return self._query(_checking(read), *args)
 
     def _immediate(self) -> _Transaction:
         """A write transaction for reads and writes that must see no one in between."""
@@ -133,18 +138,18 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         return (existing[0], False) if existing else (SchemaRecord(database, name, now), True)
 
     def get_database(self, name: str) -> DatabaseRecord | None:
-        found = self._query(_checking(find_databases), name)
+        found = self._checked_query(find_databases, name)
         return found[0] if found else None
 
     def get_schema(self, database: str, name: str) -> SchemaRecord | None:
-        found = self._query(_checking(find_schemas), database, name)
+        found = self._checked_query(find_schemas, database, name)
         return found[0] if found else None
 
     def list_databases(self) -> list[DatabaseRecord]:
-        return self._query(_checking(find_databases))
+        return self._checked_query(find_databases)
 
     def list_schemas(self, database: str | None = None) -> list[SchemaRecord]:
-        return self._query(_checking(find_schemas), database)
+        return self._checked_query(find_schemas, database)
 
     def drop_database(self, name: str, cascade: bool = False) -> list[TableInfo] | None:
         with self._immediate() as db:
