@@ -24,6 +24,7 @@ import pytest
 from catalog import open_catalog
 from catalog.records import ChannelProgress, CommitRecord
 from ingest_sdk import TableSchema
+from tests.catalog.older_code import older_code
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = TableSchema.parse({"ID": "INT"})
@@ -470,18 +471,8 @@ catalog.close()
 def old_catalog(tmp_path):
     """A SQLite catalog made by the code of :data:`BEFORE_POSITIONS` (its layout has no
     committed_position): table D.S.T, channel a at token a1 (version 1), b at b1 (2)."""
-    old = tmp_path / "old-code"
-    old.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_POSITIONS, "catalog",
-                              "ingest_sdk"], capture_output=True)  # fmt: skip
-    if archive.returncode != 0:
-        pytest.skip(f"commit {BEFORE_POSITIONS} is not in this clone: {archive.stderr[:200]!r}")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
     path = tmp_path / "catalog.sqlite"
-    made = subprocess.run([sys.executable, "-c", _OLD_CHILD, str(path)], cwd=old,
-                          env={**os.environ, "PYTHONPATH": str(old)}, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    assert made.returncode == 0, made.stderr[-3000:]
+    older_code(BEFORE_POSITIONS, tmp_path / "old-code")(_OLD_CHILD, str(path))
     import sqlite3
 
     with sqlite3.connect(path) as db:

@@ -4,11 +4,7 @@ them, which the next open brings up to date and which that version still runs on
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,8 +13,8 @@ from catalog.postgres import NAMED_TABLES
 from ingest_sdk import TableSchema
 from ingest_sdk.errors import TableAlreadyExistsError
 from ingest_sdk.schema import MAX_NAME_LENGTH, check_object_name
+from tests.catalog.older_code import older_code
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = TableSchema.parse({"ID": "INT"})
 #: The last commit whose PostgreSQL layout keeps three-part names unique by a btree
 #: constraint over the names themselves (``<table>_database_schema_name_name_key``).
@@ -96,22 +92,8 @@ catalog.close()
 @pytest.fixture
 def old_code(tmp_path):
     """Run the catalog code of :data:`BEFORE_NAME_KEYS` in a child: ``old_code(dsn, what)``."""
-    old = tmp_path / "old-code"
-    old.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_NAME_KEYS, "catalog",
-                              "ingest_sdk"], capture_output=True)  # fmt: skip
-    if archive.returncode != 0:
-        pytest.skip(f"commit {BEFORE_NAME_KEYS} is not in this clone: {archive.stderr[:200]!r}")
-    subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
-
-    def run(dsn: str, what: str) -> str:
-        done = subprocess.run([sys.executable, "-c", _OLD_CHILD, dsn, what], cwd=old,
-                              env={**os.environ, "PYTHONPATH": str(old)}, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done.stdout
-
-    return run
+    run = older_code(BEFORE_NAME_KEYS, tmp_path / "old-code")
+    return lambda dsn, what: run(_OLD_CHILD, dsn, what)
 
 
 def _name_indexes(dsn: str) -> set[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import http.server
 import itertools
-import json
 import threading
 import urllib.error
 import urllib.parse
@@ -22,6 +21,7 @@ from channel_server import CompactionTrigger, ServerConfig
 from channel_server.config import advertised_url
 from ingest_sdk import OpenChannelRequest, StreamingIngestClient
 from ingest_sdk.errors import ConfigurationError
+from tests.http_calls import call_url
 from tests.servers import ThreadServer, free_port
 
 
@@ -84,13 +84,7 @@ def two_servers(tmp_path):
 
 
 def post(url, path, body):
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+    return call_url(url, "POST", path, body, timeout=60)
 
 
 def test_a_channel_opened_through_a_balancer_sends_its_calls_to_its_server(two_servers):

@@ -26,24 +26,9 @@ from deltalake import DeltaTable
 
 from catalog import open_catalog
 from flush.commit import commits_after
+from tests.http_calls import call_url as call
 from tests.postgres_server import PostgresServer
 from tests.servers import ROOT, free_port
-
-
-def call(url, method, path, body=None, timeout=30):
-    """One HTTP call: (status, the answer's JSON, or its bytes when it is not JSON)."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            status, raw = answer.status, answer.read()
-    except urllib.error.HTTPError as error:
-        status, raw = error.code, error.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw
 
 
 def open_channel(url, channel, table="db.s.t"):

@@ -4,26 +4,16 @@ committed, put back or freed with its channel told, never lost with its buffer r
 
 from __future__ import annotations
 
-import json
-import urllib.error
+import functools
 import urllib.parse
-import urllib.request
 
 import pytest
 
 from flush import TableWriter
+from tests.http_calls import call_url
 
-
-def call(url, method, path, body=None, timeout=60):
-    """One HTTP call: (status, the answer's JSON)."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
+#: One HTTP call: (status, the answer's JSON).
+call = functools.partial(call_url, timeout=60)
 
 
 def create(url, columns=None):
@@ -50,7 +40,7 @@ def insert(url, handle, seq, ids):
 def wait(url, handle, seq, timeout=30):
     return call(url, "POST", "/v1/channels/wait", {
         "table": "db.s.t", "channel": handle["channel"], "generation": handle["generation"],
-        "batch_seq": seq, "timeout": timeout})  # fmt: skip
+        "batch_seq": seq, "timeout": timeout}, timeout=timeout + 30)  # fmt: skip
 
 
 def buffered(url) -> int:
