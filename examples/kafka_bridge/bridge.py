@@ -27,6 +27,7 @@ import contextlib
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -145,6 +146,23 @@ class _Partition:
     mapping: TopicMapping
     channel: Any  # ingest_sdk.Channel
     name: str
+
+
+def close_together(channels: dict[str, Any], timeout: float) -> dict[str, str | None]:
+    """Close channels at once (one flush can commit them all), each waiting at most
+    ``timeout`` seconds for what it sent; returns each name's error, or ``None``."""
+
+    def close(channel: Any) -> str | None:
+        try:
+            channel.close(timeout=timeout)
+        except IngestError as exc:
+            return str(exc)
+        return None
+
+    if not channels:
+        return {}
+    with ThreadPoolExecutor(max_workers=len(channels), thread_name_prefix="close") as pool:
+        return dict(zip(channels, pool.map(close, channels.values()), strict=True))
 
 
 def _log_reopen_retry(state: RetryCallState) -> None:
@@ -283,15 +301,22 @@ class KafkaBridge:
         consumer.assign(assigned)
 
     def _on_revoke(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
-        for tp in revoked:
-            state = self.partitions.pop((tp.topic, tp.partition), None)
-            if state is None:
-                continue
-            try:
-                state.channel.close(timeout=30)  # what was sent commits; the next owner resumes
-            except IngestError as exc:
-                log.info("revoked %s[%d]: %s", tp.topic, tp.partition, exc)
-            log.info("revoked %s[%d]", tp.topic, tp.partition)
+        """Close the revoked partitions' channels together, for at most half a session.
+
+        The group waits for every member to rejoin for about one session timeout
+        (librdkafka's mock broker: the timeout less 1 s), and a member still closing
+        then holds every member of the group without partitions for another round.
+        Waiting longer buys nothing for exactly-once: what has not committed by then
+        is fenced by the next owner's open, which resumes from the committed token.
+        """
+        states = [(tp, self.partitions.pop((tp.topic, tp.partition), None)) for tp in revoked]
+        closing = {f"{tp.topic}[{tp.partition}]": state.channel
+                   for tp, state in states if state is not None}  # fmt: skip
+        started = time.monotonic()
+        outcomes = close_together(closing, timeout=self.config.session_timeout / 2)
+        for name, error in outcomes.items():
+            log.info("revoked %s after %.2f s%s", name, time.monotonic() - started,
+                     f": {error}" if error else "")  # fmt: skip
         if not self.partitions and self._unassigned_since is None:
             self._unassigned_since = time.monotonic()
             self._next_waiting_notice = 0.0
@@ -487,9 +512,8 @@ class KafkaBridge:
     def close(self) -> None:
         """Close the channels (what was sent commits), then leave the group offsets at the
         final tokens."""
-        for state in self.partitions.values():
-            with contextlib.suppress(IngestError):
-                state.channel.close(timeout=30)
+        close_together({state.name: state.channel for state in self.partitions.values()},
+                       timeout=30)  # fmt: skip
         with contextlib.suppress(IngestError, KafkaException):
             self._commit_group_offsets(asynchronous=False)
         self.partitions.clear()

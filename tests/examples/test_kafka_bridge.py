@@ -107,7 +107,10 @@ def test_rebalance_between_two_instances(kafka, server, client_factory, bridge_f
     first.wait_log(r"assigned t3\[", timeout=RESUME_BOUND)
     second = bridge_factory(kafka, server.url, "t3", "db.kafka.t3", "g3",
                             "--instance-id", "g3-second").start()  # fmt: skip
-    second.wait_log(r"assigned t3\[", timeout=RESUME_BOUND)  # the partitions are shared now
+    try:
+        second.wait_log(r"assigned t3\[", timeout=RESUME_BOUND)  # the partitions are shared now
+    except AssertionError as exc:  # the group waits on the first: say what it was doing
+        raise AssertionError(f"{exc}\nthe first instance's log:\n{first.log()[-4000:]}") from None
     first.wait_log(r"revoked t3\[", timeout=RESUME_BOUND)
     first.stop()  # and move to the second once the first's session times out
     sender.join()
