@@ -20,6 +20,7 @@ from aiohttp import web
 from catalog.postgres import CatalogUnavailableError
 from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig, SqlLimits
+from flush.storage import is_object_store
 from ingest_sdk.durations import parse_duration
 from ingest_sdk.errors import ConfigurationError
 from ingest_sdk.logs import configure_logging
@@ -38,7 +39,14 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     parser.add_argument(
         "--warehouse",
         default=os.environ.get("INGEST_WAREHOUSE", "warehouse"),
-        help="folder holding the Delta tables (default ./warehouse)",
+        help="folder holding the Delta tables (default ./warehouse), or s3://bucket/prefix "
+        "(S3 settings from the AWS_* environment variables)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=os.environ.get("INGEST_STATE_DIR", "ingest-state"),
+        help="with a warehouse in a bucket: the local folder for the service's own files "
+        "(worker log, SQL journal, the default SQLite catalog); default ./ingest-state",
     )
     parser.add_argument(
         "--catalog",
@@ -166,7 +174,8 @@ def _config(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         host=args.host,
         port=args.port,
-        warehouse=Path(args.warehouse),
+        warehouse=args.warehouse if is_object_store(args.warehouse) else Path(args.warehouse),
+        state_dir=Path(args.state_dir),
         catalog=args.catalog or None,
         auth_tokens=frozenset(tokens),
         channel_retention_seconds=parse_duration(args.channel_retention, "channel retention"),

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from catalog import CATALOG_FILE, is_postgres
 from channel_server.sql_sessions import SqlLimits
+from flush.storage import is_object_store
 from ingest_sdk.errors import ConfigurationError
 from pipelines.change_streams.partitions import BalancePolicy
 
@@ -88,7 +89,12 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 8080
-    warehouse: Path = Path("warehouse")
+    #: The tables' home: a local folder, or ``s3://bucket/prefix`` (settings from the
+    #: standard AWS environment variables).
+    warehouse: str | Path = Path("warehouse")
+    #: A local folder for the service's own files (the Spark worker's log, the SQL
+    #: transaction journal, the default SQLite catalog) when the warehouse is in a bucket.
+    state_dir: Path = Path("ingest-state")
     #: The catalog: a SQLite file (default ``<warehouse>/catalog.sqlite``) or a PostgreSQL
     #: URL (``postgresql://user@host:port/database``), for several services on one warehouse.
     catalog: str | Path | None = None
@@ -124,10 +130,21 @@ class ServerConfig:
             )
 
     @property
+    def in_object_store(self) -> bool:
+        """Whether the warehouse lies in a bucket (``s3://``), not a local folder."""
+        return is_object_store(self.warehouse)
+
+    @property
+    def local_folder(self) -> Path:
+        """Where the service keeps its own files: the warehouse itself when it is a local
+        folder, else :attr:`state_dir`."""
+        return self.state_dir if self.in_object_store else Path(self.warehouse)
+
+    @property
     def catalog_location(self) -> str | Path:
         """What :func:`catalog.open_catalog` opens: the URL or the file."""
         if self.catalog is None:
-            return Path(self.warehouse) / CATALOG_FILE
+            return self.local_folder / CATALOG_FILE
         return self.catalog if is_postgres(self.catalog) else Path(self.catalog)
 
 

@@ -22,7 +22,7 @@ import socket
 import sys
 import time
 import uuid
-from pathlib import Path
+from dataclasses import replace
 
 from catalog import Catalog, TableInfo
 from channel_server.channels import Channels
@@ -33,6 +33,8 @@ from channel_server.spark_worker import SparkWorker
 from channel_server.sql_service import SqlService
 from channel_server.tables import Tables
 from flush import purge_dropped, replay_commits
+from flush.storage import exists
+from ingest_sdk.errors import InvalidRequestError
 from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 
 __all__ = ["IngestService", "refreshes_scheduled", "spark_worker_command"]
@@ -41,6 +43,12 @@ log = logging.getLogger(__name__)
 #: The variable the Spark worker (``python -m pipelines.worker``, ``flush.compact``'s
 #: options) reads the catalog's location from.
 CATALOG_VARIABLE = "INGEST_CATALOG"
+#: Why the Spark parts refuse a warehouse in a bucket (pyspark ships no S3 file system).
+IN_BUCKET_GAP = (
+    "does not run on a warehouse in a bucket yet: Spark here reads local tables only. "
+    "Ingest through channels works; for SQL, dynamic tables and compaction use a local "
+    "warehouse folder"
+)
 
 
 def spark_worker_command(config: ServerConfig) -> list[str]:
@@ -83,7 +91,7 @@ class IngestService:
         self.schedules_refreshes = False
         self.worker = SparkWorker(
             spark_worker_command(config),
-            Path(config.warehouse) / "_logs" / "spark-worker.log",
+            config.local_folder / "_logs" / "spark-worker.log",
             config.compaction.worker_idle_seconds,
             on_death=self.metrics.worker_restarts.inc,
             environment={
@@ -92,13 +100,16 @@ class IngestService:
             },
         )
         self.tables = Tables(config, catalog, self.metrics)
-        self.compaction = Compaction(config.compaction, self.worker, self.metrics)
+        # Spark reads and writes local tables only here: in a bucket no compaction runs.
+        trigger = replace(config.compaction, enabled=False) if config.in_object_store else \
+            config.compaction  # fmt: skip
+        self.compaction = Compaction(trigger, self.worker, self.metrics)
         self.channels = Channels(
             config, catalog, self.tables, self.metrics, on_flush=self.compaction.after_flush,
             server=config.advertise_url or self.id,
         )  # fmt: skip
         #: ``POST /v1/sql``: sessions, and statements run in the same worker.
-        journal = Path(config.warehouse) / "_service" / "sql_transactions.json"
+        journal = config.local_folder / "_service" / "sql_transactions.json"
         self.sql = SqlService(self.worker, config.sql, self.metrics, journal)
         sql_keeps_alive = self.worker.keep_alive
         self.worker.keep_alive = lambda: sql_keeps_alive() or self.schedules_refreshes
@@ -109,7 +120,7 @@ class IngestService:
         how many were replayed."""
         replayed = 0
         for info in self.catalog.list_tables():
-            if not (Path(info.uri) / "_delta_log").exists():
+            if not exists(info.uri, "_delta_log"):
                 log.error("table %s has no Delta log at %s; skipping", info.full_name, info.uri)
                 continue
             for record in replay_commits(self.catalog, info.id):
@@ -133,7 +144,13 @@ class IngestService:
         return info
 
     async def compact_now(self, table_name: str) -> tuple[TableInfo, bool]:
-        """Start a background compaction of a table; False if one is already running."""
+        """Start a background compaction of a table; False if one is already running.
+
+        Raises:
+            InvalidRequestError: the warehouse is in a bucket (see :data:`IN_BUCKET_GAP`).
+        """
+        if self.config.in_object_store:
+            raise InvalidRequestError(f"compaction {IN_BUCKET_GAP}")
         info = await asyncio.to_thread(self.tables.describe, table_name)
         return info, self.compaction.start(self.channels.table_state(info))
 

@@ -25,7 +25,8 @@ from aiohttp import web
 
 from channel_server.http_common import AUTH_TOKENS, SERVICE, Routes
 from channel_server.requests import field, json_body
-from ingest_sdk.errors import InvalidRequestError
+from channel_server.service import IN_BUCKET_GAP
+from ingest_sdk.errors import InvalidRequestError, SqlStatementError
 
 __all__ = ["ARROW_STREAM", "setup", "sql"]
 
@@ -93,6 +94,8 @@ async def sql(request: web.Request) -> web.StreamResponse:
     """Run one statement; its rows (Arrow or JSON, streamed), or an error with its code."""
     statement, session, max_rows, timeout = _request(await json_body(request))
     service = request.app[SERVICE]
+    if service.config.in_object_store:
+        raise SqlStatementError(f"SQL {IN_BUCKET_GAP}", sql_code="NOT_SUPPORTED_IN_BUCKET")
     answer = await service.sql.run(owner_of(request), session, statement, max_rows, timeout)
     headers = {"X-Rows": str(answer.rows), "X-Truncated": str(answer.truncated).lower()}
     response = web.StreamResponse(headers=headers)

@@ -37,7 +37,8 @@ from deltalake import DeltaTable, Transaction
 from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import stamped
 from flush.failpoints import failpoint
-from flush.parquet_files import WrittenFile, fsync_dir, write_parquet_file
+from flush.parquet_files import WrittenFile, write_parquet_file
+from flush.storage import fsync_folder
 from flush.tables import INGEST_DIR, live_files
 
 __all__ = [
@@ -134,7 +135,7 @@ def commit_batch(
         os.utime(root / final)  # new to the log now: vacuum keeps files younger than it
         finals.append(WrittenFile(final, staged.size, staged.rows, staged.stats))
     if finals:
-        fsync_dir(folder)
+        fsync_folder(folder)
     failpoint("sink_before_commit")
     custom = {BATCH_METADATA_KEY: orjson.dumps({"writer": writer_id, "batch": batch_id}).decode()}
     txns = [Transaction(writer_id, batch_id)] if once else None

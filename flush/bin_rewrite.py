@@ -34,7 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from flush.parquet_files import WrittenFile, file_stats, fsync_dir
+from flush.parquet_files import WrittenFile, file_stats
+from flush.storage import fsync_folder
 
 __all__ = ["BinCheckFailed", "BinTask", "KeyRange", "range_boundaries", "rewrite_bin"]
 
@@ -123,7 +124,7 @@ def rewrite_bin(task: BinTask) -> WrittenFile:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, target)
-    fsync_dir(target.parent)
+    fsync_folder(target.parent)
     written_ids = pq.read_table(target, columns=[task.row_id_column]).column(0)
     if not written_ids.equals(data.column(task.row_id_column)):
         raise BinCheckFailed(

@@ -19,12 +19,12 @@ import bisect
 import logging
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import orjson
 from deltalake import CommitProperties, DeltaTable, Transaction
 
+from flush.storage import read_bytes
 from flush.tables import logged_versions
 
 __all__ = [
@@ -67,16 +67,14 @@ def commit_info(table_uri: str, version: int) -> dict[str, Any] | None:
     """The ``commitInfo`` of one version, read from its commit file (delta-rs' history
     labels entries from the loaded version, so a commit landing meanwhile shifts them);
     None once log cleanup removed the file."""
-    path = Path(table_uri) / "_delta_log" / f"{version:020d}.json"
-    try:
-        with path.open("rb") as lines:
-            for line in lines:
-                action = orjson.loads(line)
-                if "commitInfo" in action:
-                    info: dict[str, Any] = action["commitInfo"]
-                    return info
-    except FileNotFoundError:
+    content = read_bytes(table_uri, f"_delta_log/{version:020d}.json")
+    if content is None:
         return None
+    for line in content.splitlines():
+        action = orjson.loads(line)
+        if "commitInfo" in action:
+            info: dict[str, Any] = action["commitInfo"]
+            return info
     return {}
 
 

@@ -50,7 +50,8 @@ from flush.bin_rewrite import BinTask, KeyRange, range_boundaries, rewrite_bin
 from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import stamped
 from flush.failpoints import failpoint
-from flush.parquet_files import WrittenFile, file_stats, fsync_dir
+from flush.parquet_files import WrittenFile, file_stats
+from flush.storage import fsync_folder
 from flush.table_locks import TableLocked, table_lock
 from flush.tables import INGEST_DIR, ROW_ID_COLUMN, live_files
 
@@ -269,7 +270,7 @@ def _rewrite_clustered(
         relative = str(part.relative_to(table_uri))
         stats = file_stats(metadata, schema)
         written.append(WrittenFile(relative, part.stat().st_size, metadata.num_rows, stats))
-    fsync_dir(target)
+    fsync_folder(target)
     return written
 
 

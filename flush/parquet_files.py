@@ -1,4 +1,4 @@
-"""Intermediate Parquet files: written once, fsynced, described for the Delta log.
+"""Intermediate Parquet files: written once, made durable, described for the Delta log.
 
 Flushes write small, lightly encoded files (LZ4, no dictionaries, no sorting:
 about 3x faster to write than pyarrow's defaults, and no larger) under the
@@ -10,23 +10,22 @@ readers skip it.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction
 
+from flush.storage import write_new_file
 from flush.tables import INGEST_DIR
 
-__all__ = ["WrittenFile", "file_stats", "fsync_dir", "write_parquet_file"]
+__all__ = ["WrittenFile", "file_stats", "write_parquet_file"]
 
 #: Strings longer than this get no min/max statistics (a truncated max would be wrong).
 MAX_STRING_STAT = 64
@@ -99,15 +98,6 @@ def file_stats(metadata: pq.FileMetaData, schema: pa.Schema) -> str:
     return orjson.dumps(stats_json).decode()
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a new or renamed file's directory entry durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_parquet_file(
     table_uri: str,
     data: pa.Table,
@@ -116,16 +106,14 @@ def write_parquet_file(
     use_dictionary: bool = False,
     **parquet_options: Any,
 ) -> WrittenFile:
-    """Write ``data`` as a new Parquet file inside the table folder and fsync it.
+    """Write ``data`` as a new Parquet file inside the table and make it durable.
 
     The name is unique (uuid4), so no flush can overwrite another's file.
     """
-    directory = Path(table_uri) / folder
-    directory.mkdir(parents=True, exist_ok=True)
     relative = f"{folder}/{uuid.uuid4().hex}.parquet"
-    target = Path(table_uri) / relative
     collected: list[pq.FileMetaData] = []
-    with open(target, "wb") as handle:
+
+    def write(handle: BinaryIO) -> None:
         pq.write_table(
             data,
             handle,
@@ -134,8 +122,7 @@ def write_parquet_file(
             metadata_collector=collected,
             **parquet_options,
         )
-        handle.flush()
-        os.fsync(handle.fileno())
-    fsync_dir(directory)
+
+    size = write_new_file(table_uri, relative, write)
     stats = file_stats(collected[0], data.schema)
-    return WrittenFile(relative, target.stat().st_size, data.num_rows, stats)
+    return WrittenFile(relative, size, data.num_rows, stats)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +20,7 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_random
 
+from flush.storage import delete_tree, file_names, is_object_store, join, make_folder
 from ingest_sdk import SchemaError, TableSchema
 from ingest_sdk.schema import spark_fold
 
@@ -79,7 +79,7 @@ def create_table(uri: str, schema: TableSchema, hidden: Sequence[pa.Field] = ())
     if any(spark_fold(column.name) == spark_fold(ROW_ID_COLUMN) for column in schema):
         raise SchemaError(f'the column name "{ROW_ID_COLUMN}" is reserved for the hidden row id '
                           "(Spark takes names that differ only in case for one)")  # fmt: skip
-    Path(uri).mkdir(parents=True, exist_ok=True)
+    make_folder(uri)
     from deltalake import CommitProperties
 
     from flush.commit_clock import COMMIT_TS_KEY, clock  # it reads this module's log helpers
@@ -150,8 +150,8 @@ def commit_history(table_uri: str, since: int = -1) -> tuple[DeltaTable, list[di
 def logged_versions(table_uri: str) -> list[int]:
     """The versions whose commit files are still in the table's log (log cleanup
     removes the oldest once a checkpoint covers them)."""
-    log = Path(table_uri) / "_delta_log"
-    return [int(p.name.split(".")[0]) for p in log.glob("*.json") if p.name[0].isdigit()]
+    names = file_names(table_uri, "_delta_log", ".json")
+    return [int(name.split(".")[0]) for name in names if name[0].isdigit()]
 
 
 def live_files(table: DeltaTable) -> list[dict[str, Any]]:
@@ -172,34 +172,39 @@ def _folder_name(part: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", part)[:48] or "_"
 
 
-def new_table_folder(warehouse: str | Path, database: str, schema_name: str, name: str) -> Path:
+def new_table_folder(warehouse: str | Path, database: str, schema_name: str, name: str) -> str:
     """A folder no table has used, for a new table: ``<warehouse>/<db>/<schema>/<name>-<id>``.
 
     Names never become paths as they are: each part is reduced to safe characters (so
     ``..``, ``/`` or a 1,000-byte name cannot leave the warehouse or exceed a file
     system's limits) and a random suffix makes the folder unique, so a create never
-    meets, let alone deletes, an existing folder.
+    meets, let alone deletes, an existing folder. In a bucket, a prefix of the same shape.
     """
+    parts = (_folder_name(database), _folder_name(schema_name),
+             f"{_folder_name(name)}-{uuid.uuid4().hex[:12]}")  # fmt: skip
+    if is_object_store(warehouse):
+        return join(warehouse, *parts)
     root = Path(warehouse).resolve()
-    folder = root.joinpath(
-        _folder_name(database),
-        _folder_name(schema_name),
-        f"{_folder_name(name)}-{uuid.uuid4().hex[:12]}",
-    )
+    folder = root.joinpath(*parts)
     if not folder.resolve().is_relative_to(root):  # cannot happen; the last line of defence
         raise ValueError(f"table folder {folder} would lie outside the warehouse {root}")
-    return folder
+    return str(folder)
 
 
 def _is_table_folder(uri: str | Path, warehouse: str | Path) -> bool:
     """Whether ``uri`` is a table folder of this warehouse: exactly three levels below it
     (database, schema, table), with no ``..`` on the way (tables made by older versions
     from names like ``".."`` fail this and are never deleted)."""
+    if is_object_store(warehouse) or is_object_store(uri):
+        root = str(warehouse).rstrip("/") + "/"
+        below = str(uri).removeprefix(root).split("/")
+        return str(uri).startswith(root) and len(below) == 3 and "" not in below \
+            and not {".", ".."} & set(below)  # fmt: skip
     path = Path(uri)
     if ".." in path.parts:
         return False
-    resolved, root = path.resolve(), Path(warehouse).resolve()
-    return resolved.parent.parent.parent == root
+    resolved, root_path = path.resolve(), Path(warehouse).resolve()
+    return resolved.parent.parent.parent == root_path
 
 
 def drop_table(uri: str | Path, warehouse: str | Path) -> bool:
@@ -212,5 +217,5 @@ def drop_table(uri: str | Path, warehouse: str | Path) -> bool:
     """
     if not _is_table_folder(uri, warehouse):
         return False
-    shutil.rmtree(uri, ignore_errors=True)
+    delete_tree(uri)
     return True

@@ -300,11 +300,25 @@ def test_the_table_folder_name_is_safe_for_any_name(tmp_path):
     from flush import new_table_folder
 
     for part in ["..", "a/b", "x" * 1000, "😀", "\\", "."]:
-        folder = new_table_folder(tmp_path, part, part, part)
+        folder = Path(new_table_folder(tmp_path, part, part, part))
         assert folder.parent.parent.parent == tmp_path.resolve()
         assert all(len(p.encode()) <= 64 for p in folder.relative_to(tmp_path.resolve()).parts)
+        key = new_table_folder("s3://bucket/wh", part, part, part)  # a prefix of the same shape
+        below = key.removeprefix("s3://bucket/wh/").split("/")
+        assert len(below) == 3 and not {"", ".", ".."} & set(below), key
+        assert all(len(p.encode()) <= 64 for p in below)
     assert new_table_folder(tmp_path, "a", "b", "c") != new_table_folder(tmp_path, "a", "b", "c")
-    assert os.sep not in new_table_folder(tmp_path, "a", "b", "c/d").name
+    assert os.sep not in Path(new_table_folder(tmp_path, "a", "b", "c/d")).name
+
+
+@pytest.mark.parametrize("uri", [
+    "s3://bucket/wh/a/b/c-1", "s3://bucket/wh/a/b/c-1/", "s3://bucket/wh/a/b", "s3://bucket/wh/a/b/c/d",
+    "s3://bucket/wh/../b/c", "s3://bucket/whx/a/b/c", "s3://other/wh/a/b/c", "/tmp/wh/a/b/c",
+])  # fmt: skip
+def test_only_a_table_prefix_of_the_bucket_warehouse_is_ever_deleted(uri):
+    from flush.tables import _is_table_folder
+
+    assert _is_table_folder(uri, "s3://bucket/wh") == (uri == "s3://bucket/wh/a/b/c-1")
 
 
 @pytest.mark.parametrize(
