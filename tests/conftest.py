@@ -240,6 +240,20 @@ def s3_bucket(s3_server):
     s3_server.delete_bucket(bucket.name)
 
 
+@pytest.fixture
+def s3_warehouse(s3_server, s3_bucket, monkeypatch):
+    """``s3://<a fresh bucket>/warehouse``, with the AWS variables that point delta-rs,
+    pyarrow and boto3 at the moto server set during the test (``s3_server.env``; those of
+    ``tests.s3_server.CLEARED_ENV`` unset)."""
+    from tests.s3_server import CLEARED_ENV
+
+    for name in CLEARED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    return f"{s3_bucket.uri}/warehouse"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """The seconds each of the costliest files took (setup, calls and teardown), printed
