@@ -21,6 +21,7 @@ from catalog.postgres import CatalogUnavailableError
 from channel_server.app import create_app
 from channel_server.config import CompactionTrigger, FlushPolicy, Limits, ServerConfig, SqlLimits
 from flush.storage import is_object_store
+from flush.store_check import StoreConfigError
 from ingest_sdk.durations import parse_duration
 from ingest_sdk.errors import ConfigurationError
 from ingest_sdk.logs import configure_logging
@@ -232,7 +233,7 @@ async def serve(config: ServerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(serve(parse_args(argv)))
-    except CatalogUnavailableError as exc:  # a mistake in --catalog, or the server is down
+    except (CatalogUnavailableError, StoreConfigError) as exc:  # --catalog, --warehouse
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

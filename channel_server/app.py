@@ -22,6 +22,7 @@ from channel_server import (
 from channel_server.config import ServerConfig
 from channel_server.http_common import AUTH_TOKENS, SERVICE, auth_middleware, error_middleware
 from channel_server.service import IngestService
+from flush.store_check import check_object_store
 
 __all__ = ["CONFIG", "create_app"]
 
@@ -34,6 +35,8 @@ API_MODULES = (ops_api, tables_api, channels_api, sql_api, change_stream_listing
 
 async def _service_context(app: web.Application) -> AsyncIterator[None]:
     config = app[CONFIG]
+    if config.in_object_store:  # before anything commits there
+        await asyncio.to_thread(check_object_store, str(config.warehouse))
     catalog = await asyncio.to_thread(open_catalog, config.catalog_location)
     service = IngestService(config, catalog)
     replayed = await asyncio.to_thread(service.recover)
