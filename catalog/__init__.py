@@ -15,7 +15,7 @@ from catalog.base import (
     TablesGoneError,
     UnstorableValueError,
 )
-from catalog.opening import CATALOG_FILE, is_postgres, open_catalog
+from catalog.opening import CATALOG_FILE, CATALOG_VARIABLE, holds_catalog, is_postgres, open_catalog
 from catalog.postgres import CatalogUnavailableError, PostgresCatalog
 from catalog.records import (
     APPEND_INTENT,
@@ -51,6 +51,7 @@ from catalog.suggest import did_you_mean
 __all__ = [
     "APPEND_INTENT",
     "CATALOG_FILE",
+    "CATALOG_VARIABLE",
     "EXCLUDE_OPTIONS",
     "KEY_SPACE",
     "REFRESH_PLAN_KEY",
@@ -92,6 +93,7 @@ __all__ = [
     "did_you_mean",
     "full_name",
     "held_tables",
+    "holds_catalog",
     "is_postgres",
     "open_catalog",
 ]

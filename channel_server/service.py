@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from catalog import Catalog, TableInfo
+from catalog import CATALOG_VARIABLE, Catalog, TableInfo
 from channel_server.channels import Channels
 from channel_server.compaction import Compaction
 from channel_server.config import ServerConfig
@@ -40,9 +40,6 @@ from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 __all__ = ["IngestService", "refreshes_scheduled", "spark_worker_command"]
 
 log = logging.getLogger(__name__)
-#: The variable the Spark worker (``python -m pipelines.worker``, ``flush.compact``'s
-#: options) reads the catalog's location from.
-CATALOG_VARIABLE = "INGEST_CATALOG"
 #: Why the Spark parts refuse a warehouse in a bucket (pyspark ships no S3 file system).
 IN_BUCKET_GAP = (
     "does not run on a warehouse in a bucket yet: Spark here reads local tables only. "

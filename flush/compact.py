@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import orjson
 
+from catalog import CATALOG_VARIABLE
 from flush.compaction import CompactionPolicy, CompactionResult, compact_table
 from flush.maintenance import DEFAULT_RETENTION_HOURS, maintain_catalog_table
 
@@ -55,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--warehouse", required=True, help="the service's warehouse folder")
-    parser.add_argument("--catalog", default=os.environ.get("INGEST_CATALOG"),
+    parser.add_argument("--catalog", default=os.environ.get(CATALOG_VARIABLE),
                         help="catalog: a SQLite file (default <warehouse>/catalog.sqlite) or "
                         "a postgresql:// URL (default $INGEST_CATALOG)")  # fmt: skip
     which = parser.add_mutually_exclusive_group(required=True)

@@ -87,6 +87,12 @@ def _options(defaults: bool, output: bool = True) -> argparse.ArgumentParser:
         f"a warehouse ({CATALOG_FILE}) unless --create is given",
     )
     options.add_argument(
+        "--catalog",
+        default=default(None),
+        help="the warehouse's catalog when it is not the folder's SQLite file: a file, or a "
+        "PostgreSQL URL postgresql://user@host:port/database (default $INGEST_CATALOG)",
+    )
+    options.add_argument(
         "--database", default=default(DEFAULT_DATABASE), help="default database (default DB)"
     )
     options.add_argument(
@@ -189,11 +195,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 class LocalRunner:
     """A :class:`Session` on the warehouse folder, with Spark in this process."""
 
-    def __init__(self, warehouse: Path, session: Session | None = None) -> None:
+    def __init__(
+        self, warehouse: Path, session: Session | None = None, catalog: str | None = None
+    ) -> None:
         from pipelines.session import Session
 
         self.where = f"warehouse {warehouse}"
-        self.session: Session = session or Session(warehouse)
+        self.session: Session = session or Session(warehouse, catalog=catalog)
         self.session.spark.sparkContext.setLogLevel("ERROR")
 
     def rows(self, statement: str, limit: int) -> Rows:
@@ -281,6 +289,15 @@ def open_runner(args: argparse.Namespace) -> Runner:
     folder = Path(given).expanduser().resolve()
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--warehouse {folder} is a file, not a folder")
+    location = given_catalog(args)
+    if location is not None:
+        if not _holds_catalog(location) and not args.create:
+            raise UsageError(
+                f"{describe_catalog(location)} holds no catalog; pass --catalog the catalog "
+                "the service uses (its --catalog), or add --create to lay one out there"
+            )
+        print(LOCAL_NOTE, file=sys.stderr)
+        return LocalRunner(folder, catalog=location)
     from pipelines.spark_sources.source_options import is_warehouse
 
     if not is_warehouse(folder):
@@ -295,6 +312,31 @@ def open_runner(args: argparse.Namespace) -> Runner:
             )
     print(LOCAL_NOTE, file=sys.stderr)
     return LocalRunner(folder)
+
+
+def given_catalog(args: argparse.Namespace) -> str | None:
+    """The catalog ``--catalog`` or ``$INGEST_CATALOG`` names; None: the folder's file."""
+    given = (getattr(args, "catalog", None) or os.environ.get("INGEST_CATALOG") or "").strip()
+    return given or None
+
+
+def describe_catalog(location: str) -> str:
+    """A catalog location for messages: a PostgreSQL URL without its password."""
+    from catalog import is_postgres
+    from catalog.postgres import where
+
+    return f"the catalog in PostgreSQL ({where(location)})" if is_postgres(location) else \
+        f"the catalog file {location[:200]}"  # fmt: skip
+
+
+def _holds_catalog(location: str) -> bool:
+    from catalog import holds_catalog
+    from catalog.postgres import CatalogUnavailableError
+
+    try:
+        return holds_catalog(location)
+    except CatalogUnavailableError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def local_query(
@@ -337,7 +379,7 @@ def _print_record(record: dict[str, Any], _db: object) -> None:
 def tail(args: argparse.Namespace) -> int:
     """``tail``: print the stream's records until it ends (``--end-timestamp``), Ctrl-C or
     SIGTERM (0); a stream that does not exist or a refused read: its error, 1."""
-    from catalog import SqliteCatalog, did_you_mean, full_name
+    from catalog import did_you_mean, full_name, open_catalog
     from ingest_sdk import (
         ChangeStreamReader,
         ConfigurationError,
@@ -373,11 +415,22 @@ def tail(args: argparse.Namespace) -> int:
         folder = Path(args.warehouse or os.environ.get("INGEST_WAREHOUSE") or "warehouse")
         folder = folder.expanduser().resolve()
         where = f"warehouse {folder}"
-        if not is_warehouse(folder):
+        location = given_catalog(args)
+        if location is not None:
+            try:
+                held = _holds_catalog(location)
+            except UsageError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            if not held:
+                print(f"error: {describe_catalog(location)} holds no catalog; pass --catalog "
+                      "the catalog the service uses, or --url", file=sys.stderr)  # fmt: skip
+                return 2
+        elif not is_warehouse(folder):
             print(f"error: {folder} holds no warehouse (no {CATALOG_FILE}); pass --warehouse "
                   "the folder the service uses, or --url", file=sys.stderr)  # fmt: skip
             return 2
-        catalog = SqliteCatalog(folder / CATALOG_FILE)
+        catalog = open_catalog(location or folder / CATALOG_FILE)
         if catalog.get_change_stream(*name) is None:
             hint = did_you_mean(catalog, *name, ["change stream"])
             print(f"error OBJECT_NOT_FOUND: change stream {full_name(*name)} does not exist"

@@ -48,10 +48,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from catalog import TableInfo
+from catalog import TableInfo, open_catalog
 from flush.tables import ROW_ID_COLUMN, commit_history, live_paths, logged_versions
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
-from pipelines.spark_sources.source_options import CATALOG_FILE, SourceOptions
+from pipelines.spark_sources.source_options import SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -68,7 +68,7 @@ VERSIONS_PER_PARTITION = 64
 #: Data files one Spark task reads for the first batch of a stream (the table as it is).
 FILES_PER_SNAPSHOT_PARTITION = 8
 _OPTIONS = (
-    "warehouse", "table", "startingVersion", "startingTimestamp", "endingVersion",
+    "warehouse", "catalog", "table", "startingVersion", "startingTimestamp", "endingVersion",
     "endingTimestamp", "maxVersionsPerTrigger",
 )  # fmt: skip
 
@@ -220,7 +220,8 @@ class _Source:
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = SourceOptions(options, NAME, _OPTIONS)
         self.warehouse = self.options.warehouse()
-        catalog = self.options.catalog()
+        self.catalog_location = self.options.catalog_location()
+        catalog = open_catalog(self.catalog_location)
         try:
             self.info = self.options.table(catalog)
         finally:
@@ -240,9 +241,7 @@ class _Source:
 
     def current(self, table_id: int) -> TableInfo:
         """The table as the catalog knows it now (by id: a rename keeps it)."""
-        from catalog import SqliteCatalog
-
-        catalog = SqliteCatalog(self.warehouse / CATALOG_FILE)
+        catalog = open_catalog(self.catalog_location)
         try:
             info = catalog.get_table_by_id(table_id)
         finally:

@@ -35,7 +35,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -47,7 +46,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from catalog import ChangeStreamRecord, PartitionRecord, SqliteCatalog, did_you_mean, full_name
+from catalog import (
+    Catalog,
+    ChangeStreamRecord,
+    PartitionRecord,
+    did_you_mean,
+    full_name,
+    open_catalog,
+)
 from flush.commit_clock import clock
 from ingest_sdk.change_records import (
     ChangeRecord,
@@ -68,7 +74,7 @@ from pipelines.change_streams.read import (
 from pipelines.change_streams.records import rfc3339
 from pipelines.change_streams.timeline import newest_version, seal
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, StreamStaleError
-from pipelines.spark_sources.source_options import CATALOG_FILE, SourceOptions
+from pipelines.spark_sources.source_options import SourceOptions
 from pipelines.sql.statements import NAME as NAME_PATTERN
 from pipelines.sql.statements import qualified, split_name
 
@@ -88,7 +94,8 @@ SCHEMA = (
     "table_name STRING, mod_type STRING, server_transaction_id STRING, "
     "record_sequence STRING, record STRING"
 )
-_OPTIONS = ("warehouse", "name", "startTimestamp", "endTimestamp", "heartbeatMilliseconds")
+_OPTIONS = ("warehouse", "catalog", "name", "startTimestamp", "endTimestamp",
+            "heartbeatMilliseconds")  # fmt: skip
 _RESTART = "start a new query (a new checkpoint location)"
 
 
@@ -238,6 +245,7 @@ class _Source:
         """Check ``options`` for a streaming read, a batch read, or (None) either."""
         self.options = SourceOptions(options, NAME, _OPTIONS)
         self.warehouse = self.options.warehouse()
+        self.catalog_location = self.options.catalog_location()
         text = self.options.require("name", "a change stream name such as DB.PUBLIC.CS")
         if re.fullmatch(NAME_PATTERN, text) is None:
             raise InvalidOptionError(
@@ -292,10 +300,10 @@ class _Source:
                     f"{rfc3339(self.start_us)}"
                 )
 
-    def catalog(self) -> SqliteCatalog:
-        return SqliteCatalog(Path(self.warehouse) / CATALOG_FILE)
+    def catalog(self) -> Catalog:
+        return open_catalog(self.catalog_location)
 
-    def find(self, catalog: SqliteCatalog, uid: str | None = None) -> ChangeStreamRecord:
+    def find(self, catalog: Catalog, uid: str | None = None) -> ChangeStreamRecord:
         """The change stream the option ``name`` names; with ``uid``, it must be that one
         (the stream a query's checkpoint reads)."""
         stream = catalog.get_change_stream(*self.names)
@@ -353,7 +361,7 @@ class _Source:
             catalog.close()
 
 
-def _lineage(catalog: SqliteCatalog, stream: ChangeStreamRecord) -> dict[str, PartitionRecord]:
+def _lineage(catalog: Catalog, stream: ChangeStreamRecord) -> dict[str, PartitionRecord]:
     return {p.token: p for p in catalog.list_partitions(stream.uid)}
 
 
@@ -411,12 +419,12 @@ class ChangeStreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableN
     def __init__(self, source: _Source) -> None:
         self.source = source
         self.target: tuple[int, dict[str, int]] | None = None  # Trigger.AvailableNow
-        self._catalog: SqliteCatalog | None = None
+        self._catalog: Catalog | None = None
 
     def __getstate__(self) -> dict[str, Any]:  # the tasks get the reader without its catalog
         return {"source": self.source, "target": self.target, "_catalog": None}
 
-    def catalog(self) -> SqliteCatalog:
+    def catalog(self) -> Catalog:
         if self._catalog is None:
             self._catalog = self.source.catalog()
         return self._catalog

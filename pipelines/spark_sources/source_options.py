@@ -17,22 +17,31 @@ No hook of Spark's runs in the driver between the call and that error, so
 from __future__ import annotations
 
 import contextlib
+import os
 import re
-import sqlite3
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from catalog import SqliteCatalog, TableInfo, did_you_mean
+from catalog import (
+    CATALOG_FILE,
+    CATALOG_VARIABLE,
+    Catalog,
+    TableInfo,
+    did_you_mean,
+    holds_catalog,
+    is_postgres,
+    open_catalog,
+)
+from catalog.postgres import CatalogUnavailableError, where
 from ingest_sdk.errors import IngestError, InvalidValueError
 from ingest_sdk.temporal import moment_micros
 from pipelines import errors
 from pipelines.errors import InvalidOptionError, ObjectNotFoundError, SqlError
 from pipelines.sql.statements import NAME, qualified, split_name
 
-__all__ = ["SourceOptions", "is_warehouse", "source_errors"]
+__all__ = ["CATALOG_FILE", "SourceOptions", "is_warehouse", "source_errors"]
 
-CATALOG_FILE = "catalog.sqlite"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The last line of a worker's traceback when one of our errors ended it: Python's own
 #: ``module.Class: message`` (also what Spark shows with its traceback hidden).
@@ -72,26 +81,10 @@ def source_errors() -> Iterator[None]:
         raise ours from None
 
 
-def _is_catalog(path: Path) -> bool:
-    """Whether ``path`` is a SQLite file holding a catalog's tables (opened read-only)."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return False
-    try:
-        with contextlib.closing(
-            sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30.0)
-        ) as db:
-            found = db.execute(
-                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'tables'"
-            ).fetchone()[0]
-    except sqlite3.Error:
-        return False
-    return bool(found == 1)
-
-
 def is_warehouse(folder: Path) -> bool:
     """Whether ``folder`` holds a warehouse: a catalog database, checked read-only (the
     faces that must not create one, the sources and the command line, ask first)."""
-    return _is_catalog(folder / CATALOG_FILE)
+    return holds_catalog(folder / CATALOG_FILE)
 
 
 class SourceOptions:
@@ -152,10 +145,17 @@ class SourceOptions:
         )
 
     def warehouse(self) -> Path:
-        """The warehouse folder; it must hold the service's catalog (checked read-only:
+        """The warehouse folder: it must exist and, unless the catalog is elsewhere
+        (:meth:`catalog_location`), hold the service's catalog (checked read-only:
         opening a catalog creates its tables, which a source must never do)."""
         folder = Path(self.require("warehouse", "the service's warehouse folder"))
-        if not is_warehouse(folder):
+        if self._catalog_given() is not None:
+            if not folder.is_dir():
+                raise InvalidOptionError(
+                    f"{self.source}: the warehouse folder {str(folder)[:200]} does not exist; "
+                    "set the option warehouse to the folder the service uses"
+                )
+        elif not is_warehouse(folder):
             why = (
                 f"its {CATALOG_FILE} is not a catalog database"
                 if (folder / CATALOG_FILE).exists()
@@ -163,14 +163,41 @@ class SourceOptions:
             )
             raise InvalidOptionError(
                 f"{self.source}: {str(folder)[:200]} is not a warehouse ({why}); set the "
-                "option warehouse to the folder the service (make run) or a Session uses"
+                "option warehouse to the folder the service (make run) or a Session uses, "
+                f"and the option catalog (or {CATALOG_VARIABLE}) to its catalog if that is "
+                "not the folder's SQLite file"
             )
         return folder
 
-    def catalog(self) -> SqliteCatalog:
-        return SqliteCatalog(self.warehouse() / CATALOG_FILE)
+    def _catalog_given(self) -> str | None:
+        """The catalog named by the option ``catalog``, else by $INGEST_CATALOG."""
+        given = (self.get("catalog") or os.environ.get(CATALOG_VARIABLE) or "").strip()
+        return given or None
 
-    def table(self, catalog: SqliteCatalog) -> TableInfo:
+    def catalog_location(self) -> str:
+        """Where the catalog is: the option ``catalog`` (a SQLite file or a PostgreSQL
+        URL), else ``$INGEST_CATALOG`` (where the service's Spark worker finds it), else
+        the warehouse's SQLite file; a catalog must be laid out there (checked without
+        creating one)."""
+        given = self._catalog_given()
+        if given is None:
+            return str(self.warehouse() / CATALOG_FILE)
+        named = where(given) if is_postgres(given) else given[:200]
+        try:
+            held = holds_catalog(given)
+        except CatalogUnavailableError as exc:
+            raise InvalidOptionError(f"{self.source}: {exc}") from None
+        if not held:
+            raise InvalidOptionError(
+                f"{self.source}: {named} holds no catalog; set the option catalog (or "
+                f"{CATALOG_VARIABLE}) to the catalog the service uses (its --catalog)"
+            )
+        return given
+
+    def catalog(self) -> Catalog:
+        return open_catalog(self.catalog_location())
+
+    def table(self, catalog: Catalog) -> TableInfo:
         """The table the option ``table`` names (``T``, ``SCHEMA.T`` or ``DB.SCHEMA.T``;
         unquoted parts upper-cased; defaults DB and PUBLIC)."""
         text = self.require("table", "a table name such as DB.PUBLIC.ORDERS")

@@ -19,7 +19,6 @@ not know and a dynamic table (only its refreshes write it), before any task runs
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,14 +34,14 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from catalog import SqliteCatalog, TableInfo
+from catalog import TableInfo, open_catalog
 from flush.batch_commit import commit_batch, discard_staged, stage_batch_file
 from flush.parquet_files import WrittenFile
 from flush.tables import ROW_ID_COLUMN, delta_schema
 from ingest_sdk.batch_check import check_arrow_batch
 from ingest_sdk.errors import IngestError
 from pipelines.errors import InvalidOptionError
-from pipelines.spark_sources.source_options import CATALOG_FILE, SourceOptions
+from pipelines.spark_sources.source_options import SourceOptions
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["TableSinkDataSource"]
 
 NAME = "ingest"
-_OPTIONS = ("warehouse", "table", "txnAppId", "checkpointLocation")
+_OPTIONS = ("warehouse", "catalog", "table", "txnAppId", "checkpointLocation")
 #: Rows per staged file: a task's rows are held in memory up to this many.
 ROWS_PER_FILE = 500_000
 
@@ -64,13 +63,13 @@ class StagedFiles(WriterCommitMessage):
 
 @dataclass(frozen=True)
 class _Target:
-    """Everything a task needs (pickled to it): the table and the writer.
+    """Everything a task needs (pickled to it): the catalog, the table and the writer.
 
     ``writer_id`` names the writer's folder and, for a stream (``once``), its app
     transaction; a batch write gets a random one.
     """
 
-    warehouse: str
+    catalog_location: str
     info: TableInfo
     writer_id: str
     once: bool
@@ -93,7 +92,7 @@ class _Target:
 
     def _stage(self, batches: list[pa.RecordBatch]) -> WrittenFile:
         checked = check_arrow_batch(self.info.schema, pa.Table.from_batches(batches))
-        catalog = SqliteCatalog(os.path.join(self.warehouse, CATALOG_FILE))
+        catalog = open_catalog(self.catalog_location)
         try:
             first = catalog.reserve_row_ids(self.info.id, checked.num_rows)
         finally:
@@ -198,8 +197,9 @@ class TableSinkDataSource(DataSource):
                 f"{NAME}: the sink only appends rows; use mode('append') or "
                 "outputMode('append') (to empty a table, run DELETE FROM in a session)"
             )
-        warehouse = options.warehouse()
-        catalog = options.catalog()
+        options.warehouse()
+        location = options.catalog_location()
+        catalog = open_catalog(location)
         try:
             info = options.table(catalog)
             dynamic = catalog.get_dynamic_table(info.id) is not None
@@ -215,11 +215,11 @@ class TableSinkDataSource(DataSource):
             )
         _check_columns(info, schema)
         if not streaming:
-            return _Target(str(warehouse), info, f"write:{uuid.uuid4()}", once=False)
+            return _Target(location, info, f"write:{uuid.uuid4()}", once=False)
         given = options.get("txnAppId")
         if given is not None and given.strip():
-            return _Target(str(warehouse), info, given.strip()[:200], once=True)
-        return _Target(str(warehouse), info, _query_id(options), once=True)
+            return _Target(location, info, given.strip()[:200], once=True)
+        return _Target(location, info, _query_id(options), once=True)
 
     def writer(self, schema: StructType, overwrite: bool) -> TableBatchWriter:
         return TableBatchWriter(self._target(schema, overwrite, streaming=False))

@@ -119,7 +119,7 @@ def test_an_unreachable_catalog_is_one_line_without_the_password(tmp_path):
 def test_the_worker_gets_the_catalog_url_in_its_environment_not_its_command_line(
     server_factory, postgres_dsn
 ):
-    from channel_server.service import CATALOG_VARIABLE
+    from catalog import CATALOG_VARIABLE
     from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 
     url = postgres_dsn.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")

@@ -303,7 +303,7 @@ def _options(warehouse, overrides) -> dict[str, str]:
 #: of read when Spark loads the source, "stream" and "batch" when that kind starts.
 CASES = [
     ("misspelt", "load", {"startTimestmp": "x"}, InvalidOptionError,
-     "unknown option(s) starttimestmp; the options are endTimestamp, heartbeatMilliseconds"),
+     "unknown option(s) starttimestmp; the options are catalog, endTimestamp, heartbeatMilliseconds"),
     ("no name", "load", {"name": None}, InvalidOptionError, "the option name is required"),
     ("bad name", "load", {"name": "DB..CS"}, InvalidOptionError,
      "invalid change stream name 'DB..CS'"),

@@ -943,7 +943,7 @@ def _refusals(spark, warehouse: Path, tmp_path: Path) -> list:
     return [
         ("misspelt read option", lambda: changes(spark, warehouse, startingVersoin=0).collect(),
          "InvalidOptionError", "ingest-changes: unknown option(s) startingversoin; the options "
-         "are endingTimestamp, endingVersion, maxVersionsPerTrigger, startingTimestamp, "
+         "are catalog, endingTimestamp, endingVersion, maxVersionsPerTrigger, startingTimestamp, "
          "startingVersion, table, warehouse"),
         ("batch read without a start", lambda: changes(spark, warehouse).collect(),
          "InvalidOptionError", "ingest-changes: a batch read needs startingVersion"),
@@ -956,7 +956,7 @@ def _refusals(spark, warehouse: Path, tmp_path: Path) -> list:
          "InvalidOptionError", "ingest-changes: endingVersion/endingTimestamp are for batch reads"),
         ("misspelt sink option", lambda: sink().option("txnAppld", "x").mode("append").save(),
          "InvalidOptionError", "ingest: unknown option(s) txnappld; the options are "
-         "checkpointLocation, table, txnAppId, warehouse"),
+         "catalog, checkpointLocation, table, txnAppId, warehouse"),
         ("overwrite", lambda: sink().mode("overwrite").save(),
          "InvalidOptionError", "ingest: the sink only appends rows; use mode('append')"),
         ("misspelt stream sink option", stream_into_sink(checkpointLocaton="x"),
