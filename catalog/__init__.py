@@ -45,7 +45,8 @@ from catalog.records import (
     full_name,
     held_tables,
 )
-from catalog.sqlite import SqlCatalog, SqliteCatalog
+from catalog.sqlite import SqlCatalog
+from catalog.sqlite_file import SqliteCatalog
 from catalog.suggest import did_you_mean
 
 __all__ = [

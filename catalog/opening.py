@@ -29,7 +29,7 @@ def open_catalog(location: str | Path) -> Catalog:
         from catalog.postgres import PostgresCatalog
 
         return PostgresCatalog(str(location))
-    from catalog.sqlite import SqliteCatalog
+    from catalog.sqlite_file import SqliteCatalog
 
     return SqliteCatalog(location)
 

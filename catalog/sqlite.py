@@ -16,13 +16,11 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
-import threading
 import time
 import uuid
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import orjson
@@ -42,15 +40,12 @@ from catalog.records import (
 )
 from catalog.sql_values import INT64_MAX, CheckedConnection, printable_reports
 from catalog.sqlite_change_streams import ChangeStreamStore
-from catalog.sqlite_commits import PendingCommitStore, ensure_catalog_id
+from catalog.sqlite_commits import PendingCommitStore
 from catalog.sqlite_dynamic import DynamicTableStore
 from catalog.sqlite_layout import (
-    ADDED_COLUMNS,
-    BACKFILLS,
     CHANNEL_COLUMNS,
     MIGRATION_COLUMNS,
     ORPHAN_OFFSETS,
-    SCHEMA,
     STREAM_COLUMNS,
     TABLE_COLUMNS,
     IntegrityError,
@@ -70,7 +65,7 @@ from ingest_sdk.errors import TableAlreadyExistsError, TableNotFoundError
 from ingest_sdk.schema import quote_identifier
 from ingest_sdk.wire import pack_txn_version
 
-__all__ = ["SqlCatalog", "SqliteCatalog"]
+__all__ = ["SqlCatalog"]
 
 _T = TypeVar("_T")
 
@@ -516,48 +511,6 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         return count > 0
 
 
-class SqliteCatalog(SqlCatalog):
-    """The embedded catalog: one SQLite file in WAL mode with full fsync, shared by the
-    processes of one machine (every write a ``BEGIN IMMEDIATE`` transaction; others wait
-    up to 30 s for it)."""
-
-    _db: sqlite3.Connection
-    _lock: threading.Lock
-
-    def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            str(path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a generation bump must survive power loss
-        self._db.executescript(SCHEMA)
-        try:
-            with self._immediate() as db:  # one process upgrades, the others wait
-                for (table, column), declaration in ADDED_COLUMNS.items():
-                    present = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-                    if column not in present:
-                        db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-                        if (table, column) in BACKFILLS:
-                            db.execute(BACKFILLS[table, column])
-                ensure_catalog_id(db)
-        except BaseException:
-            self._db.close()
-            raise
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-    def _query(self, read: Callable[..., _T], *args: Any) -> _T:
-        with self._lock:
-            return read(self._db, *args)
-
-    def _transaction(self, begin: tuple[str, ...]) -> _Transaction:
-        return _LockedTransaction(self._lock, self._db, begin)
-
-
 def _fetch_all(db: sqlite3.Connection, sql: str, args: tuple) -> list[tuple]:  # type: ignore[type-arg]
     return db.execute(sql, args).fetchall()
 
@@ -583,30 +536,3 @@ def _checked_transaction(
 
 #: A ``with`` block of one transaction, whatever the connection (the stores' type of it).
 _Transaction = AbstractContextManager[sqlite3.Connection]
-
-
-class _LockedTransaction:
-    """``with`` block of one transaction, begun by ``begin``, under the connection lock."""
-
-    def __init__(
-        self, lock: threading.Lock, db: sqlite3.Connection, begin: tuple[str, ...]
-    ) -> None:
-        self._lock, self._db, self._begin = lock, db, begin
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            for statement in self._begin:
-                self._db.execute(statement)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._db.execute("ROLLBACK")
-            self._lock.release()
-            raise
-        return self._db
-
-    def __exit__(self, kind: object, value: object, traceback: object) -> None:
-        try:
-            self._db.execute("ROLLBACK" if kind is not None else "COMMIT")
-        finally:
-            self._lock.release()
