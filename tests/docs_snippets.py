@@ -161,7 +161,10 @@ class Result:
 class Runner:
     """Runs the blocks of one page against one live server, in a scratch folder."""
 
-    def __init__(self, scratch: Path, port: int, warehouse: Path, timeout: float = 180) -> None:
+    def __init__(
+        self, scratch: Path, port: int, warehouse: Path, timeout: float = 180,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:  # fmt: skip
         self.scratch = scratch
         self.timeout = timeout
         self.python = str(_venv_bin() / "python")
@@ -173,6 +176,7 @@ class Runner:
             TMPDIR=str(scratch),
             PYTHONUNBUFFERED="1",
         )
+        env.update(extra_env or {})
         self.env = env
         self.url = f"http://127.0.0.1:{port}"
         self._blocks: subprocess.Popen[bytes] | None = None

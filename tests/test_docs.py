@@ -34,8 +34,27 @@ ALL_BLOCKS = [block for page in PAGES for block in blocks(page)]
 SKIPPED = [block for block in ALL_BLOCKS if block.runnable and block.skip]
 
 
+#: Pages whose blocks need servers besides the service's, started by the tests' fixtures.
+EXTERNAL = {"docs/several-machines.md": ("postgres", "s3")}
+
+
+def external_env(page: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """What a page's blocks find the servers it needs by: libpq's ``PGHOST``, ``PGPORT``
+    and ``PGUSER`` for a throwaway PostgreSQL cluster; the ``AWS_*`` variables for moto's
+    S3 and ``BUCKET``, a fresh bucket."""
+    env: dict[str, str] = {}
+    needs = EXTERNAL.get(page, ())
+    if "postgres" in needs:
+        postgres = request.getfixturevalue("postgres_server")
+        env.update(PGHOST="127.0.0.1", PGPORT=str(postgres.port), PGUSER="postgres")
+    if "s3" in needs:
+        s3 = request.getfixturevalue("s3_server")
+        env.update(s3.env, BUCKET=s3.create_bucket().name)
+    return env
+
+
 @pytest.mark.parametrize("page", PAGES)
-def test_page_runs(page: str, tmp_path: Path) -> None:
+def test_page_runs(page: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Every runnable block of the page, in order, against a live server of its own."""
     runnable = [block for block in blocks(page) if block.runnable and not block.skip]
     if not runnable:
@@ -43,7 +62,8 @@ def test_page_runs(page: str, tmp_path: Path) -> None:
     if not have("curl") and any("curl" in block.code for block in runnable):
         pytest.skip(f"{page}: curl is not installed; its shell blocks call curl")
     server = Server(tmp_path)
-    runner = Runner(tmp_path, server.port, server.warehouse)
+    runner = Runner(tmp_path, server.port, server.warehouse,
+                    extra_env=external_env(page, request))  # fmt: skip
     try:
         for block in runnable:
             started = time.monotonic()

@@ -34,9 +34,10 @@ def write_lock_held(path):
 
 def test_a_write_behind_a_held_lock_is_unavailable_and_commits_nothing(catalog, tmp_path):
     schema = TableSchema.parse({"ID": "INT"})
-    with write_lock_held(tmp_path / "catalog.sqlite"):
-        with pytest.raises(CatalogUnavailableError) as refused:
-            catalog.create_table("DB", "S", "T", str(tmp_path / "t"), schema, {})
+    with write_lock_held(tmp_path / "catalog.sqlite"), pytest.raises(
+        CatalogUnavailableError
+    ) as refused:
+        catalog.create_table("DB", "S", "T", str(tmp_path / "t"), schema, {})
     message = str(refused.value)
     assert "catalog.sqlite is busy: another process held its write lock for 0.2 s" in message
     assert "nothing of this call was committed, try it again" in message
