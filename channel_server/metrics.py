@@ -102,7 +102,7 @@ class Metrics:
         )  # fmt: skip
         self.compactions = Counter(
             "ingest_compactions",
-            "Background compaction runs by outcome (SUCCEEDED, NOTHING_TO_DO, FAILED...).",
+            "Background compaction runs by outcome (SUCCEEDED, NOTHING_TO_DO, FAILED, SKIPPED...).",
             ["table", "status"],
             registry=r,
         )

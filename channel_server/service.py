@@ -100,7 +100,7 @@ class IngestService:
         # Spark reads and writes local tables only here: in a bucket no compaction runs.
         trigger = replace(config.compaction, enabled=False) if config.in_object_store else \
             config.compaction  # fmt: skip
-        self.compaction = Compaction(trigger, self.worker, self.metrics)
+        self.compaction = Compaction(trigger, self.worker, self.metrics, catalog, self.id)
         self.channels = Channels(
             config, catalog, self.tables, self.metrics, on_flush=self.compaction.after_flush,
             server=config.advertise_url or self.id,

@@ -1,5 +1,6 @@
 """The service starts compaction in the background and reports its history."""
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,6 +13,31 @@ from deltalake import DeltaTable
 from channel_server import CompactionTrigger
 from channel_server.service import spark_worker_command
 from ingest_sdk import InvalidRequestError, OpenChannelRequest
+
+
+def test_a_run_skips_a_table_whose_lease_another_service_holds(server_factory, client_factory):
+    """Of several services on one warehouse one compacts a table at a time: the run finds
+    the table's lease held by another and skips, without starting Spark."""
+    server = server_factory(compaction=CompactionTrigger(spark_master="local[1]"))
+    client = client_factory(server.url)
+    client.create_table("db.s.t", {"ID": "INT NOT NULL"})
+    catalog = server.service.catalog
+    table_id = catalog.get_table("DB", "S", "T").id
+    lease = f"compaction:{table_id}"
+    assert catalog.take_lease(lease, "another-service", 60)
+    assert client.compact("db.s.t") is True
+    run = server.call(server.service.compaction.run_of, table_id)
+    server.run(_finished(run))
+    registry = server.service.metrics.registry
+    labels = {"table": "DB.S.T", "status": "SKIPPED"}
+    assert registry.get_sample_value("ingest_compactions_total", labels) == 1
+    assert server.service.worker._process is None  # no Spark was started for it
+    assert catalog.lease_holder(lease)[0] == "another-service"  # untouched
+    assert client.get_migration_history("db.s.t") == []
+
+
+async def _finished(run):
+    await asyncio.wait_for(asyncio.shield(run), 30)
 
 
 def test_background_compaction_past_the_file_threshold(server_factory, client_factory):
@@ -46,6 +72,9 @@ def test_background_compaction_past_the_file_threshold(server_factory, client_fa
     )
     channel.insert_rows([{"ID": 60}], end_offset_token="6")  # ingestion goes on
     assert channel.wait_for_commit(timeout=30) == "6"
+    # The run gave the table's compaction lease up: another service may take it at once.
+    table_id = server.service.catalog.get_table("DB", "S", "T").id
+    assert server.service.catalog.take_lease(f"compaction:{table_id}", "another-service", 1)
 
 
 def test_the_worker_runs_at_its_niceness(server_factory, tmp_path):
