@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import (
     backpressure,
+    bucket,
     catalog,
     change_streams,
     compaction,
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[..., dict[str, Any]]] = {
     "cs_latency": change_streams.run_latency,
     "cli": run_cli,
     "catalog": catalog.run,
+    "bucket": bucket.run,
 }
 
 

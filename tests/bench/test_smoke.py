@@ -53,6 +53,9 @@ CASES = {
     "cli": ("cli_round_trip", "baseline_request_ms_median"),
     # Starts a PostgreSQL cluster of its own (without PostgreSQL, SQLite alone).
     "catalog": ("catalog_sqlite_vs_postgres", "baseline_sqlite_flush_ms"),
+    # Starts moto's S3 server and a PostgreSQL cluster of its own (without PostgreSQL, the
+    # local-vs-bucket part alone).
+    "bucket": ("bucket", "baseline_local"),
 }
 
 
