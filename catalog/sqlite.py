@@ -285,8 +285,9 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
         )
         return count > 0
 
-    def apply_commit(self, table_id: int, record: CommitRecord) -> None:
-        """Record one flush commit; idempotent. Each channel moves by its own position
+    def apply_commit(self, table_id: int, record: CommitRecord) -> bool:
+        """Record one flush commit; idempotent; False if the catalog holds no such table
+        (dropped, perhaps while the commit travelled). Each channel moves by its own position
         (generation, batch_seq), so a commit applied after a newer one of another writer
         (several services on one table) still records its channels, and an older position
         never overwrites a newer one. A channel whose position predates their keeping
@@ -298,7 +299,7 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
                 "SELECT positions_from FROM tables WHERE id=?", (table_id,)
             ).fetchone() or (None,)
             if positions_from is None:
-                return
+                return False
             newer = int(record.version > positions_from)
             for progress in record.channels:
                 position = pack_txn_version(progress.generation, progress.batch_seq)
@@ -316,6 +317,7 @@ class SqlCatalog(PendingCommitStore, ViewStore, DynamicTableStore, ChangeStreamS
                 (record.version, record.version, record.next_row_id, record.next_row_id,
                  table_id),
             )  # fmt: skip
+        return True
 
     def rename_table(self, table_id: int, database: str, schema_name: str, name: str) -> None:
         now = time.time()

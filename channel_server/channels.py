@@ -24,7 +24,7 @@ from channel_server.metrics import Metrics
 from channel_server.state import BufferBudget, ChannelState, PendingBatch, TableState
 from channel_server.tables import MAX_REMEMBERED, DynamicTableReadOnlyError, Tables
 from flush.commit import ChannelFencedError
-from flush.tables import INGEST_DIR, live_files
+from flush.tables import INGEST_DIR, drop_table, live_files
 from ingest_sdk import ChannelStatus, OnErrorOption
 from ingest_sdk.errors import (
     BackpressureError,
@@ -164,12 +164,26 @@ class Channels:
             del self._live[table_id]
             self._flushers.pop(table_id, None)
         self.tables.forget_dropped(table.info)
+        await asyncio.to_thread(self._purge_late_commit, table.info)
         await self._close_table(
             table,
             f"its table {table.info.full_name} was dropped (on another service or by SQL), "
             "and the rows it had not committed were discarded; create the table again and "
             "open the channel again",
         )
+
+    def _purge_late_commit(self, info: TableInfo) -> None:
+        """Delete the folder of a table dropped and purged while a commit of its was in
+        flight here (that commit may have landed after the purge); nothing while the
+        catalog keeps the dropped table (for its change streams) or if it cannot say."""
+        try:
+            if any(kept.id == info.id for kept, _ in self.catalog.list_dropped_tables()):
+                return
+            if drop_table(info.uri, self.config.warehouse):
+                log.info("deleted what a late commit left of the dropped table %s at %s",
+                         info.full_name, info.uri)  # fmt: skip
+        except Exception:
+            log.exception("cannot purge the dropped table %s at %s", info.full_name, info.uri)
 
     async def _forget_replaced(self, info: TableInfo) -> None:
         """Forget the live state of a table of ``info``'s name that is no longer in the

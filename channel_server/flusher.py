@@ -258,15 +258,27 @@ class TableFlusher:
         """Step 4 of a flush or a fence: record the commit in the catalog (every commit it
         lacks, in order, when one may be missing). A failure leaves the commit standing:
         the table is marked unindexed, and the next update, a channel's open and start-up
-        replay what the catalog lacks."""
+        replay what the catalog lacks.
+
+        Raises:
+            TableNotFoundError: the catalog no longer holds the table: it was dropped
+                (on another service) while the commit travelled, so the commit may have
+                landed in a folder already purged, and it is not acknowledged.
+        """
+        recorded = True
         try:
             if self.unindexed:
                 self.reindex()
             else:
-                self.catalog.apply_commit(self.table.info.id, record)
+                recorded = self.catalog.apply_commit(self.table.info.id, record)
         except Exception:
             self.unindexed = True
             log.exception("catalog update after %s %d failed", what, record.version)
+        if not recorded:
+            raise TableNotFoundError(
+                f"table {self.table.info.full_name} was dropped while its {what} "
+                f"{record.version} was in flight; the {what} is not acknowledged"
+            )
 
     def fence(
         self, channel: str, generation: int, resume: bool, fallback_token: str | None

@@ -20,6 +20,7 @@ from aiohttp import HttpVersion11, hdrs, web
 
 from catalog import CatalogUnavailableError
 from channel_server.service import IngestService
+from flush.storage import describe_store_error, is_store_error
 from ingest_sdk.errors import AuthenticationError, IngestError, InsertValidationError, error_code_of
 from ingest_sdk.wire import dumps
 
@@ -56,6 +57,9 @@ def _error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **details}}
 
 
+_INTERNAL = "internal server error; the service log has the details"
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Answer every error as JSON with its wire code, and log one line per failed request."""
@@ -77,10 +81,18 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except CatalogUnavailableError as exc:  # the catalog's server is down or unreachable
         details = {"retry_after": CATALOG_RETRY_AFTER}
         response = _failure(request, 503, "CATALOG_UNAVAILABLE", str(exc), details)
+    except OSError as exc:
+        if not is_store_error(exc):  # a local file's error: a fault of ours
+            log.exception("internal error in %s %s", request.method, request.path)
+            response = _failure(request, 500, "INTERNAL", _INTERNAL, {})
+        else:  # the object store is down, unreachable or refused the call
+            message = (f"the table storage failed: {describe_store_error(exc, 400)}; the call "
+                       "did not complete: try it again (the SDK does)")  # fmt: skip
+            details = {"retry_after": CATALOG_RETRY_AFTER}
+            response = _failure(request, 503, "STORE_UNAVAILABLE", message, details)
     except Exception:
         log.exception("internal error in %s %s", request.method, request.path)
-        message = "internal server error; the service log has the details"
-        response = _failure(request, 500, "INTERNAL", message, {})
+        response = _failure(request, 500, "INTERNAL", _INTERNAL, {})
     _log_failure(request, response, time.monotonic() - started)
     if request.content.exception() is not None:
         # The body's stream broke (e.g. bad gzip): answer, then end the connection, and

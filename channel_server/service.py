@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import shutil
 import socket
@@ -33,7 +34,7 @@ from channel_server.spark_worker import SparkWorker
 from channel_server.sql_service import SqlService
 from channel_server.tables import Tables
 from flush import purge_dropped, replay_commits
-from flush.storage import exists
+from flush.storage import describe_store_error, exists
 from ingest_sdk.errors import InvalidRequestError
 from pipelines.dynamic_tables.scheduler import SERVICE_ID_VARIABLE
 
@@ -41,6 +42,8 @@ __all__ = ["IngestService", "refreshes_scheduled", "spark_worker_command"]
 
 log = logging.getLogger(__name__)
 #: Why the Spark parts refuse a warehouse in a bucket (pyspark ships no S3 file system).
+#: Seconds between two probes of a bucket's store by ``/health``.
+STORE_PROBE_INTERVAL = 5.0
 IN_BUCKET_GAP = (
     "does not run on a warehouse in a bucket yet: Spark here reads local tables only. "
     "Ingest through channels works; for SQL, dynamic tables and compaction use a local "
@@ -111,6 +114,24 @@ class IngestService:
         sql_keeps_alive = self.worker.keep_alive
         self.worker.keep_alive = lambda: sql_keeps_alive() or self.schedules_refreshes
         self.started_at = time.time()
+        self._store_probed_at = -math.inf
+        self._store_problem: str | None = None
+
+    def store_unreachable(self) -> str | None:
+        """Why the bucket holding the tables cannot be reached, None when it can (and for
+        a local folder); asks the store at most once in :data:`STORE_PROBE_INTERVAL`."""
+        if not self.config.in_object_store:
+            return None
+        now = time.monotonic()
+        if now - self._store_probed_at >= STORE_PROBE_INTERVAL:
+            try:
+                exists(str(self.config.warehouse))
+                self._store_problem = None
+            except OSError as exc:
+                self._store_problem = f"the table storage cannot be reached: " \
+                    f"{describe_store_error(exc, 300)}"  # fmt: skip
+            self._store_probed_at = now
+        return self._store_problem
 
     def recover(self) -> int:
         """Replay Delta commits the catalog has not recorded (crash after commit). Returns
@@ -137,7 +158,11 @@ class IngestService:
         await asyncio.to_thread(self.tables.check_droppable, info, dynamic)  # before stopping
         await self.channels.stop_table(info.id)
         await asyncio.to_thread(self.tables.forget, info)
-        await asyncio.to_thread(purge_dropped, self.catalog, self.config.warehouse)
+        try:
+            await asyncio.to_thread(purge_dropped, self.catalog, self.config.warehouse)
+        except OSError as exc:  # dropped all the same: the recovery task purges it later
+            log.warning("table %s is dropped; deleting its files failed and is left to the "
+                        "recovery task: %s", info.full_name, describe_store_error(exc))  # fmt: skip
         return info
 
     async def compact_now(self, table_name: str) -> tuple[TableInfo, bool]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -27,10 +28,12 @@ __all__ = [
     "OBJECT_STORE_SCHEMES",
     "delete_file",
     "delete_tree",
+    "describe_store_error",
     "exists",
     "file_names",
     "fsync_folder",
     "is_object_store",
+    "is_store_error",
     "join",
     "make_folder",
     "read_bytes",
@@ -156,3 +159,16 @@ def delete_tree(location: str | Path) -> None:
     filesystem, path = _filesystem(str(location))
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_dir(path)
+
+
+def describe_store_error(error: BaseException, limit: int = 600) -> str:
+    """An object store's error on one line: delta-rs' run over many lines, with colour
+    codes and arrows (``Generic S3 error ↳ Error performing ...``)."""
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m|↳", " ", str(error)).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def is_store_error(error: BaseException) -> bool:
+    """Whether an error is an object store's (delta-rs' or pyarrow's S3 calls raise
+    ``OSError`` without an ``errno``), not a local file's, which carries one."""
+    return isinstance(error, OSError) and error.errno is None

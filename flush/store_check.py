@@ -11,7 +11,6 @@ the last: a commit, its rows and its offset tokens, lost without an error.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,8 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 from deltalake.schema import Schema
+
+from flush.storage import describe_store_error
 
 __all__ = ["CONTENDERS", "PROBE_FOLDER", "StoreConfigError", "check_object_store"]
 
@@ -116,10 +117,7 @@ def _delete(warehouse: str, folder: str) -> Exception | None:
 
 def _unusable(warehouse: str, endpoint: str, action: str, error: Exception) -> str:
     bucket = warehouse.removeprefix("s3://").split("/", 1)[0]
-    # delta-rs's messages run over many lines, with colour codes and arrows.
-    cause = " ".join(re.sub(r"\x1b\[[0-9;]*m|↳", " ", str(error)).split())
-    if len(cause) > 600:
-        cause = cause[:600] + " ..."
+    cause = describe_store_error(error)
     return (
         f"cannot {action} a probe Delta table under the warehouse {warehouse} through the "
         f"object store at {endpoint} ({type(error).__name__}: {cause}); check that the "

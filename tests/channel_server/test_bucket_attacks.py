@@ -458,12 +458,6 @@ def test_rows_buffered_while_the_store_is_down_commit_once_when_it_is_back(
     assert channel_status(server.url) == "OK"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a call that meets the store down (an open's "
-    "fence commit, a create) answers 500 INTERNAL with a traceback in the log, "
-    "not a retriable 503 naming the store (as CATALOG_UNAVAILABLE does)",
-)
 @pytest.mark.parametrize("outage", ["503", "refused", "403"])
 def test_calls_that_meet_the_store_down_answer_a_retriable_503(
     flaky, server_factory, tmp_path, outage
@@ -481,12 +475,6 @@ def test_calls_that_meet_the_store_down_answer_a_retriable_503(
     assert all(answer["error"]["code"] != "INTERNAL" for _, answer in answers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: /health answers 200 ok while the store cannot "
-    "be reached (it probes the catalog only), so an orchestrator keeps a "
-    "service that can commit nothing in rotation",
-)
 def test_health_says_when_the_store_cannot_be_reached(flaky, server_factory, tmp_path):
     store, warehouse = flaky
     server = server_factory(warehouse=warehouse, state_dir=tmp_path / "state")
@@ -495,9 +483,12 @@ def test_health_says_when_the_store_cannot_be_reached(flaky, server_factory, tmp
     store.refuse(True)
     assert insert(server.url, handle, 1, [1])[0] == 200
     until(lambda: channel_status(server.url) == "FLUSH_FAILING", what="FLUSH_FAILING")
+    # /health answers at once with the last probe's result; the next probe's shows soon.
+    until(lambda: call(server.url, "GET", "/health")[0] == 503, what="/health says 503")
     status, answer = call(server.url, "GET", "/health")
     store.refuse(False)
-    assert status == 503, answer
+    assert status == 503 and "the table storage cannot be reached" in answer["store"], answer
+    until(lambda: call(server.url, "GET", "/health")[0] == 200, what="/health back to 200")
 
 
 def test_a_drop_that_meets_the_store_down_is_purged_once_the_store_is_back(
@@ -516,13 +507,6 @@ def test_a_drop_that_meets_the_store_down_is_purged_once_the_store_is_back(
     create(server.url)  # the name is free
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a drop whose purge meets the store down "
-    "answers 500 INTERNAL although the table is dropped (a retry gets 404); "
-    "the purge is left to the recovery task anyway, so the drop should answer "
-    "200 (or fail before it drops)",
-)
 def test_a_drop_that_meets_the_store_down_answers_what_it_did(flaky, server_factory, tmp_path):
     store, warehouse = flaky
     server = server_factory(warehouse=warehouse, state_dir=tmp_path / "state")
@@ -537,14 +521,6 @@ def test_a_drop_that_meets_the_store_down_answers_what_it_did(flaky, server_fact
 # --- 3. Drops racing flushes --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a flush in flight (its Delta PUT on the way) "
-    "when another service drops the table lands in the deleted prefix after the "
-    "purge: the rows are acknowledged as committed into a table that no longer "
-    "exists, and the commit file (referring to a deleted Parquet file) stays in "
-    "the bucket for good, as the catalog forgot the table",
-)
 def test_a_flush_in_flight_when_another_service_drops_the_table_is_not_acknowledged(
     flaky, server_factory, tmp_path
 ):
