@@ -31,6 +31,7 @@ from flush.change_commit import commit_conflict_retries
 from flush.commit_clock import commit_info, stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, write_parquet_file
+from flush.storage import read_bytes
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
 from ingest_sdk import TableSchema
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
@@ -63,6 +64,11 @@ class ChannelFencedError(RuntimeError):
     def __init__(self, channels: list[str]) -> None:
         super().__init__(f"channel(s) {', '.join(channels)} moved on to a newer generation")
         self.channels = channels
+
+
+#: Commits by other writers a writer follows one by one to keep its channels' positions;
+#: past it, it looks each position up again.
+MOVE_GAP = 32
 
 
 def app_id(channel: str) -> str:
@@ -206,16 +212,40 @@ class TableWriter:
 
     def _log_positions(self, channels: list[ChannelProgress]) -> dict[str, int | None]:
         """Each channel's position in the loaded log: known ones from this writer's own
-        bookkeeping when the log is still at the version it describes, the rest looked up."""
+        bookkeeping, moved by the app transactions of the commits other writers added
+        since the version it describes, the rest looked up."""
         version = self._table.version()
         if version != self._known_version:  # another writer committed, or nothing is known
-            self._known_version, self._positions = version, {}
+            self._positions = self._moved_positions(version)
+            self._known_version = version
         for progress in channels:
             if progress.channel not in self._positions:
                 self._positions[progress.channel] = self._table.transaction_version(
                     app_id(progress.channel)
                 )
         return {p.channel: self._positions[p.channel] for p in channels}
+
+    def _moved_positions(self, version: int) -> dict[str, int | None]:
+        """The known positions moved to ``version`` by the ``txn`` actions of the commits
+        after :attr:`_known_version`, each read once (``transaction_version`` would read
+        every commit since the last checkpoint, per channel: on a bucket, a GET each, so
+        several writers on one table spent their flushes re-reading the log). Nothing is
+        known (everything is looked up) when the gap is wide, the log went back, or a
+        commit file is gone (cleaned up)."""
+        known = self._known_version
+        if known is None or not self._positions or not known < version <= known + MOVE_GAP:
+            return {}
+        positions = dict(self._positions)
+        by_app = {app_id(channel): channel for channel in positions}
+        for moved in range(known + 1, version + 1):
+            content = read_bytes(self.table_uri, f"_delta_log/{moved:020d}.json")
+            if content is None:
+                return {}
+            for line in content.splitlines():
+                txn = orjson.loads(line).get("txn") if b'"txn"' in line else None
+                if txn is not None and txn.get("appId") in by_app:
+                    positions[by_app[txn["appId"]]] = int(txn["version"])
+        return positions
 
     def landed_positions(self, channels: list[ChannelProgress]) -> dict[str, int | None]:
         """Each channel's packed position (``pack_txn_version``) in the newest log (None:

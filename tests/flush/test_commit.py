@@ -4,6 +4,8 @@ import orjson
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from flush import ChannelProgress, TableWriter, commits_after, create_table, table_schema_of
 from flush.commit import ChannelFencedError, app_id
@@ -287,3 +289,39 @@ def test_an_older_open_whose_fence_comes_second_is_fenced(writer):
     with pytest.raises(ChannelFencedError):
         writer.fence("a", 2, 1, resume=True, fallback_token=None)
     assert DeltaTable(writer.table_uri).transaction_version(app_id("a")) == pack_txn_version(3, 0)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.lists(st.tuples(st.integers(0, 1), st.sampled_from(["flush", "fence"]),
+                                st.sets(st.sampled_from("abcd"), min_size=1)),
+                      min_size=1, max_size=12))  # fmt: skip
+def test_positions_followed_through_other_writers_commits_equal_the_logs(tmp_path_factory, steps):
+    """Two writers on one table take turns (flushes of some channels, fences): each one's
+    positions, followed commit by commit through the other's, equal a fresh lookup in
+    the log after every step, and a flush of a fenced generation is refused."""
+    uri = str(tmp_path_factory.mktemp("moved"))
+    create_table(uri, SCHEMA)
+    writers = [TableWriter(uri, SCHEMA), TableWriter(uri, SCHEMA)]
+    generation, seq, row = dict.fromkeys("abcd", 1), dict.fromkeys("abcd", 0), 0
+    for who, kind, names in steps:
+        channels = sorted(names)
+        if kind == "fence":
+            generation[channels[0]] += 1
+            seq[channels[0]] = 0
+            writers[who].fence(channels[0], generation[channels[0]], row, resume=True,
+                               fallback_token=None)  # fmt: skip
+        else:
+            for name in channels:
+                seq[name] += 1
+            progress = [ChannelProgress(n, generation[n], seq[n], str(seq[n]), 1) for n in channels]
+            writers[who].commit_flush([part(row + i) for i in range(len(channels))], progress, row)
+            row += len(channels)
+        fresh = DeltaTable(uri)
+        expected = {n: fresh.transaction_version(app_id(n)) for n in "abcd"}
+        probe = [ChannelProgress(n, 1, 1, None, 0) for n in "abcd"]
+        for writer in writers:
+            assert writer.landed_positions(probe) == expected
+    stale = [ChannelProgress("a", 1, 99, "x", 1)]  # generation 1 after any fence of a: refused
+    if generation["a"] > 1:
+        with pytest.raises(ChannelFencedError):
+            writers[0].commit_flush([part(10_000)], stale, 10_000)
