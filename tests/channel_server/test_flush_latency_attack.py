@@ -394,12 +394,13 @@ def test_a_newer_generation_between_the_check_and_the_commit_fences_any_channel(
 
 @pytest.mark.parametrize("moment", ["between flushes", "between check and commit"])
 @pytest.mark.parametrize("other", ["append", "compaction"])
-def test_another_writers_commit_makes_the_writer_look_positions_up_again(
+def test_another_writers_commit_is_followed_and_the_flush_lands_above_it(
     uri, monkeypatch, moment, other
 ):
     """A plain write_deltalake append or a compaction-like rewrite (no app transactions)
-    moves the log: the positions are looked up again, the commit lands above it and the
-    record names the version that really holds the flush (the catalog applies it)."""
+    moves the log: the writer follows its positions through that commit (its commit file
+    read once, no lookup of each position), the commit lands above it and the record
+    names the version that really holds the flush (the catalog applies it)."""
 
     writer = TableWriter(uri, SCHEMA)
     for seq in (1, 2, 3):
@@ -420,7 +421,7 @@ def test_another_writers_commit_makes_the_writer_look_positions_up_again(
     else:
         between_check_and_commit(monkeypatch, other_commit)
     record = writer.commit_flush([part(4)], [ChannelProgress("a", 1, 4, "4", 1)], 4)
-    assert looked_up, "the positions were not looked up after another writer's commit"
+    assert looked_up == [], "the positions were looked up again, not followed"
     assert record.version == flush_version(uri, "a", 1, 4) == DeltaTable(uri).version()
     # The next flush: the log is at the writer's own commit again.
     again = writer.commit_flush([part(5)], [ChannelProgress("a", 1, 5, "5", 1)], 5)
