@@ -57,7 +57,12 @@ def _error_body(code: str, message: str, **details: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **details}}
 
 
-_INTERNAL = "internal server error; the service log has the details"
+def _internal_error(request: web.Request) -> web.Response:
+    """A fault of ours, in the ``except`` block handling it: its traceback goes to the
+    log, the client gets 500 without details."""
+    log.exception("internal error in %s %s", request.method, request.path)
+    message = "internal server error; the service log has the details"
+    return _failure(request, 500, "INTERNAL", message, {})
 
 
 @web.middleware
@@ -83,16 +88,14 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = _failure(request, 503, "CATALOG_UNAVAILABLE", str(exc), details)
     except OSError as exc:
         if not is_store_error(exc):  # a local file's error: a fault of ours
-            log.exception("internal error in %s %s", request.method, request.path)
-            response = _failure(request, 500, "INTERNAL", _INTERNAL, {})
+            response = _internal_error(request)
         else:  # the object store is down, unreachable or refused the call
             message = (f"the table storage failed: {describe_store_error(exc, 400)}; the call "
                        "did not complete: try it again (the SDK does)")  # fmt: skip
             details = {"retry_after": CATALOG_RETRY_AFTER}
             response = _failure(request, 503, "STORE_UNAVAILABLE", message, details)
     except Exception:
-        log.exception("internal error in %s %s", request.method, request.path)
-        response = _failure(request, 500, "INTERNAL", _INTERNAL, {})
+        response = _internal_error(request)
     _log_failure(request, response, time.monotonic() - started)
     if request.content.exception() is not None:
         # The body's stream broke (e.g. bad gzip): answer, then end the connection, and

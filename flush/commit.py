@@ -28,10 +28,9 @@ from deltalake.transaction import AddAction, RemoveAction
 from catalog.base import Catalog
 from catalog.records import ChannelProgress, ChannelRecord, CommitRecord
 from flush.change_commit import commit_conflict_retries
-from flush.commit_clock import commit_info, stamped
+from flush.commit_clock import commit_actions, commit_info, stamped
 from flush.failpoints import failpoint
 from flush.parquet_files import WrittenFile, write_parquet_file
-from flush.storage import read_bytes
 from flush.tables import ROW_ID_COLUMN, commit_history, delta_schema
 from ingest_sdk import TableSchema
 from ingest_sdk.wire import pack_txn_version, unpack_txn_version
@@ -238,11 +237,11 @@ class TableWriter:
         positions = dict(self._positions)
         by_app = {app_id(channel): channel for channel in positions}
         for moved in range(known + 1, version + 1):
-            content = read_bytes(self.table_uri, f"_delta_log/{moved:020d}.json")
-            if content is None:
+            actions = commit_actions(self.table_uri, moved)
+            if actions is None:
                 return {}
-            for line in content.splitlines():
-                txn = orjson.loads(line).get("txn") if b'"txn"' in line else None
+            for action in actions:
+                txn = action.get("txn")
                 if txn is not None and txn.get("appId") in by_app:
                     positions[by_app[txn["appId"]]] = int(txn["version"])
         return positions

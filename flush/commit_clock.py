@@ -29,6 +29,7 @@ from flush.tables import logged_versions
 
 __all__ = [
     "COMMIT_TS_KEY",
+    "commit_actions",
     "commit_info",
     "commit_ts",
     "next_commit_ts",
@@ -63,15 +64,23 @@ def table_folder(table: DeltaTable) -> str:
     return uri.rstrip("/")
 
 
-def commit_info(table_uri: str, version: int) -> dict[str, Any] | None:
-    """The ``commitInfo`` of one version, read from its commit file (delta-rs' history
-    labels entries from the loaded version, so a commit landing meanwhile shifts them);
+def commit_actions(table_uri: str, version: int) -> list[dict[str, Any]] | None:
+    """The actions of one version, read from its commit file (one JSON object a line);
     None once log cleanup removed the file."""
     content = read_bytes(table_uri, f"_delta_log/{version:020d}.json")
     if content is None:
         return None
-    for line in content.splitlines():
-        action = orjson.loads(line)
+    return [orjson.loads(line) for line in content.splitlines() if line.strip()]
+
+
+def commit_info(table_uri: str, version: int) -> dict[str, Any] | None:
+    """The ``commitInfo`` of one version, read from its commit file (delta-rs' history
+    labels entries from the loaded version, so a commit landing meanwhile shifts them);
+    None once log cleanup removed the file."""
+    actions = commit_actions(table_uri, version)
+    if actions is None:
+        return None
+    for action in actions:
         if "commitInfo" in action:
             info: dict[str, Any] = action["commitInfo"]
             return info

@@ -26,7 +26,7 @@ import pytest
 from deltalake import DeltaTable
 
 from flush.tables import read_table
-from tests.channel_server.test_bucket_warehouse import bucket_server, objects
+from tests.channel_server.test_bucket_warehouse import bucket_server, objects, start_refused
 from tests.http_calls import call_url
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Store
 from tests.servers import ROOT
@@ -619,12 +619,7 @@ def test_a_locking_provider_set_on_a_second_server_only_stops_that_server(
     first.start()
     try:
         monkeypatch.setenv("AWS_S3_LOCKING_PROVIDER", "dynamodb")
-        finished = subprocess.run(
-            [sys.executable, "-m", "channel_server", "--port", "0", "--warehouse", s3_warehouse,
-             "--state-dir", str(tmp_path / "two")],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
-        assert finished.returncode == 2, finished.stderr[-2000:]
+        finished = start_refused(s3_warehouse, tmp_path / "two")
         assert "AWS_S3_LOCKING_PROVIDER" in finished.stderr and "Traceback" not in finished.stderr
         assert call(first.url, "GET", "/health")[0] == 200
     finally:

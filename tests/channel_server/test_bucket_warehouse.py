@@ -67,6 +67,17 @@ def bucket_server(tmp_path: Path, warehouse: str, name: str, *args: str, failpoi
                          *args, failpoints=failpoints)  # fmt: skip
 
 
+def start_refused(warehouse: str, state: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m channel_server`` on the bucket, expected to refuse to start (exit 2)."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "channel_server", "--port", "0", "--warehouse", warehouse,
+         "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    return finished
+
+
 def test_channels_commit_into_the_bucket_and_resume_from_its_log(
     s3_warehouse, server_factory, client_factory, tmp_path
 ):
@@ -199,12 +210,7 @@ def test_the_service_refuses_to_start_on_a_store_that_ignores_conditional_puts(
         endpoint = store.endpoint_url
         for name, value in store.env.items():
             monkeypatch.setenv(name, value)
-        finished = subprocess.run(
-            [sys.executable, "-m", "channel_server", "--port", "0", "--warehouse", s3_warehouse,
-             "--state-dir", str(tmp_path / "state")],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
-    assert finished.returncode == 2, finished.stderr[-2000:]
+        finished = start_refused(s3_warehouse, tmp_path / "state")
     (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error:")]
     assert f"the object store at {endpoint} overwrote a Delta commit" in line
     assert "Traceback" not in finished.stderr
