@@ -130,3 +130,24 @@ def test_the_command_line_runs_statements_on_the_postgres_catalog(warehouse, pos
     missing = cli("--warehouse", str(warehouse), "sql", "SELECT 1")
     assert missing.returncode == 2
     assert "holds no warehouse (no catalog.sqlite)" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("/etc/passwd", "/etc/passwd holds no catalog; set the option catalog"),
+        ("", "is not a warehouse (no catalog.sqlite)"),
+        ("postgresql://someone:s3cret@127.0.0.1:1/nowhere",
+         "cannot open the catalog in PostgreSQL (nowhere on 127.0.0.1:1 as someone)"),
+    ],
+)  # fmt: skip
+def test_a_catalog_option_that_names_no_catalog_is_refused_without_its_password(
+    spark, warehouse, given, expected, monkeypatch
+):
+    monkeypatch.delenv(CATALOG_VARIABLE, raising=False)
+    before = sorted(str(p) for p in warehouse.rglob("*"))
+    with pytest.raises(SqlError) as refused:
+        changes(spark, warehouse, catalog=given)
+    assert expected in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+    assert sorted(str(p) for p in warehouse.rglob("*")) == before  # no catalog made
